@@ -1,0 +1,177 @@
+"""The record store: Parquet segments written as a run goes, read back as DuckDB views.
+
+Layout under a run directory::
+
+    RUN/store/<kind>/rank<R>/seg-<pid>-<n>.parquet
+
+A :class:`StoreWriter` buffers Arrow tables per record kind and writes a segment when a step
+ends (:meth:`StoreWriter.end_step`) or when its buffer passes ``max_buffer_rows``. Each segment
+is written to a temporary name and renamed, so a reader never sees half a file and a crash or
+``kill -9`` loses at most the step in flight. :func:`open_store` exposes every segment under a
+directory as the views ``tensors``, ``nodes``, ``events``, ``metrics`` and ``steps`` (the
+engine's per-step metrics pivoted to one row per rank and step).
+
+>>> import tempfile
+>>> d = tempfile.mkdtemp()
+>>> w = StoreWriter(d, rank=0, run="demo")
+>>> w.write_rows("metric", [{"time_ns": 1, "job": "demo", "rank": 0, "step": 0,
+...                          "name": "loss", "value": 2.0}])
+>>> w.end_step(0); w.close()
+>>> open_store(d).sql("select step, loss from steps").fetchall()
+[(0, 2.0)]
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collectors.records import SCHEMAS, VIEWS, conform, schema_for, table_from_rows
+from probe.errors import ProbeError
+
+STORE_DIRNAME = "store"
+
+
+class StoreWriter:
+    """Streams records of one rank to Parquet segments; thread-safe; bounded memory."""
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int = 0, run: str | None = None,
+                 *, max_buffer_rows: int = 200_000, fsync: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = int(rank)
+        self.run = run if run is not None else self.run_dir.name
+        self.max_buffer_rows = max_buffer_rows
+        self.fsync = fsync
+        self._buffers: dict[str, list[pa.Table]] = {k: [] for k in SCHEMAS}
+        self._rows: dict[str, int] = {k: 0 for k in SCHEMAS}
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.segments_written = 0
+        try:
+            (self.run_dir / STORE_DIRNAME).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ProbeError(f"{self.run_dir}: cannot create the record store ({e.strerror})") from None
+
+    def write(self, kind: str, table: pa.Table | pa.RecordBatch) -> None:
+        """Buffer a table of ``kind``; spills a segment when the buffer is full."""
+        table = conform(kind, table)
+        if table.num_rows == 0:
+            return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("StoreWriter is closed")
+            self._buffers[kind].append(table)
+            self._rows[kind] += table.num_rows
+            if self._rows[kind] >= self.max_buffer_rows:
+                self._flush_kind(kind)
+
+    def write_rows(self, kind: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Buffer dict rows of ``kind`` (missing fields are null)."""
+        self.write(kind, table_from_rows(kind, rows))
+
+    def end_step(self, step: int | None = None) -> None:  # noqa: ARG002 - step kept for callers' clarity
+        """Make everything buffered so far durable (one segment per kind with rows)."""
+        with self._lock:
+            for kind in SCHEMAS:
+                self._flush_kind(kind)
+
+    flush = end_step
+
+    def close(self) -> None:
+        """Flush and stop accepting records. Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            for kind in SCHEMAS:
+                self._flush_kind(kind)
+            self._closed = True
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _flush_kind(self, kind: str) -> None:
+        tables = self._buffers[kind]
+        if not tables:
+            return
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        self._buffers[kind] = []
+        self._rows[kind] = 0
+        folder = self.run_dir / STORE_DIRNAME / kind / f"rank{self.rank}"
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"seg-{os.getpid()}-{next(self._counter):08d}.parquet"
+        tmp = folder / (".tmp-" + name)
+        pq.write_table(table, tmp, compression="zstd")
+        if self.fsync:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, folder / name)
+        self.segments_written += 1
+
+
+def find_segments(root: str | os.PathLike) -> dict[str, list[str]]:
+    """All finished segment files under ``root`` (any depth), per record kind."""
+    root = Path(root)
+    found: dict[str, list[str]] = {k: [] for k in SCHEMAS}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        parts = Path(dirpath).parts
+        if len(parts) >= 3 and parts[-3] == STORE_DIRNAME and parts[-2] in found:
+            kind = parts[-2]
+            found[kind].extend(os.path.join(dirpath, f) for f in sorted(filenames)
+                               if f.endswith(".parquet") and not f.startswith("."))
+    return found
+
+
+STEPS_VIEW = """
+CREATE OR REPLACE VIEW steps AS
+SELECT job AS run, rank, step,
+       max(CASE WHEN name = 'loss' THEN value END) AS loss,
+       max(CASE WHEN name = 'step_time_ms' THEN value END) AS step_time_ms,
+       max(CASE WHEN name = 'tokens_per_s' THEN value END) AS tokens_per_s,
+       max(CASE WHEN name = 'grad_norm' THEN value END) AS grad_norm,
+       min(time_ns) AS time_ns
+FROM metrics GROUP BY job, rank, step
+"""
+
+
+def open_store(root: str | os.PathLike, con: Any = None) -> Any:
+    """A DuckDB connection with views over every record segment found under ``root``.
+
+    Views: ``tensors``, ``nodes``, ``events``, ``metrics`` (one per record kind, empty when a
+    kind has no records) and ``steps`` (per-step engine metrics pivoted: run, rank, step, loss,
+    step_time_ms, tokens_per_s, grad_norm).
+    """
+    import duckdb
+
+    root = Path(root)
+    if not root.exists():
+        raise ProbeError(f"{root}: no such run directory")
+    if not root.is_dir():
+        raise ProbeError(f"{root}: not a directory; give a run directory that holds a '{STORE_DIRNAME}/' folder")
+    segments = find_segments(root)
+    if not any(segments.values()):
+        raise ProbeError(f"{root}: no record store found (expected {STORE_DIRNAME}/<kind>/rank<R>/*.parquet "
+                         "under it); give the --out directory of a probe run")
+    con = con or duckdb.connect()
+    for kind, files in segments.items():
+        view = VIEWS[kind]
+        if files:
+            file_list = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet([{file_list}], "
+                        "union_by_name = true)")
+        else:
+            empty = schema_for(kind).empty_table()
+            con.register(f"_empty_{view}", empty)
+            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM _empty_{view}")
+    con.execute(STEPS_VIEW)
+    return con

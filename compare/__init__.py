@@ -1,0 +1,1 @@
+"""Compare: load two dumps, normalise, match, compute metrics, give verdicts and localise."""

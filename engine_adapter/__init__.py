@@ -1,0 +1,1 @@
+"""Engine adapters (PyTorch, MindSpore) and the bundled Llama-style engine."""

@@ -1,0 +1,1 @@
+"""One module per ``probe`` verb; each exposes a click ``command``."""

@@ -1,0 +1,1 @@
+"""Visualizer: the module hierarchy graph, its diff, colouring, search and layout data (no UI)."""

@@ -1,0 +1,1 @@
+"""The Dash app: graph diff, live cluster, timeline and SQL pages."""

@@ -1,0 +1,213 @@
+"""``mstx``: marks and ranges in user code, recorded on any machine for next to nothing.
+
+The API mirrors Ascend's mstx (``mark``, ``range_start``, ``range_end``) plus a ``range``
+context manager/decorator and named domains. With no profiling session active every call is
+one global check and a return (cheaper than an NVTX push/pop with no tool attached). While a
+:class:`profiler.session.Session` records, each call appends one tuple with a
+``time.perf_counter_ns`` timestamp to a per-thread buffer; a background stage drains the buffers
+in batches, pairs starts with ends (``range_end`` may run on another thread than
+``range_start``) and hands finished events to the sinks (Arrow store, Perfetto trace, OTel).
+
+Bad input never raises into user code: an end without a start, an unknown id, a range never
+ended, a message that is not a string or is huge are all counted and reported when the
+session ends.
+
+With ``stream=`` (a ``torch.cuda.Stream``) a range also gets device timestamps: CUDA events are
+recorded on that stream and resolved later, without blocking the caller.
+
+>>> from profiler import mstx
+>>> rid = mstx.range_start("load batch", domain="dataloader")
+>>> mstx.range_end(rid, domain="dataloader")
+>>> with mstx.range("forward", domain="engine"):
+...     pass
+>>> @mstx.range("train_step")
+... def train_step():
+...     return 1
+>>> train_step()
+1
+>>> comm = mstx.domain("communication")
+>>> comm.mark("all_reduce issued")
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+from typing import Any, Callable
+
+__all__ = ["mark", "range_start", "range_end", "range", "domain", "Domain", "is_recording"]
+
+# Raw record tuples appended to a thread's buffer (kind code first):
+#   (MARK, 0, t_ns, message, domain)               or with a device event as 6th item
+#   (START, range_id, t_ns, message, domain)       or with a device event as 6th item
+#   (END, range_id, t_ns, domain)                  or with a device event as 5th item
+MARK, START, END = 0, 1, 2
+
+# --- state switched by profiler.recorder.Recorder; read on every call ---------------------
+_active = False          # marks and range starts are recorded
+_ends = False            # range ends are recorded (stays on in a session's tail, see Recorder)
+_local = threading.local()
+_new_buffer: Callable[[], list] = list   # replaced by the recorder: registers a thread's buffer
+_streams: dict[int, Any] = {}            # range id -> stream, only for ranges given a stream
+_device_event: Callable[[Any], Any] | None = None   # records a timing event on a stream
+
+_next_id = itertools.count(1).__next__
+_now = time.perf_counter_ns
+
+
+def mark(message: Any, stream: Any = None, domain: str = "default") -> None:
+    """Record an instant event ``message`` in ``domain`` (device-timestamped with ``stream``).
+
+    >>> mark("checkpoint written", domain="checkpoint")
+    """
+    if _active:
+        try:
+            buf = _local.buf
+        except AttributeError:
+            buf = _local.buf = _new_buffer()
+        if stream is None:
+            buf.append((0, 0, _now(), message, domain))
+        else:
+            buf.append((0, 0, _now(), message, domain, _stream_event(stream)))
+
+
+def range_start(message: Any, stream: Any = None, domain: str = "default") -> int:
+    """Open a range named ``message``; return its id for :func:`range_end` (0 when not recording).
+
+    >>> rid = range_start("all_reduce", domain="communication")
+    >>> range_end(rid, domain="communication")
+    """
+    if not _active:
+        return 0
+    rid = _next_id()
+    try:
+        buf = _local.buf
+    except AttributeError:
+        buf = _local.buf = _new_buffer()
+    if stream is None:
+        buf.append((1, rid, _now(), message, domain))
+    else:
+        _streams[rid] = stream
+        buf.append((1, rid, _now(), message, domain, _stream_event(stream)))
+    return rid
+
+
+def range_end(range_id: int, domain: str = "default") -> None:
+    """Close the range ``range_id`` (any thread may close it); id 0 is ignored.
+
+    >>> range_end(0)
+    """
+    if _ends and range_id:
+        try:
+            buf = _local.buf
+        except AttributeError:
+            buf = _local.buf = _new_buffer()
+        if _streams and range_id in _streams:
+            buf.append((2, range_id, _now(), domain, _stream_event(_streams.pop(range_id))))
+        else:
+            buf.append((2, range_id, _now(), domain))
+
+
+def is_recording() -> bool:
+    """True while a profiling session records marks and ranges."""
+    return _active
+
+
+def _stream_event(stream: Any) -> Any:
+    """A device timing event recorded on ``stream`` now (None if it cannot be recorded)."""
+    if _device_event is None:
+        return None
+    try:
+        return _device_event(stream)
+    except Exception:  # noqa: BLE001 - a bad stream must not raise into user code
+        return None
+
+
+class range:  # noqa: N801 - mirrors mstx/nvtx naming; shadows the builtin only inside this module
+    """A range as a context manager or a decorator.
+
+    >>> with range("eval", domain="engine"):
+    ...     pass
+    >>> @range("step")
+    ... def step():
+    ...     pass
+    """
+
+    __slots__ = ("message", "stream", "domain", "_ids")
+
+    def __init__(self, message: Any, stream: Any = None, domain: str = "default") -> None:
+        self.message = message
+        self.stream = stream
+        self.domain = domain
+        self._ids: list[int] = []
+
+    def __enter__(self) -> "range":
+        self._ids.append(range_start(self.message, self.stream, self.domain))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ids:
+            range_end(self._ids.pop(), self.domain)
+
+    def __call__(self, func: Callable) -> Callable:
+        message, stream, dom = self.message, self.stream, self.domain
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not _active:
+                return func(*args, **kwargs)
+            rid = range_start(message, stream, dom)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                range_end(rid, dom)
+
+        return wrapper
+
+
+class Domain:
+    """Marks and ranges bound to one domain name (like ``nvtx.Domain``).
+
+    >>> d = Domain("dataloader")
+    >>> rid = d.range_start("fetch")
+    >>> d.range_end(rid)
+    >>> with d.range("collate"):
+    ...     pass
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name)
+
+    def mark(self, message: Any, stream: Any = None) -> None:
+        mark(message, stream, self.name)
+
+    def range_start(self, message: Any, stream: Any = None) -> int:
+        return range_start(message, stream, self.name)
+
+    def range_end(self, range_id: int) -> None:
+        range_end(range_id, self.name)
+
+    def range(self, message: Any, stream: Any = None) -> range:
+        return range(message, stream, self.name)
+
+    def __repr__(self) -> str:
+        return f"Domain({self.name!r})"
+
+
+_domains: dict[str, Domain] = {}
+
+
+def domain(name: str) -> Domain:
+    """The :class:`Domain` called ``name`` (one object per name).
+
+    >>> domain("engine") is domain("engine")
+    True
+    """
+    d = _domains.get(name)
+    if d is None:
+        d = _domains.setdefault(name, Domain(name))
+    return d

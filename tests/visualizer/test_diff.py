@@ -1,0 +1,106 @@
+import pytest
+
+from visualizer.bands import band, node_score
+from visualizer.diff import DiffGraph, NodePair
+from visualizer.graph import Graph, TensorStat
+from visualizer.search import find, fuzzy_score
+from visualizer.synthetic import write_dump_pair
+
+
+def _by_name(ga, gb):
+    """Hand-made compare pairs: same names on both sides (the synthetic pair's convention)."""
+    return [NodePair(n, n, "name") for n in ga if n in gb]
+
+
+@pytest.fixture(scope="module")
+def diff(tmp_path_factory):
+    a, b = write_dump_pair(tmp_path_factory.mktemp("pair"), blocks=6, width=9, fault_block=3)
+    ga, gb = Graph.load(a), Graph.load(b)
+    return DiffGraph(ga, gb, _by_name(ga, gb))
+
+
+def test_bands_follow_msprobe_thresholds():
+    assert [band(s) for s in (0.0, 0.29, 0.3, 0.59, 0.6, 1.0)] == [
+        "pass", "pass", "warning", "warning", "error", "error"]
+
+
+def test_score_is_error_growth_from_inputs_to_outputs():
+    a_in, a_out = TensorStat("input", "0", "f", (2,), 1, -1, 0, 2), TensorStat("output", "0", "f", (2,), 3, -3, 0, 6)
+    b_out = TensorStat("output", "0", "f", (2,), 1, -1, 0, 2)
+    assert node_score([a_in, a_out], [a_in, b_out]) >= 0.6
+    # an error passed on unchanged from the inputs does not colour the node
+    assert node_score([TensorStat("input", "0", "f", (2,), 3, -3, 0, 6), a_out],
+                      [a_in, b_out]) == 0.0
+
+
+def test_faulty_module_is_error_and_first_divergence_lands_inside_it(diff):
+    mlp = "Module.layers.3.mlp.MLP.forward.0"
+    assert diff.band("a", mlp) == "error"
+    assert diff.band("a", "Module.layers.4.mlp.MLP.forward.0") == "pass"
+    side, node = diff.first_divergence()
+    assert side == "a" and diff.graph("a").nodes[node].parent == mlp
+    assert diff.worst_below("a", "Module.layers.3.Block.forward.0") == "error"
+    assert diff.worst_below("a", "Module.layers.2.Block.forward.0") == "pass"
+
+
+def test_filter_lists_error_nodes_in_execution_order(diff):
+    errors = [n for _, n in diff.filter(["error"])]
+    order = diff.graph("a").walk()
+    assert errors and errors == sorted(errors, key=order.index)
+    assert "Module.layers.3.mlp.MLP.forward.0" in errors
+
+
+def test_unmatched_nodes_are_grey_on_each_side(tmp_path):
+    a, b = write_dump_pair(tmp_path, blocks=2, width=3)
+    ga, gb = Graph.load(a), Graph.load(b)
+    pairs = [p for p in _by_name(ga, gb) if "head" not in p.node_a]
+    d = DiffGraph(ga, gb, pairs)
+    assert d.band("a", "Module.head.Linear.forward.0") == "unmatched"
+    assert d.band("b", "Module.head.Linear.forward.0") == "unmatched"
+    assert ("b", "Module.head.Linear.forward.0") in d.filter(["unmatched"])
+    assert d.detail("a", "Module.head.Linear.forward.0").reason.startswith("no counterpart")
+
+
+def test_first_nan_is_the_innermost_node_that_produces_it(tmp_path):
+    a, b = write_dump_pair(tmp_path, blocks=3, width=3, fault_block=1, nan=True)
+    ga, gb = Graph.load(a), Graph.load(b)
+    d = DiffGraph(ga, gb, _by_name(ga, gb))
+    side, node = d.first_nan()
+    assert side == "b" and gb.nodes[node].parent == "Module.layers.1.mlp.MLP.forward.0"
+    assert ("b", node) in d.filter(["nan"])
+
+
+def test_compare_result_scores_and_summary_are_used_when_given(diff):
+    class Result:
+        nodes = [{"node_a": "Module.head.Linear.forward.0", "node_b": "Module.head.Linear.forward.0",
+                  "match_method": "structure", "verdict": "error", "precision_score": 0.9, "reason": "big"}]
+        rows = [{"node_a": "Module.head.Linear.forward.0", "node_b": "Module.head.Linear.forward.0",
+                 "slot": "output", "index": "0", "metrics": {"cosine": 0.5}}]
+        summary = {"first_divergence": "Module.head.Linear.forward.0"}
+    d = DiffGraph.from_result(Result(), diff.graph("a"), diff.graph("b"))
+    assert d.band("a", "Module.head.Linear.forward.0") == "error"
+    assert d.first_divergence() == ("a", "Module.head.Linear.forward.0")
+    det = d.detail("b", "Module.head.Linear.forward.0")
+    assert det.match_method == "structure" and det.reason == "big" and len(det.metrics) == 1
+    assert d.band("a", "Module.embed.Embedding.forward.0") == "unmatched"
+
+
+def test_search_is_fuzzy_case_insensitive_and_in_execution_order(diff):
+    hits = diff.search("LAYERS.3 mlp")
+    assert hits[0] == ("a", "Module.layers.3.mlp.MLP.forward.0")
+    assert diff.search("l3mlp")  # scattered letters still find it
+    assert fuzzy_score("zzz", "Module.embed") is None
+    assert find("proj", ["x.q_proj", "x.pr_oj", "y.proj"]) == ["x.q_proj", "y.proj"]
+
+
+def test_reveal_expands_ancestors_on_both_sides(diff):
+    node = "Module.layers.3.mlp.MLP.forward.0"
+    assert diff.reveal("a", node) == {"a": ["Module.layers.3.Block.forward.0"],
+                                      "b": ["Module.layers.3.Block.forward.0"]}
+
+
+def test_single_dump_has_no_bands_but_finds_nan(tmp_path):
+    _, b = write_dump_pair(tmp_path, blocks=2, width=3, fault_block=0, nan=True)
+    d = DiffGraph(Graph.load(b))
+    assert d.band("a", d.graph("a").roots()[0]) == "none"
+    assert d.first_divergence() is None and d.first_nan()[0] == "a"

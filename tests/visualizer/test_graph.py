@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+
+from probe.errors import ProbeError
+from visualizer.graph import Graph, parse_name
+
+DATA = Path("/work/shared/data/msprobe")
+needs_data = pytest.mark.skipif(not DATA.exists(), reason="shared msprobe dumps absent")
+
+
+@needs_data
+def test_module_tree_nests_children_under_their_construct_parent_in_execution_order():
+    g = Graph.load(DATA / "torch_llama_mix")
+    block = "Module.layers.0.Block.forward.0"
+    assert g.roots()[:2] == ["Module.embed.Embedding.forward.0", block]
+    kids = g.children(block)
+    assert kids[0] == "Module.layers.0.input_norm.RMSNorm.forward.0"
+    assert kids.index("Module.layers.0.attn.Attention.forward.0") < kids.index("Module.layers.0.mlp.MLP.forward.0")
+    assert g.ancestors("Functional.linear.0.forward") == [
+        block, "Module.layers.0.attn.Attention.forward.0", "Module.layers.0.attn.q_proj.Linear.forward.0"]
+
+
+@needs_data
+def test_node_statistics_cover_inputs_outputs_parameters_and_parameter_grads():
+    g = Graph.load(DATA / "torch_L0")
+    fwd = g.tensors("Module.embed.Linear.forward.0")
+    assert {t.slot for t in fwd} == {"input", "output", "parameter"}
+    weight = next(t for t in fwd if t.slot == "parameter" and t.index == "weight")
+    assert weight.shape == (32, 16) and weight.norm > 0
+    bwd = g.tensors("Module.embed.Linear.backward.0")
+    assert {t.index for t in bwd if t.slot == "parameter_grad"} == {"weight.0", "bias.0"}
+
+
+@needs_data
+def test_data_flow_edges_follow_an_output_into_the_sibling_that_consumes_it():
+    g = Graph.load(DATA / "torch_llama_mix")
+    edges = g.edges("Module.layers.0.Block.forward.0")
+    assert ("Module.layers.0.input_norm.RMSNorm.forward.0", "Module.layers.0.attn.Attention.forward.0", "data") in [
+        (e.src, e.dst, e.kind) for e in edges]
+
+
+@needs_data
+def test_stack_and_mindspore_cells_are_read():
+    g = Graph.load(DATA / "mindspore_L0")
+    assert g.roots()[0] == "Cell.embed.Dense.forward.0"
+    assert g.nodes["Cell.embed.Dense.forward.0"].label == "embed (Dense) fwd"
+    assert any("cell.py" in line for line in g.stack("Cell.embed.Dense.forward.0"))
+
+
+@needs_data
+def test_a_dump_without_construct_lists_every_api_at_top_level():
+    g = Graph.load(DATA / "torch_llama_md5_L1")
+    assert len(g.roots()) == len(g) and g.roots()[0] == "Functional.embedding.0.forward"
+
+
+def test_names_split_into_kind_direction_class_and_path():
+    assert parse_name("Cell.block.attn.q.Dense.backward.0") == ("module", "backward", "Dense", "block.attn.q")
+    assert parse_name("Primitive.reshape.Reshape.15.backward")[:3] == ("api", "backward", "Reshape")
+
+
+def test_bad_dump_paths_raise_one_line_errors(tmp_path):
+    with pytest.raises(ProbeError, match="no such dump"):
+        Graph.load(tmp_path / "missing")
+    (tmp_path / "dump.json").write_text("{not json")
+    with pytest.raises(ProbeError, match="invalid JSON"):
+        Graph.load(tmp_path)
+    (tmp_path / "dump.json").write_text("[]")
+    with pytest.raises(ProbeError, match="no 'data' object"):
+        Graph.load(tmp_path)

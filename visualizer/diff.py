@@ -1,0 +1,366 @@
+"""The diff graph: two hierarchy graphs, their matched node pairs, bands, search and filters.
+
+Built from a compare result (``compare.api.compare`` or ``compare.api.load_result``), or from one
+dump alone (no pairs; NaN/Inf still found). Everything is computed when first asked for: bands
+of the nodes on screen, the worst band below a collapsed node, the filter list.
+
+>>> from visualizer.graph import Graph
+>>> g = Graph.load("/work/shared/data/msprobe/torch_L0")                      # doctest: +SKIP
+>>> d = DiffGraph(g)                                                           # doctest: +SKIP
+>>> d.band("a", g.roots()[0])                                                  # doctest: +SKIP
+'none'
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from probe.errors import ProbeError
+from visualizer import bands as B
+from visualizer.graph import Graph, TensorStat, load_graph
+from visualizer.search import find
+
+SIDES = ("a", "b")
+FILTERS = ("error", "warning", "unmatched", "nan")
+
+
+@dataclass
+class NodePair:
+    """One matched (or unmatched) node pair of a compare result."""
+
+    node_a: str | None
+    node_b: str | None
+    match_method: str = ""
+    verdict: str = ""
+    score: float | None = None
+    reason: str = ""
+    order: int = 0
+    band: str = B.NONE
+
+
+@dataclass
+class Detail:
+    """What the detail panel shows for a selected node."""
+
+    node_a: str | None
+    node_b: str | None
+    band: str
+    score: float | None
+    match_method: str
+    verdict: str
+    reason: str
+    tensors_a: list[TensorStat] = field(default_factory=list)
+    tensors_b: list[TensorStat] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    stack_a: list[str] = field(default_factory=list)
+    stack_b: list[str] = field(default_factory=list)
+    nonfinite: bool = False
+
+
+def records(obj: Any) -> list[dict[str, Any]]:
+    """Rows of a table-like object (list of mappings, Arrow table, DataFrame, dataclasses)."""
+    if obj is None:
+        return []
+    if hasattr(obj, "to_pylist"):
+        return list(obj.to_pylist())
+    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
+        return list(obj.to_dict("records"))
+    out = []
+    for r in obj:
+        if isinstance(r, Mapping):
+            out.append(dict(r))
+        elif hasattr(r, "_asdict"):
+            out.append(dict(r._asdict()))
+        elif hasattr(r, "__dataclass_fields__"):
+            out.append({k: getattr(r, k) for k in r.__dataclass_fields__})
+        else:
+            out.append(dict(vars(r)))
+    return out
+
+
+def _mapping(obj: Any) -> dict[str, Any]:
+    if obj is None:
+        return {}
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
+    return dict(vars(obj))
+
+
+def _first(r: Mapping[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if r.get(k) is not None:
+            return r[k]
+    return None
+
+
+def _float(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+class DiffGraph:
+    """Side ``a`` (and optionally side ``b``) with matched pairs, bands, search and filters."""
+
+    def __init__(self, graph_a: Graph, graph_b: Graph | None = None,
+                 pairs: Iterable[NodePair] = (), summary: Mapping[str, Any] | None = None,
+                 rows: Iterable[Mapping[str, Any]] = ()) -> None:
+        self.graphs: dict[str, Graph | None] = {"a": graph_a, "b": graph_b}
+        self.summary: dict[str, Any] = dict(summary or {})
+        self._pair: dict[str, dict[str, NodePair]] = {"a": {}, "b": {}}
+        for p in pairs:
+            if p.node_a and p.node_a in graph_a:
+                self._pair["a"][p.node_a] = p
+            if p.node_b and graph_b is not None and p.node_b in graph_b:
+                self._pair["b"][p.node_b] = p
+        self._rows = list(rows)
+        self._rows_by: dict[tuple[str | None, str | None], list[dict]] | None = None
+        self._worst: dict[str, dict[str, str]] = {"a": {}, "b": {}}
+        self._band: dict[str, dict[str, str]] = {"a": {}, "b": {}}
+        self._search_keys: dict[str, tuple[str, str]] | None = None
+        self._order: list[tuple[str, str]] | None = None
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_result(cls, result: Any, dump_a: str | os.PathLike | Graph,
+                    dump_b: str | os.PathLike | Graph) -> "DiffGraph":
+        """From a compare result (``.nodes``, ``.rows``, ``.summary``) and the two dumps."""
+        ga, gb = load_graph(dump_a), load_graph(dump_b)
+        node_rows = records(getattr(result, "nodes", None))
+        tensor_rows = records(getattr(result, "rows", None))
+        if not node_rows:
+            seen: dict[tuple, dict] = {}
+            for r in tensor_rows:
+                seen.setdefault((r.get("node_a"), r.get("node_b")), r)
+            node_rows = list(seen.values())
+        pairs = []
+        for i, r in enumerate(node_rows):
+            pairs.append(NodePair(
+                node_a=r.get("node_a") or None, node_b=r.get("node_b") or None,
+                match_method=str(r.get("match_method") or ""),
+                verdict=str(r.get("verdict") or ""),
+                score=_float(_first(r, "score", "precision_score", "precision_index", "precision")),
+                reason=str(r.get("reason") or ""),
+                order=int(_first(r, "order") if _first(r, "order") is not None else i)))
+        return cls(ga, gb, pairs, _mapping(getattr(result, "summary", None)), tensor_rows)
+
+    @classmethod
+    def from_dumps(cls, dump_a: str | os.PathLike, dump_b: str | os.PathLike | None = None,
+                   compare_dir: str | os.PathLike | None = None,
+                   mapping: str | os.PathLike | None = None) -> "DiffGraph":
+        """One dump; or two dumps compared now with ``compare.api.compare`` (or the result
+        already written by ``probe compare --out compare_dir``)."""
+        if dump_b is None and compare_dir is None:
+            return cls(load_graph(dump_a))
+        try:
+            from compare import api
+        except ImportError as e:
+            raise ProbeError(f"compare is not available ({e}); open one dump at a time") from None
+        if compare_dir is not None:
+            result = api.load_result(compare_dir)
+        else:
+            result = api.compare(dump_a, dump_b, mapping=mapping)
+        if dump_b is None:
+            raise ProbeError(f"{compare_dir}: give the two dumps it compared as well (--dump A B)")
+        return cls.from_result(result, dump_a, dump_b)
+
+    # -- per node ---------------------------------------------------------------------------
+
+    @property
+    def paired(self) -> bool:
+        return self.graphs["b"] is not None
+
+    def graph(self, side: str) -> Graph:
+        g = self.graphs[side]
+        if g is None:
+            raise KeyError(f"no dump on side {side}")
+        return g
+
+    def pair(self, side: str, name: str) -> NodePair | None:
+        return self._pair[side].get(name)
+
+    def counterpart(self, side: str, name: str) -> str | None:
+        """The matched node on the other side, if any."""
+        p = self._pair[side].get(name)
+        if p is None:
+            return None
+        return p.node_b if side == "a" else p.node_a
+
+    def score(self, side: str, name: str) -> float | None:
+        """The pair's precision score: the compare result's, else computed from the statistics."""
+        p = self._pair[side].get(name)
+        if p is None or not (p.node_a and p.node_b):
+            return None
+        self.band(side, name)
+        return p.score
+
+    def band(self, side: str, name: str) -> str:
+        """pass | warning | error | unmatched | none (no numerics to judge, or one dump)."""
+        cached = self._band[side].get(name)
+        if cached is not None:
+            return cached
+        result = B.NONE
+        if self.paired:
+            p = self._pair[side].get(name)
+            if p is None or not (p.node_a and p.node_b):
+                has_data = name in self.graph(side).raw.data
+                result = B.UNMATCHED if has_data or p is not None else B.NONE
+            else:
+                if p.score is None:
+                    p.score = B.node_score(self.graph("a").tensors(p.node_a),
+                                           self.graph("b").tensors(p.node_b))
+                result = B.band(p.score)
+        self._band[side][name] = result
+        return result
+
+    def worst_below(self, side: str, name: str) -> str:
+        """The worst band among the descendants of ``name`` (shown on a collapsed node)."""
+        memo = self._worst[side]
+        if name in memo:
+            return memo[name]
+        g = self.graph(side)
+        stack = [(name, False)]
+        while stack:
+            node, done = stack.pop()
+            if node in memo:
+                continue
+            kids = g.children(node)
+            if done or not kids:
+                worst = B.NONE
+                for k in kids:
+                    for cand in (self.band(side, k), memo[k]):
+                        if B.SEVERITY[cand] > B.SEVERITY[worst]:
+                            worst = cand
+                memo[node] = worst
+            else:
+                stack.append((node, True))
+                stack.extend((k, False) for k in kids if k not in memo)
+        return memo[name]
+
+    def nonfinite(self, side: str, name: str) -> bool:
+        return self.graph(side).nonfinite(name)
+
+    # -- whole graph ------------------------------------------------------------------------
+
+    def _in_order(self) -> list[tuple[str, str]]:
+        """Every node in execution order: side a, then the nodes of side b left unmatched."""
+        if self._order is None:
+            out = [("a", n) for n in self.graph("a").walk()]
+            if self.paired:
+                out += [("b", n) for n in self.graph("b").walk() if self.counterpart("b", n) is None]
+            self._order = out
+        return self._order
+
+    def first_divergence(self) -> tuple[str, str] | None:
+        """(side, node) where numerics first go wrong: the compare summary's, else the first
+        node in execution order whose band is ``error`` with no ``error`` below it."""
+        if not self.paired:
+            return None
+        named = self._summary_node("first_divergence")
+        if named:
+            return named
+        for side, n in self._in_order():
+            if side == "a" and self.band(side, n) == B.ERROR and self.worst_below(side, n) != B.ERROR:
+                return side, n
+        return None
+
+    def first_nan(self) -> tuple[str, str] | None:
+        """(side, node) of the first node in execution order with a NaN/Inf statistic."""
+        named = self._summary_node("first_nan")
+        if named:
+            return named
+        sides = SIDES if self.paired else ("a",)
+        for side in sides:
+            g = self.graph(side)
+            for n in g.walk():
+                if g.nonfinite(n) and not any(g.nonfinite(k) for k in g.children(n)):
+                    return side, n
+        return None
+
+    def _summary_node(self, key: str) -> tuple[str, str] | None:
+        v = self.summary.get(key)
+        if isinstance(v, Mapping):
+            v = v.get("node_a") or v.get("node") or v.get("node_b")
+        elif isinstance(v, (list, tuple)) and v:
+            v = v[0]
+        if not v:
+            return None
+        for side in SIDES:
+            g = self.graphs[side]
+            if g is not None and v in g:
+                return side, str(v)
+        return None
+
+    def filter(self, kinds: Iterable[str]) -> list[tuple[str, str]]:
+        """Nodes in execution order whose band is in ``kinds`` (error, warning, unmatched) or,
+        with ``nan``, that carry a NaN/Inf statistic."""
+        kinds = set(kinds)
+        bands = kinds & {B.ERROR, B.WARNING, B.UNMATCHED, B.PASS}
+        out = []
+        for side, n in self._in_order():
+            if (bands and self.band(side, n) in bands) or ("nan" in kinds and self.nonfinite(side, n)):
+                out.append((side, n))
+        return out
+
+    def search(self, query: str) -> list[tuple[str, str]]:
+        """Nodes whose name or label matches ``query`` (fuzzy, case-insensitive), execution order."""
+        if self._search_keys is None:
+            self._search_keys = {f"{n} {self.graph(side).nodes[n].label}": (side, n)
+                                 for side, n in self._in_order()}
+        return [self._search_keys[t] for t in find(query, self._search_keys)]
+
+    def reveal(self, side: str, name: str) -> dict[str, list[str]]:
+        """The nodes to expand on each side so that ``name`` and its counterpart are visible."""
+        out = {"a": [], "b": []}
+        out[side] = self.graph(side).ancestors(name)
+        other = "b" if side == "a" else "a"
+        twin = self.counterpart(side, name)
+        if twin and self.graphs[other] is not None:
+            out[other] = self.graph(other).ancestors(twin)
+        return out
+
+    # -- detail -----------------------------------------------------------------------------
+
+    def _metric_rows(self, node_a: str | None, node_b: str | None) -> list[dict[str, Any]]:
+        if self._rows_by is None:
+            self._rows_by = {}
+            for r in self._rows:
+                self._rows_by.setdefault((r.get("node_a"), r.get("node_b")), []).append(r)
+        return self._rows_by.get((node_a, node_b), [])
+
+    def detail(self, side: str, name: str) -> Detail:
+        """Both sides' statistics, the pair's metrics, verdict with reason, and the stacks."""
+        twin = self.counterpart(side, name)
+        na, nb = (name, twin) if side == "a" else (twin, name)
+        p = self._pair[side].get(name)
+        band = self.band(side, name)
+        ga, gb = self.graphs["a"], self.graphs["b"]
+        return Detail(
+            node_a=na, node_b=nb, band=band, score=p.score if p else None,
+            match_method=p.match_method if p else "", verdict=p.verdict if p else "",
+            reason=p.reason if p else ("no counterpart on the other side" if band == B.UNMATCHED else ""),
+            tensors_a=ga.tensors(na) if na and ga is not None else [],
+            tensors_b=gb.tensors(nb) if nb and gb is not None else [],
+            metrics=self._metric_rows(na, nb),
+            stack_a=ga.stack(na) if na and ga is not None else [],
+            stack_b=gb.stack(nb) if nb and gb is not None else [],
+            nonfinite=bool((na and ga is not None and ga.nonfinite(na))
+                           or (nb and gb is not None and gb.nonfinite(nb))))
+
+    def counts(self) -> dict[str, int]:
+        """Number of nodes per band over both sides (computes every band once)."""
+        out = {b: 0 for b in (B.PASS, B.WARNING, B.ERROR, B.UNMATCHED)}
+        for side in SIDES if self.paired else ("a",):
+            for n in self.graph(side).walk():
+                b = self.band(side, n)
+                if b in out:
+                    out[b] += 1
+        return out

@@ -306,8 +306,14 @@ class DiffGraph:
         bands = kinds & {B.ERROR, B.WARNING, B.UNMATCHED, B.PASS}
         out = []
         for side, n in self._in_order():
-            if (bands and self.band(side, n) in bands) or ("nan" in kinds and self.nonfinite(side, n)):
+            if bands and self.band(side, n) in bands:
                 out.append((side, n))
+            elif "nan" in kinds:
+                twin = self.counterpart(side, n)
+                if self.nonfinite(side, n):
+                    out.append((side, n))
+                elif twin and self.nonfinite("b", twin):
+                    out.append(("b", twin))
         return out
 
     def search(self, query: str) -> list[tuple[str, str]]:

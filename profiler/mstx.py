@@ -104,10 +104,21 @@ def range_end(range_id: int, domain: str = "default") -> None:
             buf = _local.buf
         except AttributeError:
             buf = _local.buf = _new_buffer()
-        if _streams and range_id in _streams:
-            buf.append((2, range_id, _now(), domain, _stream_event(_streams.pop(range_id))))
+        if _streams:
+            _end_on_stream(buf, range_id, domain)
         else:
             buf.append((2, range_id, _now(), domain))
+
+
+def _end_on_stream(buf: list, range_id: Any, domain: str) -> None:
+    try:
+        stream = _streams.pop(range_id, None)
+    except TypeError:                       # an unhashable id: counted by the recorder
+        stream = None
+    if stream is None:
+        buf.append((2, range_id, _now(), domain))
+    else:
+        buf.append((2, range_id, _now(), domain, _stream_event(stream)))
 
 
 def is_recording() -> bool:

@@ -1,0 +1,279 @@
+"""The monitor's store: one DuckDB file, written and queried by the service process only.
+
+DuckDB allows one writer per file, so the service owns the connection; the CLI and the web UI
+read through the service (:mod:`monitor.client`). Tables:
+
+- ``metrics``    one row per metric point, the ``metric`` record schema of
+                 :mod:`collectors.records` (time_ns, job, rank, step, name, value);
+- ``batches``    (job, rank, agent_id, seq, points, dropped, time_ns) of every stored batch, in
+                 the same transaction as its points: the key for exactly-once ingest;
+- ``ranks``      the last registration of each (job, rank);
+- ``alerts``     detector findings with their evidence (JSON);
+- ``trace_requests`` and ``traces``: deep traces asked for and the files collected.
+
+Points arrive as Arrow tables and are inserted in groups (one transaction, one fsync, for many
+batches: :meth:`MonitorStore.ingest`), never row by row.
+
+>>> import tempfile, os, pyarrow as pa
+>>> s = MonitorStore(os.path.join(tempfile.mkdtemp(), "m.duckdb"))
+>>> t = pa.table({"time_ns": [1], "job": ["j"], "rank": pa.array([0], pa.int32()),
+...               "step": [0], "name": ["loss"], "value": [2.5]})
+>>> s.ingest([BatchKey("j", 0, "a1", 1, 0), ], [t])
+[True]
+>>> s.ingest([BatchKey("j", 0, "a1", 1, 0)], [t])     # resent after a lost ack
+[False]
+>>> s.metrics("j").num_rows
+1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+
+from collectors.records import METRIC
+from probe.errors import ProbeError
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS metrics (time_ns BIGINT, job VARCHAR, rank INTEGER, step BIGINT,
+                                    name VARCHAR, value DOUBLE);
+CREATE TABLE IF NOT EXISTS batches (job VARCHAR, rank INTEGER, agent_id VARCHAR, seq UBIGINT,
+                                    points INTEGER, dropped UBIGINT, time_ns BIGINT);
+CREATE TABLE IF NOT EXISTS ranks (job VARCHAR, rank INTEGER, world_size INTEGER, host VARCHAR,
+                                  pid BIGINT, engine VARCHAR, agent_id VARCHAR,
+                                  registered_ns BIGINT, registrations INTEGER,
+                                  PRIMARY KEY (job, rank));
+CREATE TABLE IF NOT EXISTS alerts (id BIGINT PRIMARY KEY, time_ns BIGINT, job VARCHAR,
+                                   kind VARCHAR, rank INTEGER, step BIGINT, message VARCHAR,
+                                   evidence VARCHAR);
+CREATE TABLE IF NOT EXISTS trace_requests (trace_id VARCHAR PRIMARY KEY, job VARCHAR,
+                                           ranks VARCHAR, start_step BIGINT, end_step BIGINT,
+                                           next_steps BIGINT, reason VARCHAR, time_ns BIGINT);
+CREATE TABLE IF NOT EXISTS traces (trace_id VARCHAR, job VARCHAR, rank INTEGER,
+                                   start_step BIGINT, end_step BIGINT, filename VARCHAR,
+                                   path VARCHAR, bytes BIGINT, error VARCHAR, time_ns BIGINT);
+"""
+
+#: Metric names the detectors read, pivoted per (rank, step) by :meth:`MonitorStore.step_table`.
+STEP_COLUMNS = ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms", "loss",
+                "grad_norm", "nonfinite_grads", "tokens_per_s")
+
+
+@dataclass(frozen=True)
+class BatchKey:
+    """Who sent a batch and its sequence number: the identity that makes ingest exactly-once."""
+
+    job: str
+    rank: int
+    agent_id: str
+    seq: int
+    dropped: int = 0
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+class MonitorStore:
+    """The DuckDB store of one monitor service; thread-safe (one write lock, a cursor per read)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        import duckdb
+
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._con = duckdb.connect(str(self.path))
+        except (OSError, duckdb.Error) as e:
+            msg = str(e).splitlines()[0]
+            raise ProbeError(f"{self.path}: cannot open the monitor store ({msg}); "
+                             "is another 'probe monitor serve' using it?") from None
+        self.trace_dir = self.path.with_name(self.path.stem + "-traces")
+        self._lock = threading.Lock()
+        self._con.execute(SCHEMA_SQL)
+        self._seen: dict[str, set[int]] = {}
+        for agent_id, seq in self._con.execute("SELECT agent_id, seq FROM batches").fetchall():
+            self._seen.setdefault(agent_id, set()).add(int(seq))
+        self._next_alert_id = 1 + (self._con.execute("SELECT coalesce(max(id), 0) FROM alerts")
+                                   .fetchone()[0])
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def ingest(self, keys: Sequence[BatchKey], tables: Sequence[pa.Table]) -> list[bool]:
+        """Store many batches in one transaction; returns, per batch, False if it was a duplicate.
+
+        Each table has the ``metric`` schema. A batch whose (agent_id, seq) is already stored
+        (or repeated inside this group) is skipped, so resending after a lost ack is harmless.
+        """
+        fresh: list[bool] = []
+        rows: list[tuple] = []
+        parts: list[pa.Table] = []
+        now = time.time_ns()
+        with self._lock:
+            pending: dict[str, set[int]] = {}
+            for key, table in zip(keys, tables):
+                seen = self._seen.get(key.agent_id, ())
+                group = pending.setdefault(key.agent_id, set())
+                if key.seq in seen or key.seq in group:
+                    fresh.append(False)
+                    continue
+                group.add(key.seq)
+                fresh.append(True)
+                rows.append((key.job, key.rank, key.agent_id, key.seq, table.num_rows,
+                             key.dropped, now))
+                if table.num_rows:
+                    parts.append(table)
+            if not rows:
+                return fresh
+            points = pa.concat_tables(parts) if parts else METRIC.empty_table()
+            con = self._con
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.register("_incoming", points)
+                con.execute("INSERT INTO metrics SELECT time_ns, job, rank, step, name, value "
+                            "FROM _incoming")
+                con.unregister("_incoming")
+                con.executemany("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+            for agent_id, seqs in pending.items():
+                self._seen.setdefault(agent_id, set()).update(seqs)
+        return fresh
+
+    def register_rank(self, job: str, rank: int, world_size: int, host: str, pid: int,
+                      engine: str, agent_id: str) -> bool:
+        """Record a rank's registration; returns True when it replaces an earlier agent."""
+        with self._lock:
+            old = self._con.execute("SELECT agent_id, registrations FROM ranks WHERE job = ? AND "
+                                    "rank = ?", [job, rank]).fetchone()
+            count = 1 + (old[1] if old else 0)
+            self._con.execute("INSERT OR REPLACE INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              [job, rank, world_size, host, pid, engine, agent_id,
+                               time.time_ns(), count])
+        return bool(old) and old[0] != agent_id
+
+    def add_alert(self, alert: dict[str, Any]) -> dict[str, Any]:
+        """Store an alert (kind, job, rank, step, message, evidence); returns it with id/time."""
+        with self._lock:
+            alert = dict(alert, id=self._next_alert_id, time_ns=alert.get("time_ns") or time.time_ns())
+            self._next_alert_id += 1
+            self._con.execute("INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                              [alert["id"], alert["time_ns"], alert["job"], alert["kind"],
+                               alert.get("rank"), alert.get("step"), alert.get("message", ""),
+                               json.dumps(alert.get("evidence", {}), default=float)])
+        return alert
+
+    def add_trace_request(self, trace_id: str, job: str, ranks: Iterable[int], start_step: int,
+                          end_step: int, next_steps: int, reason: str) -> None:
+        with self._lock:
+            self._con.execute("INSERT INTO trace_requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                              [trace_id, job, json.dumps(sorted(ranks)), start_step, end_step,
+                               next_steps, reason, time.time_ns()])
+
+    def add_trace_file(self, trace_id: str, job: str, rank: int, start_step: int, end_step: int,
+                       filename: str, path: str | None, nbytes: int, error: str = "") -> None:
+        with self._lock:
+            self._con.execute("INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              [trace_id, job, rank, start_step, end_step, filename, path,
+                               nbytes, error or None, time.time_ns()])
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
+        cur = self._con.cursor()
+        try:
+            return cur.sql(sql, params=list(params) or None).to_arrow_table()
+        finally:
+            cur.close()
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        cur = self._con.cursor()
+        try:
+            return cur.execute(sql, list(params)).fetchall()
+        finally:
+            cur.close()
+
+    def metrics(self, job: str | None = None, since_step: int = 0, ranks: Sequence[int] = (),
+                names: Sequence[str] = (), pivot: bool = False, limit: int = 0) -> pa.Table:
+        """Metric points (long: time_ns, job, rank, step, name, value) or pivoted per rank/step."""
+        where, params = ["step >= ?"], [since_step]
+        if job:
+            where.append("job = ?")
+            params.append(job)
+        if ranks:
+            where.append(f"rank IN ({', '.join(str(int(r)) for r in ranks)})")
+        if names:
+            where.append(f"name IN ({', '.join(_sql_str(n) for n in names)})")
+        cond = " AND ".join(where)
+        lim = f" LIMIT {int(limit)}" if limit > 0 else ""
+        if not pivot:
+            return self._query(f"SELECT * FROM metrics WHERE {cond} ORDER BY job, step, rank, name"
+                               f"{lim}", params)
+        cols = list(names) or [r[0] for r in self.rows(
+            f"SELECT DISTINCT name FROM metrics WHERE {cond} ORDER BY name", params)]
+        select = ", ".join(f"max(CASE WHEN name = {_sql_str(c)} THEN value END) AS "
+                           f"\"{c.replace(chr(34), '')}\"" for c in cols)
+        select = (", " + select) if select else ""
+        return self._query(f"SELECT job, rank, step, min(time_ns) AS time_ns{select} FROM metrics "
+                           f"WHERE {cond} GROUP BY job, rank, step ORDER BY job, step, rank{lim}",
+                           params)
+
+    def step_table(self, job: str, since_step: int) -> pa.Table:
+        """The detectors' input: one row per (rank, step) with :data:`STEP_COLUMNS`."""
+        return self.metrics(job, since_step=since_step, names=STEP_COLUMNS, pivot=True)
+
+    def alerts(self, job: str | None = None, since_id: int = 0, kind: str | None = None) -> pa.Table:
+        where, params = ["id > ?"], [since_id]
+        if job:
+            where.append("job = ?")
+            params.append(job)
+        if kind:
+            where.append("kind = ?")
+            params.append(kind)
+        return self._query(f"SELECT * FROM alerts WHERE {' AND '.join(where)} ORDER BY id", params)
+
+    def traces(self, job: str | None = None, trace_id: str | None = None) -> pa.Table:
+        where, params = ["true"], []
+        if job:
+            where.append("t.job = ?")
+            params.append(job)
+        if trace_id:
+            where.append("t.trace_id = ?")
+            params.append(trace_id)
+        return self._query(f"SELECT t.* FROM traces t WHERE {' AND '.join(where)} "
+                           "ORDER BY t.trace_id, t.rank, t.filename", params)
+
+    def trace_requests(self, job: str | None = None) -> pa.Table:
+        if job:
+            return self._query("SELECT * FROM trace_requests WHERE job = ? ORDER BY time_ns", [job])
+        return self._query("SELECT * FROM trace_requests ORDER BY time_ns")
+
+    def job_summary(self) -> list[dict[str, Any]]:
+        """Per (job, rank): registration, last step, points and batches stored."""
+        rows = self.rows("""
+            WITH m AS (SELECT job, rank, max(step) AS last_step, count(*) AS points,
+                              max(time_ns) AS last_time_ns FROM metrics GROUP BY job, rank),
+                 b AS (SELECT job, rank, count(*) AS batches, sum(dropped) AS dropped
+                       FROM batches GROUP BY job, rank)
+            SELECT coalesce(r.job, m.job), coalesce(r.rank, m.rank), r.world_size, r.host, r.pid,
+                   r.engine, r.agent_id, r.registrations, m.last_step, coalesce(m.points, 0),
+                   m.last_time_ns, coalesce(b.batches, 0), coalesce(b.dropped, 0)
+            FROM ranks r FULL OUTER JOIN m ON r.job = m.job AND r.rank = m.rank
+                 LEFT JOIN b ON b.job = coalesce(r.job, m.job) AND b.rank = coalesce(r.rank, m.rank)
+            ORDER BY 1, 2""")
+        keys = ("job", "rank", "world_size", "host", "pid", "engine", "agent_id", "registrations",
+                "last_step", "points", "last_time_ns", "batches", "dropped")
+        return [dict(zip(keys, r)) for r in rows]

@@ -1,0 +1,228 @@
+"""``probe monitor``: the live monitor service and its operator commands.
+
+    probe monitor serve [--host 127.0.0.1] [--port 50051] [--store FILE] [--token T]
+    probe monitor status [--addr HOST:PORT] [--job J] [--json]
+    probe monitor alerts [--job J] [--kind K] [--json]
+    probe monitor trace --job J [--ranks 0,3] (--steps 120-124 | --next N) [--wait] [--out DIR]
+
+The address of a running service comes from ``--addr`` or env ``PROBE_MONITOR``; the token
+from ``--token`` or env ``PROBE_MONITOR_TOKEN``. Ranks of the bundled engine stream to the
+service when ``PROBE_MONITOR=host:port`` is set in their environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import click
+
+from probe.options import selection_option
+
+addr_option = click.option("--addr", default=None, metavar="HOST:PORT",
+                           help="Monitor service address (default: $PROBE_MONITOR or 127.0.0.1:50051).")
+token_option = click.option("--token", default=None, envvar="PROBE_MONITOR_TOKEN",
+                            help="Token of the service ($PROBE_MONITOR_TOKEN).")
+ca_option = click.option("--tls-ca", "ca", default=None, envvar="PROBE_MONITOR_CA",
+                         type=click.Path(dir_okay=False),
+                         help="PEM CA certificate to trust for a TLS service ($PROBE_MONITOR_CA).")
+
+
+@click.group("monitor")
+def command() -> None:
+    """Live cluster monitoring: serve, status, alerts, deep traces on demand."""
+
+
+@command.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; anything but loopback needs --token.")
+@click.option("--port", default=50051, show_default=True, type=int, help="Port (0 = any free one).")
+@click.option("--store", default=None, type=click.Path(dir_okay=False),
+              help="DuckDB store file [default: runs/monitor/monitor.duckdb].")
+@click.option("--token", default=None, envvar="PROBE_MONITOR_TOKEN",
+              help="Require this token on every call ($PROBE_MONITOR_TOKEN).")
+@click.option("--tls-cert", default=None, type=click.Path(dir_okay=False), help="PEM certificate.")
+@click.option("--tls-key", default=None, type=click.Path(dir_okay=False), help="PEM private key.")
+@click.option("--trace-on-alert", multiple=True, metavar="KIND:STEPS",
+              help="Deep-trace the rank an alert names for STEPS steps, e.g. straggler:3. Repeatable.")
+def serve(host: str, port: int, store: str | None, token: str | None, tls_cert: str | None,
+          tls_key: str | None, trace_on_alert: tuple[str, ...]) -> int:
+    """Run the monitor service in the foreground until Ctrl-C or SIGTERM."""
+    from monitor.service import MonitorService, parse_trace_on_alert, serve_path_default
+
+    svc = MonitorService(store_path=store or serve_path_default(), host=host, port=port,
+                         token=token, tls_cert=tls_cert, tls_key=tls_key,
+                         trace_on_alert=parse_trace_on_alert(trace_on_alert))
+    bound = svc.start()
+
+    def stop(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    click.echo(f"monitor listening on {host}:{bound} (store {svc.store.path}, "
+               f"{'token required' if token else 'no token'}, {'TLS' if tls_cert else 'plaintext'})")
+    click.echo(f"ranks stream to it with PROBE_MONITOR={host}:{bound}")
+    sys.stdout.flush()
+    try:
+        svc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        svc.stop()
+    click.echo(f"monitor stopped; {svc.points_ingested} points ingested this session")
+    return 0
+
+
+@command.command("status")
+@addr_option
+@token_option
+@ca_option
+@click.option("--job", default=None, help="Only this job.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
+def status(addr: str | None, token: str | None, ca: str | None, job: str | None,
+           as_json: bool) -> int:
+    """Jobs, ranks, last step, health and alerts of a running service."""
+    from monitor.client import MonitorClient
+
+    with MonitorClient(addr, token=token, ca=ca) as client:
+        doc = client.status(job)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, default=str))
+        return 0
+    svc = doc["service"]
+    click.echo(f"monitor {svc['address']}  store {svc['store']}  up {svc['uptime_s']:.0f} s  "
+               f"{svc['points_ingested']} points this session")
+    if not doc["jobs"]:
+        click.echo("no jobs yet: start training with PROBE_MONITOR set to this address")
+    for j in doc["jobs"]:
+        alerts = ", ".join(f"{k} {v}" for k, v in sorted(j["alerts"].items())) or "none"
+        click.echo(f"\njob {j['job']}  world {j['world_size']}  last step {j['last_step']}  "
+                   f"health {j['health']}  alerts: {alerts}")
+        click.echo(f"  {'rank':>4}  {'health':<8}  {'step':>6}  {'seen':>7}  {'points':>9}  "
+                   f"{'dropped':>7}  host:pid")
+        for r in j["ranks"]:
+            seen = "-" if r["last_seen_s"] is None else f"{r['last_seen_s']:.1f}s"
+            click.echo(f"  {r['rank']:>4}  {r['health']:<8}  {r['last_step']:>6}  {seen:>7}  "
+                       f"{r['points']:>9}  {r['dropped']:>7}  {r['host']}:{r['pid']}")
+    if doc["alerts"]:
+        click.echo("\nrecent alerts:")
+        for a in doc["alerts"][-10:]:
+            click.echo(f"  #{a['id']} {a['kind']:<10} {a['job']} rank {a['rank']} step {a['step']}: "
+                       f"{a['message']}")
+    return 0
+
+
+@command.command("alerts")
+@addr_option
+@token_option
+@ca_option
+@click.option("--job", default=None, help="Only this job.")
+@click.option("--kind", default=None, help="straggler, slow_step, nonfinite or rank_lost.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@click.option("--follow", is_flag=True, help="Keep printing new alerts as they are raised.")
+def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
+           kind: str | None, as_json: bool, follow: bool) -> int:
+    """Alerts with their evidence (``--follow`` to watch them live)."""
+    from monitor.client import MonitorClient
+
+    def show(a: dict) -> None:
+        ev = a["evidence"] if isinstance(a["evidence"], dict) else json.loads(a["evidence"] or "{}")
+        if as_json:
+            click.echo(json.dumps(dict(a, evidence=ev), default=str))
+        else:
+            click.echo(f"#{a['id']} {a['kind']:<10} {a['job']} rank {a['rank']} step {a['step']}: "
+                       f"{a['message']}")
+        sys.stdout.flush()
+
+    with MonitorClient(addr, token=token, ca=ca) as client:
+        rows = client.alerts(job, kind=kind).to_pylist()
+        for a in rows:
+            show(a)
+        if not follow:
+            if not rows and not as_json:
+                click.echo("no alerts")
+            return 0
+        last = rows[-1]["id"] if rows else 0
+        try:
+            for event in client.watch(job):
+                if event.get("type") == "alert" and event["id"] > last and \
+                        (kind is None or event["kind"] == kind):
+                    show(event)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+@command.command("trace")
+@addr_option
+@token_option
+@ca_option
+@click.option("--job", required=True, help="The job (run name) to trace.")
+@selection_option("--ranks", "ranks", "Ranks to trace, e.g. 0,3 (default: every rank of the job).")
+@click.option("--steps", default=None, metavar="FIRST-LAST", help="Steps to trace, e.g. 120-124.")
+@click.option("--next", "next_steps", default=None, type=int, metavar="N",
+              help="Trace the next N steps instead of a fixed range.")
+@click.option("--wait/--no-wait", default=False, help="Wait until every rank has sent its trace.")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to --wait.")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="With --wait: copy the trace files here (OUT/rank<R>/).")
+def trace(addr: str | None, token: str | None, ca: str | None, job: str, ranks: list[int] | None,
+          steps: str | None, next_steps: int | None, wait: bool, timeout: float,
+          out: str | None) -> int:
+    """Make ranks run a full profiler session for exactly the given steps, then collect it."""
+    from monitor.client import MonitorClient
+
+    with MonitorClient(addr, token=token, ca=ca) as client:
+        reply = client.request_trace(job, ranks, steps=steps, next_steps=next_steps)
+        what = f"steps {steps}" if steps else f"the next {next_steps} steps"
+        click.echo(f"trace {reply['trace_id']}: {what} of job {job} on ranks "
+                   f"{','.join(map(str, reply['ranks'])) or '-'}"
+                   + (f" (not connected now, queued: {','.join(map(str, reply['missing']))})"
+                      if reply["missing"] else ""))
+        if not wait and not out:
+            click.echo(f"collect it later: probe monitor trace-files --trace {reply['trace_id']}")
+            return 0
+        table = client.wait_trace(reply["trace_id"], reply["ranks"] + reply["missing"], timeout)
+        failed = 0
+        for row in table.to_pylist():
+            if row["error"]:
+                failed += 1
+                click.echo(f"  rank {row['rank']}: no trace: {row['error']}")
+            else:
+                click.echo(f"  rank {row['rank']}: steps {row['start_step']}-{row['end_step']} "
+                           f"{row['filename']} ({row['bytes']} bytes) at {row['path']}")
+        if out:
+            for rank in sorted({r["rank"] for r in table.to_pylist() if not r["error"]}):
+                paths = client.fetch_trace(reply["trace_id"], rank, os.path.join(out, f"rank{rank}"))
+                click.echo(f"  copied rank {rank}: {len(paths)} files to {os.path.join(out, f'rank{rank}')}")
+    return 1 if failed else 0
+
+
+@command.command("trace-files")
+@addr_option
+@token_option
+@ca_option
+@click.option("--job", default=None, help="Only this job.")
+@click.option("--trace", "trace_id", default=None, help="Only this trace id.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+def trace_files(addr: str | None, token: str | None, ca: str | None, job: str | None,
+                trace_id: str | None, as_json: bool) -> int:
+    """Trace files the ranks have sent back."""
+    from monitor.client import MonitorClient
+
+    with MonitorClient(addr, token=token, ca=ca) as client:
+        rows = client.traces(job, trace_id).to_pylist()
+    for row in rows:
+        if as_json:
+            click.echo(json.dumps(row, default=str))
+        elif row["error"]:
+            click.echo(f"{row['trace_id']} {row['job']} rank {row['rank']}: no trace: {row['error']}")
+        else:
+            click.echo(f"{row['trace_id']} {row['job']} rank {row['rank']} steps "
+                       f"{row['start_step']}-{row['end_step']} {row['filename']} "
+                       f"({row['bytes']} bytes) {row['path']}")
+    if not rows and not as_json:
+        click.echo("no trace files yet (ranks send them after the last traced step)")
+    return 0

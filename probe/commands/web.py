@@ -1,0 +1,48 @@
+"""``probe web``: serve the dashboard (graph diff, live cluster, timeline, SQL)."""
+
+from __future__ import annotations
+
+import click
+
+from probe.errors import ProbeError
+
+
+@click.command("web")
+@click.option("--dump", "dumps", multiple=True, metavar="A [B]",
+              help="A dump (dump.json, rank or dump directory); give it twice (or --dump A --dump B) "
+                   "for a diff.")
+@click.argument("more_dumps", nargs=-1, type=click.Path())
+@click.option("--compare", "compare_dir", type=click.Path(), help="A `probe compare --out` directory.")
+@click.option("--monitor", "monitor_addr", metavar="HOST:PORT", help="The `probe monitor serve` address.")
+@click.option("--token", envvar="PROBE_MONITOR_TOKEN", help="Monitor token (or PROBE_MONITOR_TOKEN).")
+@click.option("--job", help="The job the live page follows (default: the latest).")
+@click.option("--store", "stores", multiple=True, type=click.Path(),
+              help="A run directory whose record store the live, timeline and query pages read.")
+@click.option("--trace", "trace_file", type=click.Path(), help="A merged Chrome/Perfetto trace JSON.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8050, show_default=True, type=int, help="Port to listen on.")
+def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: str | None,
+            monitor_addr: str | None, token: str | None, job: str | None, stores: tuple[str, ...],
+            trace_file: str | None, host: str, port: int) -> int:
+    """Serve the dashboard at http://HOST:PORT/.
+
+    Examples:
+
+        probe web --dump runs/ref/dump runs/fused/dump --compare runs/cmp
+
+        probe web --monitor 127.0.0.1:50051 --store runs/demo --trace runs/demo/trace.json
+    """
+    paths = list(dumps) + list(more_dumps)
+    if more_dumps and not dumps:
+        raise ProbeError(f"{more_dumps[0]}: give dumps with --dump A [B]")
+    if len(paths) > 2:
+        raise ProbeError(f"{paths[2]}: --dump takes one or two dumps")
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        click.echo(f"probe web: warning: serving on {host}, reachable from other machines", err=True)
+    from web.app import create_app, serve
+
+    app = create_app(dump_a=paths[0] if paths else None, dump_b=paths[1] if len(paths) > 1 else None,
+                     compare_dir=compare_dir, monitor_addr=monitor_addr, store_dirs=stores,
+                     trace_file=trace_file, job=job, monitor_token=token)
+    serve(app, host, port)
+    return 0

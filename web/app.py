@@ -1,0 +1,120 @@
+"""The Dash app: graph diff, live cluster, timeline and query pages in one server.
+
+>>> app = create_app(dump_a="/work/shared/data/msprobe/torch_L0",        # doctest: +SKIP
+...                  dump_b="/work/shared/data/msprobe/mindspore_L0")
+>>> serve(app, "127.0.0.1", 8050)                                        # doctest: +SKIP
+
+Pages: ``/`` (graph diff), ``/live``, ``/timeline``, ``/query``. The app reads its data through
+:mod:`visualizer`, ``monitor.client`` and ``collectors.store``; it computes no numerics itself.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from dash import Dash, Input, Output, dcc, html
+
+from probe.errors import ProbeError
+from visualizer.diff import DiffGraph
+from web.pages import graph_diff, live, query, timeline
+
+PAGES = [("/", "Graph diff"), ("/live", "Live cluster"), ("/timeline", "Timeline"), ("/query", "Query")]
+ASSETS = Path(__file__).with_name("assets")
+
+
+def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLike | None = None,
+               compare_dir: str | os.PathLike | None = None, monitor_addr: str | None = None,
+               store_dirs: tuple[str | os.PathLike, ...] | list = (),
+               trace_file: str | os.PathLike | None = None, *, job: str | None = None,
+               refresh_ms: int = 2000, monitor_token: str | None = None) -> Dash:
+    """Build the dashboard.
+
+    ``dump_a``/``dump_b``: msprobe-format dumps (two: a diff; one: a single graph);
+    ``compare_dir``: a ``probe compare --out`` directory for that pair (else they are compared
+    now); ``monitor_addr``: ``host:port`` of ``probe monitor serve`` for the live page;
+    ``store_dirs``: run directories whose record store the live, timeline and query pages read;
+    ``trace_file``: a merged Chrome/Perfetto trace JSON for the timeline; ``job``: the job the
+    live page follows (default: the first the monitor knows).
+    """
+    if dump_a is None and dump_b is not None:
+        dump_a, dump_b = dump_b, None
+    diff = DiffGraph.from_dumps(dump_a, dump_b, compare_dir) if dump_a is not None else None
+    stores = tuple(str(s) for s in store_dirs)
+    for s in stores:
+        if not Path(s).is_dir():
+            raise ProbeError(f"{s}: no such run directory for the record store")
+    if trace_file is not None and not Path(trace_file).is_file():
+        raise ProbeError(f"{trace_file}: no such trace file")
+    source = live.LiveSource(monitor_addr=monitor_addr, store_dirs=stores, job=job, token=monitor_token)
+
+    app = Dash(__name__, title="probe", assets_folder=str(ASSETS), suppress_callback_exceptions=True,
+               update_title=None)
+    app.layout = html.Div([
+        dcc.Location(id="url"),
+        html.Nav([html.Span("probe", className="brand")]
+                 + [dcc.Link(title, href=path, className="nav", id=f"nav-{path.strip('/') or 'graph'}")
+                    for path, title in PAGES], className="topnav"),
+        html.Div(id="page"),
+    ])
+    pages = {
+        "/": lambda: graph_diff.layout(diff),
+        "/live": lambda: live.layout(source, refresh_ms),
+        "/timeline": lambda: timeline.layout(trace_file, stores),
+        "/query": lambda: query.layout(stores),
+    }
+
+    @app.callback(Output("page", "children"), Input("url", "pathname"))
+    def route(path: str | None) -> Any:
+        build = pages.get(path or "/")
+        return build() if build else html.Div([html.H2("Not found"), html.P(f"no page {path}")])
+
+    graph_diff.register(app, diff)
+    live.register(app, source)
+    timeline.register(app, trace_file, stores)
+    query.register(app, stores)
+    app.probe_diff = diff            # for tests and the demo's summary
+    app.probe_source = source
+    return app
+
+
+class ServerThread:
+    """Serve ``app`` from a background thread (tests, the demo); ``stop()`` ends it.
+
+    >>> srv = ServerThread(create_app(), "127.0.0.1", 0)    # doctest: +SKIP
+    >>> srv.url                                               # doctest: +SKIP
+    'http://127.0.0.1:40123'
+    """
+
+    def __init__(self, app: Dash, host: str = "127.0.0.1", port: int = 8050) -> None:
+        import logging
+
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        try:
+            self._server = make_server(host, port, app.server, threaded=True)
+        except OSError as e:
+            raise ProbeError(f"{host}:{port}: cannot listen ({e.strerror}); pick another --port") from None
+        self.host, self.port = host, self._server.server_port
+        self.url = f"http://{host}:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="probe-web", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join(timeout=5)
+
+
+def serve(app: Dash, host: str = "127.0.0.1", port: int = 8050) -> None:
+    """Serve ``app`` until interrupted (Ctrl-C)."""
+    srv = ServerThread(app, host, port)
+    print(f"probe web: serving on {srv.url}/  (Ctrl-C to stop)", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()

@@ -1,0 +1,1 @@
+"""The dashboard pages: each has ``layout(...)`` and ``register(app, ...)``."""

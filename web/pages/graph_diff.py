@@ -1,0 +1,297 @@
+"""Graph diff page: the two hierarchy graphs side by side (or one), expanded lazily.
+
+Expanding, collapsing and selecting a node on one side does the same to its counterpart on the
+other. A search box steps through fuzzy hits; a filter list shows error/warning/unmatched/NaN
+nodes in execution order; the detail panel shows both sides' statistics, the compare metrics,
+the verdict with its reason, and the stacks; "Jump to first divergence" selects where the
+numerics first go wrong. All numerics come from :mod:`visualizer`; this module only renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
+
+from visualizer import bands as B
+from visualizer.diff import DiffGraph, Detail
+
+SIDE_TITLE = {"a": "A", "b": "B"}
+FILTER_CAP = 500
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def legend() -> html.Div:
+    items = [(B.PASS, "pass < 0.3"), (B.WARNING, "warning < 0.6"), (B.ERROR, "error ≥ 0.6"),
+             (B.UNMATCHED, "unmatched"), ("nan", "NaN/Inf")]
+    return html.Div([html.Span(text, className=f"chip band-{b}") for b, text in items],
+                    id="g-legend", className="legend")
+
+
+def layout(diff: DiffGraph | None) -> html.Div:
+    if diff is None:
+        return html.Div([html.H2("Graph diff"), html.P(
+            "No dump given. Start with: probe web --dump A [B] [--compare DIR]", className="empty")])
+    paired = diff.paired
+    titles = [html.Div(f"A: {diff.graph('a').title}", className="pane-title")]
+    panes = [html.Div([titles[0], html.Div(id="g-tree-a", className="tree")], className="pane")]
+    if paired:
+        panes.append(html.Div([html.Div(f"B: {diff.graph('b').title}", className="pane-title"),
+                               html.Div(id="g-tree-b", className="tree")], className="pane"))
+    toolbar = html.Div([
+        dcc.Input(id="g-search", type="text", placeholder="search nodes (fuzzy)", debounce=True,
+                  className="search"),
+        html.Button("◀ prev", id="g-prev", n_clicks=0),
+        html.Button("next ▶", id="g-next", n_clicks=0),
+        html.Span("", id="g-hit", className="hit"),
+        html.Button("Jump to first divergence", id="g-jump", n_clicks=0, className="primary",
+                    disabled=not paired),
+        html.Button("Jump to first NaN", id="g-jump-nan", n_clicks=0),
+        legend(),
+    ], className="toolbar")
+    side = html.Div([
+        html.H4("Filter"),
+        dcc.Checklist(id="g-filter", options=[{"label": f" {k}", "value": k}
+                                               for k in ("error", "warning", "unmatched", "nan")],
+                      value=["error"] if paired else ["nan"], inline=True),
+        html.Div(id="g-filter-list", className="filter-list"),
+    ], className="sidebar")
+    return html.Div([
+        html.Div(id="g-summary", className="summary"),
+        toolbar,
+        html.Div([side, html.Div(panes, className="panes"),
+                  html.Div(html.P("Select a node to see its statistics.", className="empty"),
+                           id="g-detail", className="detail")], className="graph-body"),
+        dcc.Store(id="g-state", data={"exp": {"a": [], "b": []}, "sel": None, "hit": -1}),
+        html.Div(id="g-scroll", style={"display": "none"}),
+    ], id="page-graph")
+
+
+def render_rows(diff: DiffGraph, side: str, expanded: set[str], sel: tuple[str, str] | None) -> list:
+    """The visible rows of one side: the roots and the children of every expanded node."""
+    g = diff.graph(side)
+    other = "b" if side == "a" else "a"
+    selected = None
+    if sel:
+        selected = sel[1] if sel[0] == side else diff.counterpart(other, sel[1]) if diff.paired else None
+    rows = []
+    stack = [(n, 0) for n in reversed(g.roots())]
+    while stack:
+        name, depth = stack.pop()
+        node = g.nodes[name]
+        open_ = name in expanded
+        has_kids = g.has_children(name)
+        band = diff.band(side, name)
+        cls = f"row band-{band}"
+        if name == selected:
+            cls += " sel"
+        if diff.nonfinite(side, name):
+            cls += " nan"
+        hint = ""
+        if has_kids and not open_ and diff.paired:
+            worst = diff.worst_below(side, name)
+            if worst in (B.ERROR, B.WARNING):
+                hint = html.Span("●", className=f"hint hint-{worst}", title=f"{worst} inside")
+        toggle = html.Span("▾" if open_ else "▸", id={"type": "g-tog", "side": side, "node": name},
+                           className="tog", n_clicks=0) if has_kids else html.Span("", className="tog leaf")
+        rows.append(html.Div([
+            toggle,
+            html.Span(node.label, id={"type": "g-sel", "side": side, "node": name},
+                      className="lbl", n_clicks=0, title=name),
+            hint,
+        ], className=cls, style={"paddingLeft": f"{depth * 14 + 4}px"}, **{"data-node": name}))
+        if open_:
+            stack.extend((k, depth + 1) for k in reversed(g.children(name)))
+    return rows
+
+
+def _stats_table(d: Detail) -> html.Table:
+    keys = []
+    a_by = {t.key: t for t in d.tensors_a}
+    b_by = {t.key: t for t in d.tensors_b}
+    for t in d.tensors_a + d.tensors_b:
+        if t.key not in keys:
+            keys.append(t.key)
+    head = html.Tr([html.Th(h) for h in ("slot", "index", "dtype", "shape", "side", "max", "min",
+                                          "mean", "norm")])
+    body = []
+    for key in keys:
+        for label, t in (("A", a_by.get(key)), ("B", b_by.get(key))):
+            if t is None:
+                continue
+            cells = [key[0], key[1], t.dtype or "", "×".join(map(str, t.shape)) if t.shape else "", label]
+            if t.value is not None and t.max is None:
+                cells += [t.value, "", "", ""]
+            else:
+                cells += [_fmt(t.max), _fmt(t.min), _fmt(t.mean), _fmt(t.norm) or (t.md5 or "")]
+            body.append(html.Tr([html.Td(c) for c in cells], className="nan" if t.nonfinite else ""))
+    return html.Table([html.Thead(head), html.Tbody(body)], className="stats")
+
+
+def _metrics_table(rows: list[dict]) -> html.Table | None:
+    if not rows:
+        return None
+    flat = []
+    for r in rows:
+        item = {k: r.get(k) for k in ("direction", "slot", "index", "verdict")}
+        metrics = r.get("metrics")
+        if isinstance(metrics, dict):
+            item.update(metrics)
+        item["reason"] = r.get("reason")
+        flat.append(item)
+    cols = []
+    for item in flat:
+        cols += [k for k in item if k not in cols]
+    return html.Table([html.Thead(html.Tr([html.Th(c) for c in cols])),
+                       html.Tbody([html.Tr([html.Td(_fmt(i.get(c))) for c in cols]) for i in flat])],
+                      className="stats")
+
+
+def render_detail(diff: DiffGraph, side: str, name: str) -> list:
+    d = diff.detail(side, name)
+    head = [html.Div([html.B("A: "), d.node_a or "—"]), ]
+    if diff.paired:
+        head.append(html.Div([html.B("B: "), d.node_b or "—"]))
+    verdict = [html.Span(d.band, className=f"chip band-{d.band}", id="g-detail-band")]
+    if d.score is not None:
+        verdict.append(html.Span(f"score {d.score:.3f}"))
+    if d.match_method:
+        verdict.append(html.Span(f"matched by {d.match_method}"))
+    if d.verdict:
+        verdict.append(html.Span(f"verdict {d.verdict}"))
+    if d.nonfinite:
+        verdict.append(html.Span("NaN/Inf", className="chip band-nan"))
+    out = [html.Div(head, className="names"), html.Div(verdict, className="verdict")]
+    if d.reason:
+        out.append(html.P(d.reason, className="reason"))
+    out += [html.H4("Statistics"), _stats_table(d)]
+    metrics = _metrics_table(d.metrics)
+    if metrics is not None:
+        out += [html.H4("Compare metrics"), metrics]
+    for label, stack in (("A", d.stack_a), ("B", d.stack_b)):
+        if stack:
+            out += [html.H4(f"Stack {label}"), html.Pre("\n".join(stack), className="stack")]
+    return out
+
+
+def register(app: Dash, diff: DiffGraph | None) -> None:
+    """Attach the page's callbacks to ``app``."""
+    if diff is None:
+        return
+    sides = ("a", "b") if diff.paired else ("a",)
+    tree_outputs = [Output(f"g-tree-{s}", "children") for s in sides]
+
+    @app.callback(
+        Output("g-state", "data"), *tree_outputs, Output("g-detail", "children"),
+        Output("g-hit", "children"),
+        Input({"type": "g-tog", "side": ALL, "node": ALL}, "n_clicks"),
+        Input({"type": "g-sel", "side": ALL, "node": ALL}, "n_clicks"),
+        Input({"type": "g-flt", "side": ALL, "node": ALL}, "n_clicks"),
+        Input("g-prev", "n_clicks"), Input("g-next", "n_clicks"), Input("g-search", "value"),
+        Input("g-jump", "n_clicks"), Input("g-jump-nan", "n_clicks"),
+        State("g-state", "data"),
+    )
+    def on_event(_tog, _sel, _flt, _prev, _next, query, _jump, _jnan, state):
+        state = state or {"exp": {"a": [], "b": []}, "sel": None, "hit": -1}
+        exp = {s: list(state["exp"].get(s, [])) for s in ("a", "b")}
+        sel = tuple(state["sel"]) if state.get("sel") else None
+        hit_text = no_update
+        trig = ctx.triggered_id
+        value = ctx.triggered[0].get("value") if ctx.triggered else None
+        target = None
+        if isinstance(trig, dict):
+            if not value:
+                return (no_update,) * (len(sides) + 3)
+            side, name = trig["side"], trig["node"]
+            if trig["type"] == "g-tog":
+                twin = diff.counterpart(side, name) if diff.paired else None
+                other = "b" if side == "a" else "a"
+                if name in exp[side]:
+                    exp[side].remove(name)
+                    if twin and twin in exp[other]:
+                        exp[other].remove(twin)
+                else:
+                    exp[side].append(name)
+                    if twin:
+                        exp[other] = list(dict.fromkeys(exp[other] + diff.graph(other).ancestors(twin) + [twin]))
+            else:
+                target = (side, name)
+        elif trig in ("g-prev", "g-next", "g-search"):
+            hits = diff.search(query or "")
+            if not hits:
+                state["hit"] = -1
+                hit_text = "no match" if (query or "").strip() else ""
+            else:
+                i = state.get("hit", -1)
+                if trig == "g-search":
+                    i = 0
+                else:
+                    i = (i + (1 if trig == "g-next" else -1)) % len(hits)
+                state["hit"] = i
+                target = hits[i]
+                hit_text = f"{i + 1}/{len(hits)}"
+        elif trig == "g-jump":
+            target = diff.first_divergence()
+            if target is None:
+                hit_text = "no divergence found"
+        elif trig == "g-jump-nan":
+            target = diff.first_nan()
+            if target is None:
+                hit_text = "no NaN/Inf found"
+        if target is not None:
+            sel = target
+            for s, names in diff.reveal(*target).items():
+                exp[s] = list(dict.fromkeys(exp[s] + names))
+        state.update(exp=exp, sel=list(sel) if sel else None)
+        trees = [render_rows(diff, s, set(exp[s]), sel) for s in sides]
+        detail = render_detail(diff, *sel) if sel else no_update
+        return (state, *trees, detail, hit_text)
+
+    @app.callback(Output("g-filter-list", "children"), Input("g-filter", "value"))
+    def on_filter(kinds):
+        found = diff.filter(kinds or [])
+        items = []
+        for side, name in found[:FILTER_CAP]:
+            node = diff.graph(side).nodes[name]
+            band = diff.band(side, name)
+            items.append(html.Div(f"{SIDE_TITLE[side]} · {node.label}",
+                                  id={"type": "g-flt", "side": side, "node": name}, n_clicks=0,
+                                  className=f"flt band-{band}", title=name))
+        note = f"{len(found)} node(s)" + (f", first {FILTER_CAP} shown" if len(found) > FILTER_CAP else "")
+        return [html.Div(note, className="count", id="g-filter-count"), *items]
+
+    @app.callback(Output("g-summary", "children"), Input("g-summary", "id"))
+    def on_summary(_):
+        s = diff.summary
+        parts = []
+        if diff.paired:
+            counts = diff.counts()
+            for key in ("matched", "unmatched_a", "unmatched_b"):
+                if s.get(key) is not None:
+                    parts.append(f"{key.replace('_', ' ')}: {s[key]}")
+            parts += [f"{b}: {counts[b]}" for b in (B.ERROR, B.WARNING, B.PASS, B.UNMATCHED)]
+            first = diff.first_divergence()
+            parts.append(f"first divergence: {first[1] if first else 'none'}")
+        first_nan = diff.first_nan()
+        parts.append(f"first NaN: {first_nan[1] if first_nan else 'none'}")
+        return " · ".join(parts)
+
+    app.clientside_callback(
+        """function(a, b) {
+            setTimeout(function() {
+                document.querySelectorAll('.tree .row.sel').forEach(function(el) {
+                    el.scrollIntoView({block: 'nearest'});
+                });
+            }, 0);
+            return '';
+        }""",
+        Output("g-scroll", "children"), *[Input(f"g-tree-{s}", "children") for s in ("a", "b")]
+        if diff.paired else [Input("g-tree-a", "children"), Input("g-tree-a", "id")],
+    )

@@ -1,0 +1,106 @@
+"""Query page: DuckDB SQL over a run's record store, the result as a table and a quick chart."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, State, dash_table, dcc, html
+
+from probe.errors import ProbeError
+
+DEFAULT_SQL = "select rank, step, loss, step_time_ms, tokens_per_s from steps order by rank, step"
+MAX_ROWS = 2000
+
+
+def run_sql(store_dir: str, sql: str) -> tuple[list[str], list[tuple]]:
+    """Columns and rows of ``sql`` over the store under ``store_dir`` (``ProbeError`` on bad SQL)."""
+    import duckdb
+
+    from collectors.store import open_store
+
+    con = open_store(store_dir)
+    try:
+        rel = con.sql(sql)
+        if rel is None:
+            return [], []
+        return list(rel.columns), rel.fetchmany(MAX_ROWS)
+    except duckdb.Error as e:
+        raise ProbeError(f"SQL error: {str(e).splitlines()[0]}") from None
+    finally:
+        con.close()
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, (int, float, str)) or v is None:
+        return v
+    return str(v)
+
+
+def quick_chart(cols: list[str], rows: list[tuple]) -> go.Figure:
+    """A line per series: x is the first column, y every numeric column after it; a column named
+    ``rank`` (when not x) splits the series."""
+    fig = go.Figure()
+    fig.update_layout(margin=dict(l=40, r=10, t=30, b=40), height=320, template="plotly_white")
+    if len(cols) < 2 or not rows:
+        return fig
+    x_i = 0
+    split = cols.index("rank") if "rank" in cols and cols[0] != "rank" else None
+    numeric = [i for i in range(1, len(cols)) if i != split and all(
+        isinstance(r[i], (int, float)) or r[i] is None for r in rows) and any(r[i] is not None for r in rows)]
+    for i in numeric[:6]:
+        groups: dict[Any, list[tuple]] = {}
+        for r in rows:
+            groups.setdefault(r[split] if split is not None else None, []).append(r)
+        for key, grp in groups.items():
+            name = cols[i] if key is None else f"{cols[i]} rank {key}"
+            fig.add_trace(go.Scatter(x=[r[x_i] for r in grp], y=[r[i] for r in grp], name=name,
+                                     mode="lines+markers"))
+    fig.update_xaxes(title=cols[x_i])
+    return fig
+
+
+def layout(store_dirs: tuple[str, ...]) -> html.Div:
+    if not store_dirs:
+        return html.Div([html.H2("Query"), html.P(
+            "No record store given. Start with: probe web --store RUN_DIR", className="empty")])
+    return html.Div([
+        html.H2("Query"),
+        html.Div([
+            dcc.Dropdown(id="q-store", options=[{"label": s, "value": s} for s in store_dirs],
+                         value=store_dirs[0], clearable=False, className="store-pick"),
+            html.Span("views: tensors, nodes, events, metrics, steps", className="hint-text"),
+        ], className="toolbar"),
+        dcc.Textarea(id="q-sql", value=DEFAULT_SQL, className="sql"),
+        html.Button("Run", id="q-run", n_clicks=0, className="primary"),
+        html.Div(id="q-error", className="error-text"),
+        html.Div(id="q-count", className="count"),
+        dash_table.DataTable(id="q-table", page_size=20, sort_action="native",
+                             style_table={"overflowX": "auto"},
+                             style_cell={"fontFamily": "monospace", "fontSize": "12px"}),
+        dcc.Graph(id="q-chart"),
+    ], id="page-query")
+
+
+def register(app: Dash, store_dirs: tuple[str, ...]) -> None:
+    if not store_dirs:
+        return
+
+    @app.callback(Output("q-table", "data"), Output("q-table", "columns"), Output("q-chart", "figure"),
+                  Output("q-error", "children"), Output("q-count", "children"),
+                  Input("q-run", "n_clicks"), State("q-sql", "value"), State("q-store", "value"))
+    def on_run(_n, sql, store):
+        if store not in store_dirs or not Path(store).exists():
+            return [], [], quick_chart([], []), f"{store}: not a store of this dashboard", ""
+        try:
+            cols, rows = run_sql(store, sql or "")
+        except ProbeError as e:
+            return [], [], quick_chart([], []), str(e), ""
+        data = [{c: _cell(v) for c, v in zip(cols, r)} for r in rows]
+        more = f" (first {MAX_ROWS})" if len(rows) >= MAX_ROWS else ""
+        return (data, [{"name": c, "id": c} for c in cols], quick_chart(cols, rows), "",
+                f"{len(rows)} row(s){more}")

@@ -39,13 +39,13 @@ def measure_offset(group: Any = None, rounds: int = ROUNDS) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     # the unwrapped functions: alignment is not user communication
     barrier = getattr(c10d.barrier, "__wrapped__", c10d.barrier)
-    all_gather = getattr(c10d.all_gather_into_tensor, "__wrapped__", c10d.all_gather_into_tensor)
+    all_gather = getattr(c10d.all_gather, "__wrapped__", c10d.all_gather)
     offsets = []
     for _ in range(rounds):
         barrier(group=group)
         t = time.perf_counter_ns()
         mine = torch.tensor([t], dtype=torch.int64, device=device)
-        out = torch.empty(world, dtype=torch.int64, device=device)
+        out = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world)]
         all_gather(out, mine, group=group)
         offsets.append(int(out[0].item()) - t)
     return int(statistics.median(offsets))

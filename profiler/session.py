@@ -99,7 +99,7 @@ class Session:
                  domains: Iterable[str] | None = None, comm: bool = True,
                  optimizer_steps: bool = False, dataloader: bool = True, checkpoint: bool = True,
                  torch_ops: bool = False, align_clocks: bool = False,
-                 interval_s: float = 0.05) -> None:
+                 clock_offset_ns: int | None = None, interval_s: float = 0.05) -> None:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.run = run or (self.out_dir.name if self.out_dir is not None else "run")
@@ -114,8 +114,8 @@ class Session:
         self.dataloader = dataloader
         self.checkpoint = checkpoint
         self.torch_ops = torch_ops
-        self.align_clocks = align_clocks
-        self.clock_offset_ns = 0
+        self.align_clocks = align_clocks and clock_offset_ns is None
+        self.clock_offset_ns = int(clock_offset_ns or 0)
         self.report: SessionReport | None = None
         self._windows: list[tuple[int, int, str]] = []    # (start_ns, step, state), append-only
         self._sinks = self._build_sinks(store, trace, otel_exporter, otel_processor, sinks)
@@ -134,7 +134,9 @@ class Session:
     def start(self) -> "Session":
         """Measure the clock offset (when ``align_clocks``), open the sinks, start recording.
 
-        ``align_clocks=True`` is a collective: every rank must start its session together.
+        ``align_clocks=True`` is a collective: every rank must start its session together
+        (or measure once with :func:`profiler.clock.measure_offset` and pass
+        ``clock_offset_ns=``).
         """
         from profiler.clock import epoch_offset_ns, measure_offset
 

@@ -1,0 +1,212 @@
+"""``probe profile``: mstx ranges, steps, communication and FLOPs of a run, as one trace.
+
+Without a SCRIPT it trains the bundled engine with the profiler plug-in on every rank (clocks
+aligned by a barrier exchange at start); with ``-- SCRIPT ARGS...`` it runs the script
+in-process, steps detected from ``optimizer.step()``. It writes:
+
+- ``OUT/trace.json``: one Chrome/Perfetto trace, one process track per rank (open it in
+  https://ui.perfetto.dev); the per-rank fragments stay in ``OUT/trace/``;
+- event records (and per-step ``flops``/``mfu``/``hfu`` metrics) in ``OUT/store``
+  (``probe query OUT "select * from events"``);
+- with ``--otel console``, OpenTelemetry spans on stdout.
+
+Exit codes: 0 done; 1 the script or a rank failed (what was recorded is still written);
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from probe.errors import ProbeError
+from probe.options import engine_options, selection_option
+
+DEFAULT_OUT = os.path.join("runs", "profile")
+
+
+def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple | None:  # noqa: ARG001
+    if value is None:
+        return None
+    try:
+        parts = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) not in (3, 4) or min(parts) < 0 or parts[2] < 1:
+        raise ProbeError(f"--schedule {value!r}: give WAIT,WARMUP,ACTIVE[,REPEAT] as non-negative "
+                         "integers with ACTIVE >= 1, e.g. 1,1,3,1")
+    return parts if len(parts) == 4 else parts + (1,)
+
+
+@click.command("profile", context_settings={"help_option_names": ["-h", "--help"]})
+@selection_option("--steps", "--steps", "Steps to record, e.g. 0-3 (default: every step run).")
+@selection_option("--ranks", "--ranks", "Ranks to record, e.g. 0,1 (default: all).")
+@click.option("--schedule", default=None, callback=_schedule, metavar="W,WU,A[,R]",
+              help="torch.profiler-style schedule (wait, warmup, active, repeat) instead of --steps.")
+@click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory.")
+@click.option("--peak-tflops", type=float, default=None,
+              help="Peak TFLOP/s of one device for MFU/HFU (GPUs: known models are looked up; "
+                   "CPUs: give it, or MFU is not reported).")
+@click.option("--no-flops", is_flag=True, help="Do not count FLOPs (no MFU/HFU).")
+@click.option("--torch-ops", is_flag=True, help="Add torch.profiler's op-level activity to the trace.")
+@click.option("--otel", type=click.Choice(["console"]), default=None,
+              help="Also export OpenTelemetry spans (console: print them).")
+@engine_options
+@click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
+def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | None, out: str,
+            peak_tflops: float | None, no_flops: bool, torch_ops: bool, otel: str | None,
+            engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
+            faults: tuple[str, ...], device: str, script: tuple[str, ...]) -> int:
+    """Profile a run: user mstx ranges, steps, communication, FLOPs/MFU; one merged trace.
+
+    Examples:
+
+        probe profile --nproc 2 --steps 1-3 --out runs/prof
+
+        probe profile --steps 2-4 --peak-tflops 0.5 -- train.py --epochs 1
+    """
+    if steps is not None and schedule is not None:
+        raise ProbeError("give either --steps or --schedule, not both")
+    if peak_tflops is not None and peak_tflops <= 0:
+        raise ProbeError(f"--peak-tflops {peak_tflops}: give a positive number (TFLOP/s of one device)")
+    _clear_old(out)
+    options = {"steps": steps, "schedule": schedule, "peak_tflops": peak_tflops,
+               "flops": not no_flops, "torch_ops": torch_ops, "otel": otel}
+    if script:
+        code = _run_script(list(script), out, options)
+    else:
+        code = _run_engine(out, options, ranks=ranks, engine=engine, preset=preset, nproc=nproc,
+                           max_steps=max_steps, seed=seed, faults=faults, device=device)
+    _summarise(out)
+    return code
+
+
+def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, engine: str,
+                preset: str, nproc: int, max_steps: int | None, seed: int,
+                faults: tuple[str, ...], device: str) -> int:
+    from engine_adapter.bundled.callbacks import PluginSpec
+    from engine_adapter.bundled.launch import run_training
+    from engine_adapter.bundled.spec import RunSpec
+
+    steps, schedule = options["steps"], options["schedule"]
+    needed = max(steps) + 1 if steps else (sum(schedule[:3]) * max(schedule[3], 1) if schedule else 1)
+    if max_steps is not None and max_steps < needed:
+        raise ProbeError(f"--max-steps {max_steps} stops before the last selected step {needed - 1}; "
+                         f"use --max-steps {needed} or more")
+    if ranks is not None and max(ranks) >= nproc:
+        raise ProbeError(f"--ranks {ranks}: rank {max(ranks)} does not exist with --nproc {nproc}")
+    kwargs = {k: v for k, v in options.items() if v is not None}
+    kwargs["ranks"] = ranks
+    plugin = PluginSpec("profiler.engine_plugin:ProfileCallback", kwargs)
+    spec = RunSpec(engine=engine, preset=preset, nproc=nproc,
+                   max_steps=max(max_steps or 0, needed, 5 if max_steps is None else 0),
+                   seed=seed, faults=tuple(faults), out_dir=out, device=device, plugins=(plugin,))
+    result = run_training(spec)
+    click.echo(f"trained {engine}/{preset} on {nproc} rank(s) for {len(result.steps)} steps")
+    return 0
+
+
+def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
+    from collectors.store import StoreWriter
+    from profiler.engine_plugin import _exporter
+    from profiler.session import Session
+
+    path = Path(argv[0])
+    if not path.is_file():
+        raise ProbeError(f"{path}: no such script; give the Python file to run after '--'")
+    import torch  # noqa: F401 - the session's built-in ranges need torch loaded before the script
+
+    rank = int(os.environ.get("RANK", 0))
+    store = StoreWriter(out, rank=rank, run=Path(out).name)
+    session = Session(out, rank=rank, store=store, trace=True, otel_exporter=_exporter(options["otel"]),
+                      steps=options["steps"], schedule=options["schedule"],
+                      torch_ops=options["torch_ops"], optimizer_steps=True)
+    step_flops = None
+    if options["flops"]:
+        from profiler.flops import StepFlops, peak_flops
+
+        step_flops = StepFlops(peak_flops(None, peak_tflops=options["peak_tflops"]))
+    session.start()
+    if step_flops is not None:
+        step_flops.start()
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(path), *argv[1:]]
+    sys.path.insert(0, str(path.resolve().parent))
+    code = 0
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's error, reported as one line
+        msg = str(e).splitlines()[0] if str(e) else ""
+        click.echo(f"probe: error: {path} raised {type(e).__name__}: {msg}; what was recorded is "
+                   "written", err=True)
+        code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if step_flops is not None:
+            step_flops.stop()
+        report = session.stop()
+        if step_flops is not None and step_flops.rows:
+            import time
+
+            now = time.time_ns()
+            store.write_rows("metric", [
+                {"time_ns": now, "job": store.run, "rank": rank, "step": int(r["step"]), "name": k,
+                 "value": float(v)} for r in step_flops.rows for k, v in r.items() if k != "step"])
+        store.close()
+    click.echo(f"profiled {path.name}: {report.summary()}")
+    return code
+
+
+def _clear_old(out: str) -> None:
+    import shutil
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ProbeError(f"{out}: exists and is not a directory; choose another --out")
+    for name in ("trace", "store"):
+        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    try:
+        os.remove(os.path.join(out, "trace.json"))
+    except FileNotFoundError:
+        pass
+
+
+def _summarise(out: str) -> None:
+    from collectors.perfetto import merge_traces
+    from collectors.store import open_store
+
+    fragments = glob.glob(os.path.join(out, "trace", "rank*.json"))
+    if not fragments:
+        click.echo(f"probe profile: no step was recorded in {out}", err=True)
+        return
+    merged = merge_traces(fragments, os.path.join(out, "trace.json"))
+    click.echo(f"trace: {merged['path']} ({merged['events']} events, ranks {', '.join(merged['ranks'])}); "
+               "open it in https://ui.perfetto.dev")
+    try:
+        con = open_store(out)
+        rows = con.sql("""SELECT kind, count(*), round(sum(host_end_ns - host_start_ns) / 1e6, 2)
+                          FROM events GROUP BY kind ORDER BY kind""").fetchall()
+        flops = con.sql("""SELECT rank, avg(CASE WHEN name = 'flops' THEN value END),
+                                  avg(CASE WHEN name = 'mfu' THEN value END),
+                                  avg(CASE WHEN name = 'hfu' THEN value END)
+                           FROM metrics GROUP BY rank ORDER BY rank""").fetchall()
+    except ProbeError:
+        return
+    for kind, n, ms in rows:
+        click.echo(f"  {kind:6s} {n:6d} events  {ms:10.2f} ms")
+    for rank, fl, mfu, hfu in flops:
+        if fl is None:
+            continue
+        util = f", MFU {mfu:.2%}, HFU {hfu:.2%}" if mfu is not None else " (give --peak-tflops for MFU)"
+        click.echo(f"  rank {rank}: {fl / 1e9:.3f} GFLOP per step{util}")
+    click.echo(f"  query: probe query {out} \"select rank, step, domain, name, "
+               "(host_end_ns - host_start_ns) / 1e3 as us from events order by host_start_ns\"")

@@ -1,0 +1,157 @@
+"""The profiler as plug-ins of the bundled engine's training loop.
+
+- :class:`FlopsCallback` counts the FLOPs of a step with :class:`profiler.flops.FlopCounter`
+  (on the first step, and again every ``recount_every`` steps) and adds ``flops`` (model FLOPs),
+  ``hw_flops``, ``achieved_tflops``, ``mfu`` and ``hfu`` to each step's metrics dict, so later
+  callbacks (the monitor agent) and the store see them, as MindSpore's
+  FlopsUtilizationCollector does, for any op.
+- :class:`ProfileCallback` runs a :class:`profiler.session.Session` over the selected steps of
+  every rank (clocks aligned at start) and includes a FlopsCallback.
+
+Use them through :class:`~engine_adapter.bundled.callbacks.PluginSpec`::
+
+    RunSpec(..., plugins=(PluginSpec("profiler.engine_plugin:ProfileCallback",
+                                     {"steps": [0, 1, 2], "peak_tflops": 0.2}),))
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterable
+
+from engine_adapter.bundled.callbacks import TrainCallback, TrainContext
+
+
+class FlopsCallback(TrainCallback):
+    """Adds ``flops``, ``hw_flops``, ``achieved_tflops``, ``mfu``, ``hfu`` to step metrics.
+
+    ``peak_tflops``: the device's peak (per rank); without it a GPU's is looked up in
+    :data:`profiler.flops.PEAK_TFLOPS`, and a CPU gets FLOPs but no MFU/HFU.
+    ``recount_every``: count again every N steps (shapes that change); 0 counts once.
+    """
+
+    def __init__(self, peak_tflops: float | None = None, recount_every: int = 0) -> None:
+        self.peak_tflops = peak_tflops
+        self.recount_every = int(recount_every)
+        self.peak: float | None = None
+        self.model_flops: int | None = None
+        self.hardware_flops: int | None = None
+        self._counter: Any = None
+        self._counted_step: int | None = None
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        from profiler.flops import peak_flops
+
+        dtype = next((p.dtype for p in ctx.model.parameters()), None)
+        self.peak = peak_flops(ctx.device, dtype, self.peak_tflops)
+
+    def on_step_start(self, ctx: TrainContext, step: int) -> None:
+        due = self.model_flops is None or (
+            self.recount_every > 0 and self._counted_step is not None
+            and step - self._counted_step >= self.recount_every)
+        if due:
+            from profiler.flops import FlopCounter
+
+            self._counter = FlopCounter()
+            self._counter.__enter__()
+
+    def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
+        from profiler.flops import utilisation
+
+        if self._counter is not None:
+            counter, self._counter = self._counter, None
+            counter.__exit__(None, None, None)
+            self.model_flops, self.hardware_flops = counter.model_flops, counter.hardware_flops
+            self._counted_step = step
+        if self.model_flops is None:
+            return
+        seconds = metrics.get("step_time_ms", 0.0) / 1e3
+        metrics["flops"] = float(self.model_flops)
+        metrics["hw_flops"] = float(self.hardware_flops)
+        if seconds > 0:
+            metrics["achieved_tflops"] = self.model_flops / seconds / 1e12
+        mfu = utilisation(self.model_flops, seconds, self.peak)
+        hfu = utilisation(self.hardware_flops, seconds, self.peak)
+        if mfu is not None:
+            metrics["mfu"] = mfu
+            metrics["hfu"] = hfu
+
+    def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
+        if self._counter is not None:
+            self._counter.__exit__(None, None, None)
+            self._counter = None
+
+
+class ProfileCallback(TrainCallback):
+    """Profiles the selected steps of each rank of the bundled engine.
+
+    ``steps``: step numbers to record (None: all); ``ranks``: ranks to record (None: all; every
+    rank still takes part in the clock-offset exchange); ``schedule``: (wait, warmup, active, repeat)
+    instead; ``trace``: write ``OUT/trace/rank<R>.json``; ``otel``: ``"console"`` to print
+    spans (an exporter object can be given in-process); ``torch_ops``: add torch.profiler's op
+    activity; ``flops``: add FLOPs/MFU/HFU to step metrics (``peak_tflops`` as FlopsCallback).
+    """
+
+    def __init__(self, steps: Iterable[int] | None = None,
+                 schedule: tuple[int, int, int, int] | None = None, trace: bool = True,
+                 otel: Any = None, torch_ops: bool = False, flops: bool = True,
+                 peak_tflops: float | None = None, recount_every: int = 0,
+                 domains: Iterable[str] | None = None, ranks: Iterable[int] | None = None) -> None:
+        self.ranks = set(ranks) if ranks is not None else None
+        self.steps = list(steps) if steps is not None else None
+        self.schedule = tuple(schedule) if schedule is not None else None
+        self.trace = trace
+        self.otel = otel
+        self.torch_ops = torch_ops
+        self.domains = list(domains) if domains is not None else None
+        self.flops = FlopsCallback(peak_tflops, recount_every) if flops else None
+        self.session: Any = None
+        self.report: Any = None
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        from profiler.clock import measure_offset
+        from profiler.session import Session
+
+        if self.flops is not None:
+            self.flops.on_train_start(ctx)
+        offset = measure_offset() if ctx.world_size > 1 else 0
+        if self.ranks is not None and ctx.rank not in self.ranks:
+            return
+        self.session = Session(
+            ctx.out_dir, rank=ctx.rank, world_size=ctx.world_size, run=ctx.run, store=ctx.store,
+            trace=self.trace, otel_exporter=_exporter(self.otel), steps=self.steps,
+            schedule=self.schedule, first_step=0, domains=self.domains,
+            torch_ops=self.torch_ops, clock_offset_ns=offset).start()
+
+    def on_step_start(self, ctx: TrainContext, step: int) -> None:
+        if self.flops is not None:
+            self.flops.on_step_start(ctx, step)
+
+    def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
+        if self.flops is not None:
+            self.flops.on_step_end(ctx, step, metrics)
+        if self.session is not None:
+            self.session.step(step + 1)
+
+    def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
+        if self.flops is not None:
+            self.flops.on_train_end(ctx, error)
+        if self.session is not None:
+            self.report = self.session.stop()
+            if self.report.problems or self.report.sink_errors:
+                print(f"probe: profile {self.report.summary()}", file=sys.stderr, flush=True)
+
+
+def _exporter(otel: Any) -> Any:
+    """``"console"`` -> a ConsoleSpanExporter; an exporter object passes through; None -> None."""
+    if otel is None or otel is False:
+        return None
+    if otel == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if isinstance(otel, str):
+        from probe.errors import ProbeError
+
+        raise ProbeError(f"--otel {otel!r}: use 'console' (or pass an exporter object in Python)")
+    return otel

@@ -1,4 +1,27 @@
 """probe: the dump API (``probe.start/stop/step``, a context manager) and the ``probe`` command.
 
 Importing ``probe`` is cheap: the dump machinery loads on first use.
+
+>>> import probe
+>>> callable(probe.start), callable(probe.dump)
+(True, True)
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {"start": "probe.dump", "stop": "probe.dump", "step": "probe.dump",
+         "dump": "probe.dump", "DumpSession": "probe.dump"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probe' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -1,0 +1,115 @@
+"""Write msprobe's exact dump files: ``dump.json``, ``construct.json`` and ``stack.json``.
+
+One call per step and rank writes ``OUT/step{N}/rank{R}/`` as mindstudio-probe does, so
+msprobe's own compare and graph tools read our dumps:
+
+- ``dump.json``: ``{"task", "level", "framework", "dump_data_dir", "data": {name: entry}}``;
+  a forward entry holds ``input_args`` (list), ``input_kwargs`` (dict), ``output`` (list) and,
+  for modules, ``parameters`` (dict); a backward entry holds ``input`` (gradients of the
+  outputs) and ``output`` (gradients of the inputs); a ``parameters_grad`` entry maps each
+  parameter name to a one-item list. A tensor is ``{"type", "dtype", "shape", "Max", "Min",
+  "Mean", "Norm", "requires_grad"}`` (plus ``md5`` or ``data_name`` by task).
+- ``construct.json``: ``{name: parent name or null}``.
+- ``stack.json``: ``{"0": [[names sharing a stack], [frame lines]], ...}``.
+
+Files are written to a temporary name and renamed, so a reader never sees half a file.
+
+>>> import tempfile, json, os
+>>> d = write_step(tempfile.mkdtemp(), step=0, rank=0, data={"Module.fc.Linear.forward.0": {}},
+...                construct={"Module.fc.Linear.forward.0": None}, stacks={},
+...                task="statistics", level="L0", framework="pytorch")
+>>> sorted(os.listdir(d))
+['construct.json', 'dump.json', 'stack.json']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from probe.errors import ProbeError
+
+#: msprobe's name for each of our levels.
+LEVELS = {"module": "L0", "api": "L1", "mix": "mix"}
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def step_dir(out: str | os.PathLike, step: int, rank: int) -> Path:
+    """``OUT/step{N}/rank{R}`` (created)."""
+    d = Path(out) / f"step{int(step)}" / f"rank{int(rank)}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ProbeError(f"{d}: cannot create the dump directory ({e.strerror})") from None
+    return d
+
+
+def safe_file_name(name: str, suffix: str = "") -> str:
+    """A file name made from a dump name that cannot leave its folder.
+
+    Path separators, ``..`` and any character outside ``[A-Za-z0-9_.-]`` become ``_``.
+
+    >>> safe_file_name("Module.../../etc/passwd.Linear.forward.0", ".safetensors")
+    'Module._.._etc_passwd.Linear.forward.0.safetensors'
+    """
+    cleaned = _UNSAFE.sub("_", name)
+    while ".." in cleaned:
+        cleaned = cleaned.replace("..", "._")
+    cleaned = cleaned.lstrip(".") or "_"
+    return cleaned[:200] + suffix
+
+
+def contained_path(folder: str | os.PathLike, name: str, suffix: str = "") -> Path:
+    """``folder/safe_file_name(name)``; raises if the result would fall outside ``folder``."""
+    folder = Path(folder).resolve()
+    path = (folder / safe_file_name(name, suffix)).resolve()
+    if path.parent != folder:
+        raise ProbeError(f"{name!r}: this dump name would write outside {folder}")
+    return path
+
+
+def _atomic_json(path: Path, obj: Any, indent: int | None) -> None:
+    tmp = path.with_name("." + path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=indent, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[str, Any],
+               construct: Mapping[str, str | None], stacks: Mapping[str, list],
+               task: str, level: str, framework: str, dump_data_dir: str | None = None,
+               indent: int | None = 1) -> Path:
+    """Write the three msprobe files of one step and rank; returns their folder.
+
+    ``level`` is ours (``module``/``api``/``mix``) or msprobe's (``L0``/``L1``/``mix``);
+    ``framework`` is ``pytorch`` or ``mindspore``. ``stacks`` maps a name to its list of
+    frame lines; names with the same frames are grouped as msprobe groups them.
+    """
+    folder = step_dir(out, step, rank)
+    header = {
+        "task": task,
+        "level": LEVELS.get(level, level),
+        "framework": framework,
+        "dump_data_dir": dump_data_dir,
+        "data": data,
+    }
+    _atomic_json(folder / "dump.json", header, indent)
+    _atomic_json(folder / "construct.json", dict(construct), indent)
+    _atomic_json(folder / "stack.json", group_stacks(stacks), indent)
+    return folder
+
+
+def group_stacks(stacks: Mapping[str, list]) -> dict[str, list]:
+    """msprobe's stack.json layout: names that share the same frames are listed together.
+
+    >>> group_stacks({"a": ["f1"], "b": ["f1"], "c": ["f2"]})
+    {'0': [['a', 'b'], ['f1']], '1': [['c'], ['f2']]}
+    """
+    groups: dict[tuple, list[str]] = {}
+    for name, frames in stacks.items():
+        groups.setdefault(tuple(frames), []).append(name)
+    return {str(i): [names, list(frames)] for i, (frames, names) in enumerate(groups.items())}

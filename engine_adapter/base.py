@@ -1,0 +1,198 @@
+"""The one engine adapter interface: how the dump (and the profiler) attach to a framework.
+
+An adapter knows one framework (PyTorch, MindSpore, ...) and nothing about dump files. It:
+
+- hooks every module (cell) of a model: forward inputs/kwargs, outputs and parameters, backward
+  gradients, and parameter gradients, reporting each to a :class:`HookSink`;
+- intercepts framework API calls (``api`` and ``mix`` levels), reporting them the same way;
+- detects training steps (an optimizer step) and calls back;
+- owns the framework's :class:`StatsBackend`: tensor description, on-device statistics,
+  one gather per step, content hashes and tensor files.
+
+The dump's recorder (``probe/recorder.py``) is the only :class:`HookSink`; it is written once,
+for every engine. Adding an engine means one new module ``engine_adapter/<name>_adapter.py``
+that defines ``ADAPTER = <a subclass of EngineAdapter>``; :func:`get_adapter` finds it by name.
+
+>>> get_adapter("torch").framework       # doctest: +SKIP
+'pytorch'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+
+from probe.errors import ProbeError
+
+#: statistics kinds a backend assigns to a tensor
+FLOAT = "float"       # Max, Min, Mean, Norm, NaN and Inf counts
+INTEGER = "int"       # Max and Min only (exact; Mean/Norm are not meaningful)
+OPAQUE = "none"       # dtype and shape only: bool, complex, quantized, empty
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a backend says about one tensor without reading its values."""
+
+    type_name: str              # "torch.Tensor", "mindspore.Tensor"
+    dtype: str                  # as the framework prints it: "torch.float32", "Float32"
+    shape: tuple[int, ...]
+    numel: int
+    requires_grad: bool | None  # None where the framework has no such flag (MindSpore)
+    kind: str                   # FLOAT | INTEGER | OPAQUE
+
+
+class StatsBackend(ABC):
+    """Tensor statistics computed where the tensor lives, gathered once per step.
+
+    :meth:`reduce` must not synchronise with a device: it returns a handle (a small tensor
+    on the tensor's device); :meth:`gather` turns all handles of a step into Python numbers
+    in one transfer per device. A handle's values are ``[max, min, sum, sumsq, nan_count,
+    inf_count]`` for FLOAT tensors and ``[max, min]`` for INTEGER tensors.
+    """
+
+    @abstractmethod
+    def is_tensor(self, x: Any) -> bool:
+        """True for the framework's tensors (parameters included)."""
+
+    @abstractmethod
+    def describe(self, t: Any) -> TensorMeta:
+        """Type, dtype, shape, numel, requires_grad and statistics kind of ``t``."""
+
+    @abstractmethod
+    def reduce(self, t: Any, kind: str) -> Any:
+        """Start the statistics of ``t`` on its device; returns a handle for :meth:`gather`."""
+
+    @abstractmethod
+    def gather(self, handles: Sequence[Any]) -> list[list[float]]:
+        """Values of every handle, in order, with one transfer per device."""
+
+    @abstractmethod
+    def digest(self, t: Any) -> str:
+        """A content hash of ``t``'s bytes (8 hex digits, CRC32 as msprobe's md5 task)."""
+
+    @abstractmethod
+    def save(self, tensors: dict[str, Any], path: str) -> None:
+        """Write ``tensors`` to one safetensors file at ``path`` (never pickle)."""
+
+    def scalar_type(self, x: Any) -> str | None:
+        """msprobe's ``type`` for a framework scalar-like value (dtype, device), or None."""
+        return None
+
+
+class HookSink(Protocol):
+    """Receives what an adapter's hooks see. Implemented once, by the dump's recorder."""
+
+    active: bool
+
+    def module_forward_pre(self, base: str, module_key: int, args: tuple, kwargs: dict) -> str | None:
+        """A module starts: ``base`` is ``Module.<path>.<Class>``; returns the call's name."""
+
+    def module_forward(self, name: str, module_key: int, output: Any, params: Iterable[tuple[str, Any]]) -> None:
+        """A module returned ``output``; ``params`` are its own (non-recursive) parameters."""
+
+    def module_backward_pre(self, base: str, module_key: int) -> None:
+        """A module's backward starts (APIs and modules run inside it get it as parent)."""
+
+    def module_backward(self, base: str, module_key: int, grad_outputs: Any, grad_inputs: Any) -> None:
+        """The gradients of a module's outputs (``input``) and inputs (``output``) are known."""
+
+    def parameter_grad(self, base: str, module_key: int, param_name: str, grad: Any,
+                       expected: int) -> None:
+        """One parameter gradient of a module; ``expected`` is how many the module has."""
+
+    def api_call(self, api: str, args: tuple, kwargs: dict) -> Any:
+        """An API is about to run; returns a token for :meth:`api_return` (None = skip)."""
+
+    def api_return(self, token: Any, output: Any) -> None:
+        """The API call of ``token`` returned ``output``."""
+
+    def api_backward(self, token: Any, grad_outputs: Any, grad_inputs: Any) -> None:
+        """Gradients of an API call's outputs and of its differentiable inputs."""
+
+    def report_error(self, where: str, error: BaseException) -> None:
+        """An exception inside dump code: reported once, never raised into training."""
+
+
+class EngineAdapter(ABC):
+    """One framework behind one interface; see the module docstring."""
+
+    #: msprobe's ``framework`` value ("pytorch", "mindspore")
+    framework: str = ""
+    #: prefix of module entries ("Module", "Cell")
+    module_prefix: str = ""
+
+    def __init__(self) -> None:
+        self.stats: StatsBackend = self.make_stats()
+
+    @abstractmethod
+    def make_stats(self) -> StatsBackend:
+        """The framework's statistics backend."""
+
+    @abstractmethod
+    def attach_modules(self, model: Any, sink: HookSink, *, backward: bool = True,
+                       include: Callable[[str], bool] | None = None, prefix: str = "") -> list[str]:
+        """Hook every sub-module of ``model`` (not the root, as msprobe); returns the paths hooked.
+
+        ``include(base)`` may skip modules by name; ``prefix`` is put before every path
+        (a second model of one script).
+        """
+
+    @abstractmethod
+    def attach_api(self, sink: HookSink, *, backward: bool = True,
+                   include: Callable[[str], bool] | None = None) -> None:
+        """Intercept framework API calls (``Torch.*``, ``Functional.*``, ``Tensor.*``, ...)."""
+
+    @abstractmethod
+    def watch_steps(self, on_step: Callable[[], None]) -> None:
+        """Call ``on_step()`` after every optimizer step."""
+
+    @abstractmethod
+    def watch_models(self, on_model: Callable[[Any], None]) -> None:
+        """Call ``on_model(root)`` the first time an unseen top-level module runs (script mode)."""
+
+    @abstractmethod
+    def detach(self) -> None:
+        """Remove every hook, wrapper and mode this adapter installed. Safe to call twice."""
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """While inside, the adapter's interception ignores calls (the dump's own work)."""
+        yield
+
+    def root_prefix(self) -> str:
+        """Path prefix for the next model found in script mode ('' for the first)."""
+        return ""
+
+    def rank(self) -> int:
+        """This process's rank in the framework's distributed group (0 when none)."""
+        return 0
+
+    def world_size(self) -> int:
+        return 1
+
+    def notes(self) -> list[str]:
+        """Human-readable notes on what the adapter did (e.g. compiled regions)."""
+        return []
+
+
+def get_adapter(framework: str) -> EngineAdapter:
+    """The adapter for ``framework`` ("torch"/"pytorch", "mindspore"), newly built.
+
+    Looks for ``engine_adapter.<name>_adapter.ADAPTER``, so a new engine is one new file.
+    """
+    name = {"pytorch": "torch", "ms": "mindspore"}.get(framework, framework)
+    if not name.isidentifier():
+        raise ProbeError(f"--framework {framework!r}: not an engine name; use torch or mindspore")
+    try:
+        module = importlib.import_module(f"engine_adapter.{name}_adapter")
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("engine_adapter."):
+            raise ProbeError(f"--framework {framework!r}: no adapter for this engine; "
+                             "use torch or mindspore") from None
+        raise ProbeError(f"--framework {framework!r}: {e.name} is not installed; "
+                         f"install it (pip install {e.name}) or use --framework torch") from None
+    return module.ADAPTER()

@@ -1,0 +1,262 @@
+"""PyTorch behind the engine adapter interface: module hooks, API interception, step detection.
+
+- Modules: a forward pre-hook (inputs and kwargs, recorded as they are at the call, before
+  the module can change them in place), a forward hook (outputs and the module's own
+  parameters), full backward pre/post hooks (gradients of outputs and inputs) and a hook on
+  each parameter (its gradient), on every sub-module of the model, named by its path as
+  msprobe names it: ``Module.layers.0.attn.q_proj.Linear``.
+- APIs (``api``/``mix`` levels): a ``TorchFunctionMode`` (see :mod:`engine_adapter.torch_api`).
+- Steps: ``torch.optim`` global optimizer step post-hook.
+- Compiled models (``torch.compile``): hooks are attached to the original modules and wrapped
+  in ``torch._dynamo.disable``; module boundaries are kept, each hooked boundary is a graph
+  break, and :meth:`TorchAdapter.notes` says so.
+
+>>> import torch
+>>> from engine_adapter.torch_adapter import TorchAdapter
+>>> a = TorchAdapter()
+>>> a.framework, a.module_prefix
+('pytorch', 'Module')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any, Callable, Iterator
+
+import torch
+
+from engine_adapter.base import EngineAdapter, HookSink, StatsBackend
+from engine_adapter.torch_stats import TorchStats
+
+
+class _Guard:
+    """Set while dump code runs, so the API mode does not record the dump's own ops."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+def _is_compiled(module: torch.nn.Module) -> bool:
+    return hasattr(module, "_orig_mod") and type(module).__name__ == "OptimizedModule"
+
+
+def _clean_path(path: str) -> str:
+    return ".".join(p for p in path.split(".") if p != "_orig_mod")
+
+
+class TorchAdapter(EngineAdapter):
+    """The PyTorch engine adapter."""
+
+    framework = "pytorch"
+    module_prefix = "Module"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.guard = _Guard()
+        self._handles: list[Any] = []
+        self._api_mode: Any = None
+        self._known: set[int] = set()
+        self._roots = 0
+        self._notes: list[str] = []
+        self._compiled_seen = False
+
+    def make_stats(self) -> StatsBackend:
+        return TorchStats()
+
+    # ----------------------------------------------------------------- modules
+    def attach_modules(self, model: Any, sink: HookSink, *, backward: bool = True,
+                       include: Callable[[str], bool] | None = None, prefix: str = "") -> list[str]:
+        compiled = _is_compiled(model) or any(_is_compiled(m) for m in model.modules())
+        if backward:   # modules whose inputs need no gradient (an embedding) are expected
+            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients")
+        hooked: list[str] = []
+        seen: set[int] = set()
+        for raw_path, module in model.named_modules(remove_duplicate=False):
+            self._known.add(id(module))
+            path = _clean_path(raw_path)
+            if not path or _is_compiled(module) or id(module) in seen:
+                continue
+            seen.add(id(module))
+            base = f"{self.module_prefix}.{prefix}{path}.{type(module).__name__}"
+            if include is not None and not include(base):
+                continue
+            self._hook_module(module, base, sink, backward, compiled)
+            hooked.append(path)
+        if compiled and not self._compiled_seen:
+            self._compiled_seen = True
+            self._notes.append(
+                f"compiled model (torch.compile): {len(hooked)} module boundaries kept through "
+                "compilation; every hooked module boundary is a graph break, the code between "
+                "boundaries stays compiled (torch._dynamo.disable on the dump hooks)")
+        return hooked
+
+    def _hook_module(self, module: torch.nn.Module, base: str, sink: HookSink, backward: bool,
+                     compiled: bool) -> None:
+        key = id(module)
+        guard = self.guard
+        open_names: list[str | None] = []
+        own_params = [(n, p) for n, p in module.named_parameters(recurse=False)]
+
+        def pre(mod, args, kwargs):
+            if not sink.active:
+                open_names.append(None)
+                return None
+            guard.depth += 1
+            try:
+                open_names.append(sink.module_forward_pre(base, key, args, kwargs))
+            finally:
+                guard.depth -= 1
+            return None
+
+        def post(mod, args, kwargs, output):
+            name = open_names.pop() if open_names else None
+            if name is None or not sink.active:
+                return None
+            guard.depth += 1
+            try:
+                sink.module_forward(name, key, output, own_params)
+            finally:
+                guard.depth -= 1
+            return None
+
+        def bpre(mod, grad_output):
+            if sink.active:
+                sink.module_backward_pre(base, key)
+            return None
+
+        def bhook(mod, grad_input, grad_output):
+            if not sink.active:
+                return None
+            guard.depth += 1
+            try:
+                sink.module_backward(base, key, grad_output, grad_input)
+            finally:
+                guard.depth -= 1
+            return None
+
+        if compiled:
+            disable = torch._dynamo.disable
+            pre, post, bpre, bhook = disable(pre), disable(post), disable(bpre), disable(bhook)
+        self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        self._handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        if not backward:
+            return
+        self._handles.append(module.register_full_backward_pre_hook(bpre))
+        self._handles.append(module.register_full_backward_hook(bhook))
+        trainable = [(n, p) for n, p in own_params if p.requires_grad]
+        for pname, param in trainable:
+            self._handles.append(param.register_hook(
+                self._param_hook(sink, base, key, pname, len(trainable))))
+
+    def _param_hook(self, sink: HookSink, base: str, key: int, pname: str, expected: int):
+        guard = self.guard
+
+        def hook(grad):
+            if sink.active:
+                guard.depth += 1
+                try:
+                    sink.parameter_grad(base, key, pname, grad, expected)
+                finally:
+                    guard.depth -= 1
+            return None
+        return hook
+
+    # ----------------------------------------------------------------- APIs
+    def attach_api(self, sink: HookSink, *, backward: bool = True,
+                   include: Callable[[str], bool] | None = None) -> None:
+        from engine_adapter.torch_api import ApiMode
+        if self._api_mode is None:
+            self._api_mode = ApiMode(sink, self.guard, backward=backward)
+            self._api_mode.__enter__()
+            self._handles.append(_Closer(self._close_api))
+        self._notes.extend(self._api_mode.attach_comm())
+
+    def _close_api(self) -> None:
+        if self._api_mode is not None:
+            mode, self._api_mode = self._api_mode, None
+            mode.detach_comm()
+            try:
+                mode.__exit__(None, None, None)
+            except (RuntimeError, AssertionError, IndexError):
+                pass
+
+    # ----------------------------------------------------------------- steps and models
+    def watch_steps(self, on_step: Callable[[], None]) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        guard = self.guard
+
+        def hook(optimizer, args, kwargs):
+            guard.depth += 1
+            try:
+                on_step()
+            finally:
+                guard.depth -= 1
+        self._handles.append(register_optimizer_step_post_hook(hook))
+
+    def watch_models(self, on_model: Callable[[Any], None]) -> None:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+        known = self._known
+
+        def hook(module, args):
+            if id(module) not in known:
+                known.update(id(m) for m in module.modules())
+                on_model(module)
+            return None
+        self._handles.append(register_module_forward_pre_hook(hook))
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        self.guard.depth += 1
+        try:
+            yield
+        finally:
+            self.guard.depth -= 1
+
+    def root_prefix(self) -> str:
+        """The name prefix of the next root model in script mode ('' for the first)."""
+        self._roots += 1
+        return "" if self._roots == 1 else f"model{self._roots - 1}."
+
+    def detach(self) -> None:
+        handles, self._handles = self._handles, []
+        for h in reversed(handles):
+            try:
+                h.remove()
+            except Exception:  # noqa: BLE001 - removing twice or after teardown is fine
+                pass
+        self._known.clear()
+
+    # ----------------------------------------------------------------- distributed
+    def rank(self) -> int:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+        return int(os.environ.get("RANK", "0") or 0)
+
+    def world_size(self) -> int:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+    def notes(self) -> list[str]:
+        return list(self._notes)
+
+
+class _Closer:
+    """A handle whose ``remove()`` calls a function (for uniform teardown)."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+
+    def remove(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+
+
+ADAPTER = TorchAdapter

@@ -1,0 +1,294 @@
+"""API-level interception for PyTorch: ``Torch.*``, ``Functional.*``, ``Tensor.*``, ``Distributed.*``.
+
+Each public function of ``torch``, ``torch.nn.functional`` and each public ``Tensor`` method
+(operators such as ``__mul__`` included) is replaced by a thin wrapper for as long as the
+dump is attached, and put back on detach. The wrapper reports the call with the names
+msprobe uses (``Tensor.__mul__``, ``Functional.linear``, ``Torch.matmul``), so ``x * y`` and
+``x.mul(y)`` stay apart. Calls made inside a recorded call are not recorded again (as msprobe).
+
+Inputs are described *before* the call runs, so an in-place op (``add_``, ``__iadd__``,
+``__setitem__``) records its input as it was at the call and its output as it is after.
+Backward: the differentiable tensor inputs pass through one identity autograd node whose
+backward sees the gradients of the inputs, and a hook on each output sees the gradient of that
+output; together they make the ``...backward`` entry. In-place calls and ``out=`` calls have no
+backward entry (an identity node in front of an in-place op is not allowed by autograd).
+
+``torch.distributed`` collectives are not wrapped here: the dump registers a listener with
+:mod:`engine_adapter.torch_comm`, the one wrapper of collectives, and records
+``Distributed.all_reduce.<n>.forward`` from it.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import torch
+
+_OPERATOR_DUNDERS = {
+    f"__{n}__" for n in (
+        "add radd iadd sub rsub isub mul rmul imul truediv rtruediv itruediv div rdiv idiv "
+        "floordiv rfloordiv ifloordiv mod rmod imod pow rpow ipow matmul rmatmul neg pos abs "
+        "invert and rand iand or ror ior xor rxor ixor lshift rlshift ilshift rshift rrshift "
+        "irshift eq ne lt le gt ge getitem setitem").split()
+}
+
+_TENSOR_SKIP = {
+    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad",
+    "requires_grad_", "item", "tolist", "numpy", "size", "dim", "numel", "nelement", "ndimension",
+    "stride", "storage_offset", "data_ptr", "element_size", "get_device", "storage",
+    "untyped_storage", "has_names", "dim_order", "as_subclass", "share_memory_", "pin_memory",
+    "type", "tensor_split_indices", "nbytes", "itemsize", "refine_names", "rename", "rename_",
+    "align_to", "unflatten_names", "module_load", "apply_", "map_", "map2_", "record_stream",
+    "detach", "detach_", "cpu", "cuda", "__torch_function__",
+}
+
+_TORCH_SKIP_PREFIX = ("is_", "set_", "get_", "use_", "are_", "_", "compile", "manual_seed",
+                      "initial_seed", "seed", "load", "save", "typename", "can_cast",
+                      "promote_types", "result_type", "from_numpy", "frombuffer", "asarray",
+                      "sym_", "vmap", "cond", "export", "jit", "autocast", "enable_", "inference_mode",
+                      "no_grad", "grad", "classproc", "wait", "fork", "chunk_", "empty_strided",
+                      "align_tensors", "broadcast_shapes", "unravel_index", "Generator", "dtype")
+
+_F_SKIP = {"has_torch_function", "has_torch_function_unary", "has_torch_function_variadic",
+           "handle_torch_function", "boolean_dispatch", "assert_int_or_pair"}
+
+
+def _is_plain_callable(obj: Any) -> bool:
+    return isinstance(obj, (types.BuiltinFunctionType, types.FunctionType,
+                            types.MethodDescriptorType, types.WrapperDescriptorType))
+
+
+def api_table() -> list[tuple[Any, str, str, Any]]:
+    """Every wrapped API: ``(owner, attribute, dump name, original)``.
+
+    >>> any(name == "Functional.linear" for _, _, name, _ in api_table())
+    True
+    """
+    table: list[tuple[Any, str, str, Any]] = []
+    for attr in dir(torch.Tensor):
+        if attr in _TENSOR_SKIP or attr.startswith("is_"):
+            continue
+        if attr.startswith("_") and attr not in _OPERATOR_DUNDERS:
+            continue
+        orig = getattr(torch.Tensor, attr, None)
+        if _is_plain_callable(orig):
+            table.append((torch.Tensor, attr, f"Tensor.{attr}", orig))
+    for attr in dir(torch):
+        if attr.startswith(_TORCH_SKIP_PREFIX) or attr[0].isupper():
+            continue
+        orig = getattr(torch, attr, None)
+        if _is_plain_callable(orig) and not isinstance(orig, type):
+            module = getattr(orig, "__module__", None) or "torch"
+            if module.startswith("torch") and not module.startswith(("torch.nn", "torch.autograd",
+                                                                     "torch.utils", "torch._")):
+                table.append((torch, attr, f"Torch.{attr}", orig))
+    functional = torch.nn.functional
+    for attr in dir(functional):
+        if attr.startswith("_") or attr in _F_SKIP or attr[0].isupper():
+            continue
+        orig = getattr(functional, attr, None)
+        if _is_plain_callable(orig):
+            module = getattr(orig, "__module__", None) or "torch.nn.functional"
+            if module.startswith(("torch.nn.functional", "torch._C", "torch")) and "typing" not in module:
+                table.append((functional, attr, f"Functional.{attr}", orig))
+    return table
+
+
+def _is_inplace(attr: str) -> bool:
+    if attr.startswith("__i") and attr.endswith("__"):
+        return True
+    return attr == "__setitem__" or (attr.endswith("_") and not attr.endswith("__"))
+
+
+class _Capture(torch.autograd.Function):
+    """Identity on the differentiable inputs of a call; its backward sees their gradients."""
+
+    @staticmethod
+    def forward(ctx, call, *tensors):  # noqa: ANN001 - autograd signature
+        ctx.call = call
+        return tensors
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: ANN001 - autograd signature
+        ctx.call.finish(grads)
+        return (None, *grads)
+
+
+class _Call:
+    """One recorded call waiting for its gradients."""
+
+    __slots__ = ("sink", "guard", "token", "grad_outputs")
+
+    def __init__(self, sink: Any, guard: Any, token: Any) -> None:
+        self.sink = sink
+        self.guard = guard
+        self.token = token
+        self.grad_outputs: list[Any] = []
+
+    def output_hook(self, i: int):
+        def hook(grad):
+            self.grad_outputs[i] = grad
+        return hook
+
+    def finish(self, grads: tuple) -> None:
+        self.guard.depth += 1
+        try:
+            self.sink.api_backward(self.token, self.grad_outputs, grads)
+        finally:
+            self.guard.depth -= 1
+
+
+def _wrap_inputs(call: _Call, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
+    """Route the differentiable tensors of ``args``/``kwargs`` through one :class:`_Capture`."""
+    slots: list[tuple] = []
+    tensors: list[torch.Tensor] = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                slots.append(("a", i, None))
+                tensors.append(a)
+        elif isinstance(a, (list, tuple)):
+            for j, b in enumerate(a):
+                if isinstance(b, torch.Tensor) and b.requires_grad:
+                    slots.append(("a", i, j))
+                    tensors.append(b)
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            slots.append(("k", k, None))
+            tensors.append(v)
+    if not tensors:
+        return args, kwargs, False
+    wrapped = _Capture.apply(call, *tensors)
+    new_args = list(args)
+    new_kwargs = dict(kwargs)
+    for (where, key, inner), t in zip(slots, wrapped):
+        if where == "k":
+            new_kwargs[key] = t
+        elif inner is None:
+            new_args[key] = t
+        else:
+            seq = list(new_args[key])
+            seq[inner] = t
+            new_args[key] = type(new_args[key])(seq) if isinstance(new_args[key], tuple) else seq
+    return tuple(new_args), new_kwargs, True
+
+
+def _hook_outputs(call: _Call, output: Any) -> None:
+    outs = output if isinstance(output, (tuple, list)) else (output,)
+    call.grad_outputs = [None] * len(outs)
+    for i, o in enumerate(outs):
+        if isinstance(o, torch.Tensor) and o.requires_grad:
+            o.register_hook(call.output_hook(i))
+
+
+def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, backward: bool) -> Any:
+    """The wrapper that records one API (see the module docstring)."""
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if guard.depth or not sink.active:
+            return orig(*args, **kwargs)
+        guard.depth += 1
+        try:
+            token = sink.api_call(api, args, kwargs)
+            if token is None:
+                return orig(*args, **kwargs)
+            call = None
+            if backward and not inplace and "out" not in kwargs and torch.is_grad_enabled():
+                call = _Call(sink, guard, token)
+                try:
+                    args, kwargs, captured = _wrap_inputs(call, args, kwargs)
+                except Exception as e:  # noqa: BLE001 - never break the user's call
+                    sink.report_error(f"the backward capture of {api}", e)
+                    captured = False
+                if not captured:
+                    call = None
+            output = orig(*args, **kwargs)
+            sink.api_return(token, output)
+            if call is not None:
+                _hook_outputs(call, output)
+            return output
+        finally:
+            guard.depth -= 1
+
+    wrapper.__probe_original__ = orig
+    return wrapper
+
+
+class _CommListener:
+    """Records ``Distributed.<op>`` entries from :mod:`engine_adapter.torch_comm` calls."""
+
+    def __init__(self, sink: Any, guard: Any) -> None:
+        self.sink = sink
+        self.guard = guard
+
+    def on_comm_start(self, call: Any) -> None:
+        if self.guard.depth or not self.sink.active:
+            return
+        self.guard.depth += 1
+        try:
+            call.state["probe_token"] = self.sink.api_call(f"Distributed.{call.op}", call.args, call.kwargs)
+        finally:
+            self.guard.depth -= 1
+
+    def on_comm_end(self, call: Any) -> None:
+        token = call.state.pop("probe_token", None)
+        if token is None:
+            return
+        self.guard.depth += 1
+        try:
+            result = call.result
+            if result is None or not isinstance(result, torch.Tensor):
+                first = call.args[0] if call.args else next(iter(call.kwargs.values()), None)
+                result = first if isinstance(first, (torch.Tensor, list)) else result
+            self.sink.api_return(token, result)
+        finally:
+            self.guard.depth -= 1
+
+
+class ApiMode:
+    """Installs the API wrappers (and the collective listener) for one sink; undone by ``__exit__``."""
+
+    def __init__(self, sink: Any, guard: Any, *, backward: bool = True) -> None:
+        self.sink = sink
+        self.guard = guard
+        self.backward = backward
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._listener: Any = None
+
+    def __enter__(self) -> "ApiMode":
+        for owner, attr, name, orig in api_table():
+            if getattr(orig, "__probe_original__", None) is not None:
+                continue
+            wrapper = make_wrapper(orig, name, _is_inplace(attr), self.sink, self.guard, self.backward)
+            try:
+                setattr(owner, attr, wrapper)
+            except (TypeError, AttributeError):
+                continue
+            self._patched.append((owner, attr, orig))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        patched, self._patched = self._patched, []
+        for owner, attr, orig in reversed(patched):
+            setattr(owner, attr, orig)
+
+    def attach_comm(self) -> list[str]:
+        """Record ``torch.distributed`` collectives through the shared wrapper."""
+        if self._listener is not None:
+            return []
+        try:
+            from engine_adapter import torch_comm
+        except ImportError:
+            return ["torch.distributed collectives are not recorded: engine_adapter.torch_comm "
+                    "is not available"]
+        self._listener = torch_comm.add_listener(_CommListener(self.sink, self.guard))
+        return []
+
+    def detach_comm(self) -> None:
+        if self._listener is not None:
+            from engine_adapter import torch_comm
+            torch_comm.remove_listener(self._listener)
+            self._listener = None

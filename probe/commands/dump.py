@@ -1,0 +1,179 @@
+"""``probe dump``: module-, API- and mix-level dumps of the bundled engine or of your script.
+
+Without a SCRIPT it trains the bundled engine (``--engine reference`` by default) until the last
+step selected by ``--steps`` and dumps those steps on every rank selected by ``--ranks``. With
+``-- SCRIPT ARGS...`` it runs the script in-process (as ``python -m cProfile`` does) with hooks
+on every model it runs; steps are counted by the optimizer.
+
+Writes ``OUT/step{N}/rank{R}/dump.json, construct.json, stack.json`` (msprobe's format), the
+record store under ``OUT/store`` (``probe query OUT "select * from tensors limit 5"``) and
+``OUT/dump_summary.json``.
+
+Exit codes: 0 done; 1 the script or a rank failed (the finished steps are still written);
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from probe.errors import ProbeError
+from probe.options import engine_options, selection_option
+
+DEFAULT_OUT = os.path.join("runs", "dump")
+
+
+@click.command("dump", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--level", type=click.Choice(["module", "api", "mix"]), default="module",
+              show_default=True, help="module: every nn.Module (msprobe L0); api: torch/functional/"
+                                      "Tensor/distributed calls (L1); mix: both.")
+@click.option("--task", type=click.Choice(["statistics", "tensor", "md5"]), default="statistics",
+              show_default=True, help="statistics: max/min/mean/norm/NaN/Inf; tensor: full tensors "
+                                      "(safetensors); md5: a content hash (CRC32).")
+@selection_option("--steps", "--steps", "Steps to dump, e.g. 0,2-4 (default: every step run).")
+@selection_option("--ranks", "--ranks", "Ranks to dump, e.g. 0,1 (default: all).")
+@click.option("--scope", default=None, metavar="REGEX", help="Keep only entries whose name matches.")
+@click.option("--list", "names", default=None, metavar="NAMES",
+              help="Keep only these modules/APIs (comma-separated paths, classes or API names).")
+@click.option("--framework", type=click.Choice(["torch", "mindspore"]), default="torch",
+              show_default=True, help="Framework of the SCRIPT (the bundled engine is PyTorch).")
+@click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory.")
+@click.option("--no-stack", is_flag=True, help="Do not record call stacks (stack.json stays empty).")
+@engine_options
+@click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
+def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | None,
+            scope: str | None, names: str | None, framework: str, out: str, no_stack: bool,
+            engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
+            faults: tuple[str, ...], device: str, script: tuple[str, ...]) -> int:
+    """Dump statistics, tensors or hashes of every module/API of a run."""
+    if scope:
+        try:
+            re.compile(scope)
+        except re.error as e:
+            raise ProbeError(f"--scope {scope!r}: not a regular expression ({e})") from None
+    options: dict[str, Any] = {"level": level, "task": task, "steps": steps, "ranks": ranks,
+                               "scope": scope, "names": names, "stack": not no_stack}
+    if script:
+        code = _run_script(list(script), framework, out, options)
+    else:
+        if framework != "torch":
+            raise ProbeError("--framework mindspore needs a SCRIPT (probe dump --framework mindspore "
+                             "-- train.py); the bundled engine is PyTorch")
+        code = _run_engine(out, options, engine=engine, preset=preset, nproc=nproc,
+                           max_steps=max_steps, seed=seed, faults=faults, device=device)
+    _summarise(out, options, code)
+    return code
+
+
+def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, nproc: int,
+                max_steps: int | None, seed: int, faults: tuple[str, ...], device: str) -> int:
+    from engine_adapter.bundled.callbacks import PluginSpec
+    from engine_adapter.bundled.launch import run_training
+    from engine_adapter.bundled.spec import RunSpec
+
+    steps = options["steps"]
+    needed = max(steps) + 1 if steps else 1
+    if max_steps is not None and max_steps < needed:
+        raise ProbeError(f"--max-steps {max_steps} stops before step {needed - 1} selected by --steps; "
+                         f"use --max-steps {needed} or more")
+    plugin = PluginSpec("probe.dump_plugin:DumpCallback", {**options, "out": out})
+    spec = RunSpec(engine=engine, preset=preset, nproc=nproc, max_steps=max(max_steps or 0, needed),
+                   seed=seed, faults=tuple(faults), out_dir=out, device=device, plugins=(plugin,))
+    _clear_old_steps(out)
+    run_training(spec)
+    return 0
+
+
+def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any]) -> int:
+    from probe.dump import DumpSession
+
+    path = Path(argv[0])
+    if not path.is_file():
+        raise ProbeError(f"{path}: no such script; give the Python file to run after '--'")
+    _clear_old_steps(out)
+    session = DumpSession(None, out=out, framework=framework, auto_step=True, **options)
+    session.start()
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(path), *argv[1:]]
+    sys.path.insert(0, str(path.resolve().parent))
+    code = 0
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's error, reported as one line
+        tb = e.__traceback__
+        where = ""
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == str(path) or tb.tb_frame.f_code.co_filename.endswith(path.name):
+                where = f" at {path.name}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        msg = str(e).splitlines()[0] if str(e) else ""
+        click.echo(f"probe: error: {path} raised {type(e).__name__}: {msg}{where}; "
+                   "finished steps are written", err=True)
+        code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        session.stop()
+    return code
+
+
+def _clear_old_steps(out: str) -> None:
+    """A dump directory holds one dump: earlier step folders are removed (never anything else)."""
+    import shutil
+
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise ProbeError(f"{out}: exists and is not a directory; choose another --out")
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.is_dir() and re.fullmatch(r"step\d+", child.name):
+                shutil.rmtree(child, ignore_errors=True)
+        shutil.rmtree(root / "store", ignore_errors=True)
+
+
+def _summarise(out: str, options: dict[str, Any], code: int) -> None:
+    root = Path(out)
+    found: dict[int, list[int]] = {}
+    entries = 0
+    for d in sorted(root.glob("step*/rank*/dump.json")):
+        step = int(d.parent.parent.name[4:])
+        found.setdefault(step, []).append(int(d.parent.name[4:]))
+        try:
+            entries += len(json.loads(d.read_text()).get("data", {}))
+        except (OSError, ValueError):
+            pass
+    summary = {"out": str(root), "level": options["level"], "task": options["task"],
+               "steps": sorted(found), "ranks": sorted({r for rs in found.values() for r in rs}),
+               "entries": entries, "exit_code": code}
+    if root.is_dir():
+        (root / "dump_summary.json").write_text(json.dumps(summary, indent=1))
+    if not found:
+        click.echo(f"probe dump: no step was dumped to {out}", err=True)
+        return
+    click.echo(f"probe dump: {options['level']}/{options['task']}: {len(found)} step(s) "
+               f"{_ranges(sorted(found))} x {len(summary['ranks'])} rank(s), {entries} entries -> "
+               f"{out}/step{{N}}/rank{{R}}/dump.json")
+    click.echo(f"  query: probe query {out} \"select node, slot, max, min, mean, l2norm "
+               "from tensors limit 10\"")
+
+
+def _ranges(values: list[int]) -> str:
+    parts, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ",".join(parts)

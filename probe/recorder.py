@@ -1,0 +1,497 @@
+"""The dump's recorder: what every engine adapter's hooks report to, written once.
+
+It turns hook calls into msprobe entries (``Module.<path>.<Class>.forward.<n>``,
+``Functional.linear.<n>.forward``, ``...backward``, ``...parameters_grad.<n>``), starts each
+tensor's statistics on its device through the adapter's
+:class:`~engine_adapter.base.StatsBackend` (no host-device synchronisation per tensor), and at
+the end of a step gathers every statistic at once and writes both outputs: msprobe's
+``OUT/step{N}/rank{R}/dump.json, construct.json, stack.json`` and the TENSOR and NODE records
+of the Arrow store.
+
+Nothing raised inside the recorder reaches the training loop: it is reported once on stderr
+and the step goes on.
+
+>>> from engine_adapter.base import get_adapter          # doctest: +SKIP
+>>> rec = Recorder(get_adapter("torch"), out="runs/d")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from collectors import msprobe_writer
+from engine_adapter.base import FLOAT, INTEGER, EngineAdapter
+
+LEVELS = ("module", "api", "mix")
+TASKS = ("statistics", "tensor", "md5")
+
+#: files of the dump machinery, left out of stack.json
+_OWN_FILES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)
+                   for p in ("probe" + os.sep, "engine_adapter" + os.sep + "torch_",
+                             "engine_adapter" + os.sep + "mindspore_", "engine_adapter" + os.sep + "base"))
+
+
+@dataclass
+class DumpConfig:
+    """What to dump: level, task and filters (``None`` selects everything)."""
+
+    out: str = "dump"
+    level: str = "module"
+    task: str = "statistics"
+    steps: Sequence[int] | None = None
+    ranks: Sequence[int] | None = None
+    scope: str | None = None          # regex searched in each entry's name
+    names: Sequence[str] | None = None  # module paths, class names or API names to keep
+    stack: bool = True
+    run: str | None = None
+
+    def __post_init__(self) -> None:
+        from probe.errors import ProbeError
+        if self.level not in LEVELS:
+            raise ProbeError(f"--level {self.level!r}: use one of {', '.join(LEVELS)}")
+        if self.task not in TASKS:
+            raise ProbeError(f"--task {self.task!r}: use one of {', '.join(TASKS)}")
+        if self.scope:
+            try:
+                re.compile(self.scope)
+            except re.error as e:
+                raise ProbeError(f"--scope {self.scope!r}: not a regular expression ({e})") from None
+
+
+@dataclass
+class _Leaf:
+    entry: dict          # the JSON dict of this tensor
+    handle_index: int    # index into the step's handles, -1 when none
+    row: int             # index into the step's rows
+    numel: int
+    kind: str
+
+
+@dataclass
+class _ApiCall:
+    name: str
+    grad_outputs: dict = field(default_factory=dict)
+
+
+class Recorder:
+    """Implements :class:`~engine_adapter.base.HookSink` for the dump; one per process."""
+
+    def __init__(self, adapter: EngineAdapter, config: DumpConfig, *, rank: int | None = None,
+                 store: Any = None) -> None:
+        self.adapter = adapter
+        self.stats = adapter.stats
+        self.config = config
+        self.rank = adapter.rank() if rank is None else int(rank)
+        self.store = store
+        self.run = config.run or os.path.basename(os.path.abspath(config.out))
+        self._steps = set(config.steps) if config.steps is not None else None
+        self._scope = re.compile(config.scope) if config.scope else None
+        self._names = tuple(f".{n.strip('.')}." for n in config.names) if config.names else None
+        self._rank_selected = config.ranks is None or self.rank in set(config.ranks)
+        self._want_stats = True
+        self._want_hash = config.task == "md5"
+        self._want_files = config.task == "tensor"
+        self._errors_reported: set[str] = set()
+        self._include_cache: dict[str, bool] = {}
+        self.step = -1
+        self.active = False
+        self.steps_written: list[int] = []
+        self.entries_written = 0
+        self._reset()
+
+    # ----------------------------------------------------------------- steps
+    def begin_step(self, step: int) -> None:
+        """Start recording ``step`` (when it is selected)."""
+        self.step = int(step)
+        self._reset()
+        self.active = self._rank_selected and (self._steps is None or self.step in self._steps)
+
+    def end_step(self) -> None:
+        """Finish the current step: gather statistics and write its files."""
+        if self.active:
+            try:
+                with self.adapter.suspended():
+                    self._flush()
+            except Exception as e:  # noqa: BLE001 - never kill training
+                self.report_error("writing the dump", e)
+        self.active = False
+        self._reset()
+
+    def wants_step(self, step: int) -> bool:
+        return self._steps is None or step in self._steps
+
+    @property
+    def last_step(self) -> int | None:
+        return max(self._steps) if self._steps else None
+
+    def _reset(self) -> None:
+        self.data: dict[str, dict] = {}
+        self.open_entries: dict[str, dict] = {}
+        self.construct: dict[str, str | None] = {}
+        self.node_info: dict[str, tuple[str, str, int]] = {}   # name -> (kind, class, order)
+        self.stacks: dict[str, tuple] = {}
+        self.leaves: list[_Leaf] = []
+        self.handles: list[Any] = []
+        self.rows: list[list] = []
+        self.fwd_stack: list[str] = []
+        self.bwd_stack: list[str] = []
+        self.module_calls: dict[int, int] = {}
+        self.module_open: dict[int, list[int]] = {}
+        self.module_bwd_seen: dict[int, int] = {}
+        self.param_grads: dict[int, dict] = {}
+        self.api_counts: dict[str, int] = {}
+        self.seq = 0
+
+    # ----------------------------------------------------------------- filters
+    def include(self, base: str) -> bool:
+        """Whether entries of ``base`` (``Module.layers.0.attn.Attention``, ``Functional.linear``) are kept."""
+        hit = self._include_cache.get(base)
+        if hit is None:
+            hit = True
+            if self._scope is not None and not self._scope.search(base):
+                hit = False
+            if hit and self._names is not None:
+                dotted = f".{base}."
+                hit = any(n in dotted for n in self._names)
+            self._include_cache[base] = hit
+        return hit
+
+    # ----------------------------------------------------------------- values
+    def _value(self, x: Any, node: str, kind: str, direction: str, slot: str, index: str) -> Any:
+        stats = self.stats
+        if stats.is_tensor(x):
+            return self._tensor(x, node, kind, direction, slot, index)
+        if x is None:
+            return None
+        if isinstance(x, bool):
+            return self._scalar("bool", x, node, kind, direction, slot, index)
+        if isinstance(x, int):
+            return self._scalar("int", x, node, kind, direction, slot, index)
+        if isinstance(x, float):
+            return self._scalar("float", x, node, kind, direction, slot, index)
+        if isinstance(x, str):
+            return self._scalar("str", x, node, kind, direction, slot, index)
+        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields") and type(x).__module__ == "builtins":
+            return [self._value(v, node, kind, direction, slot, f"{index}.{i}") for i, v in enumerate(x)]
+        type_name = stats.scalar_type(x)
+        if type_name is not None:
+            v = list(x) if type_name.endswith("Size") else str(x)
+            return self._scalar(type_name, v, node, kind, direction, slot, index)
+        if isinstance(x, slice):
+            return self._scalar("slice", [_plain(x.start), _plain(x.stop), _plain(x.step)],
+                                node, kind, direction, slot, index)
+        if x is Ellipsis:
+            return self._scalar("ellipsis", "...", node, kind, direction, slot, index)
+        if isinstance(x, dict):
+            return {str(k): self._value(v, node, kind, direction, slot, f"{index}.{k}") for k, v in x.items()}
+        if isinstance(x, (list, tuple)):  # namedtuples and list subclasses
+            return [self._value(v, node, kind, direction, slot, f"{index}.{i}") for i, v in enumerate(x)]
+        return None
+
+    def _scalar(self, type_name: str, v: Any, node: str, kind: str, direction: str, slot: str,
+                index: str) -> dict:
+        self.rows.append([self.seq, node, kind, direction, slot, index, type_name, None, None,
+                          None, None, None, None, None, None, None, None, None,
+                          json.dumps(v if not isinstance(v, float) or math.isfinite(v) else str(v))])
+        return {"type": type_name, "value": v}
+
+    def _tensor(self, t: Any, node: str, kind: str, direction: str, slot: str, index: str) -> dict:
+        meta = self.stats.describe(t)
+        entry: dict[str, Any] = {"type": meta.type_name, "dtype": meta.dtype, "shape": list(meta.shape),
+                                 "Max": None, "Min": None, "Mean": None, "Norm": None}
+        if meta.requires_grad is not None:
+            entry["requires_grad"] = meta.requires_grad
+        handle_index = -1
+        if meta.kind != "none":
+            self.handles.append(self.stats.reduce(t, meta.kind))
+            handle_index = len(self.handles) - 1
+        digest = file_name = None
+        if self._want_hash:
+            digest = entry["md5"] = self.stats.digest(t)
+        if self._want_files:
+            file_name = self._save_tensor(t, f"{node}.{slot}.{index}")
+            entry["data_name"] = file_name
+        row = len(self.rows)
+        self.rows.append([self.seq, node, kind, direction, slot, index, meta.dtype, list(meta.shape),
+                          meta.numel, None, None, None, None, None, None, digest, file_name,
+                          meta.requires_grad, None])
+        self.leaves.append(_Leaf(entry, handle_index, row, meta.numel, meta.kind))
+        return entry
+
+    def _save_tensor(self, t: Any, name: str) -> str:
+        folder = msprobe_writer.step_dir(self.config.out, self.step, self.rank) / "dump_tensor_data"
+        folder.mkdir(exist_ok=True)
+        path = msprobe_writer.contained_path(folder, name, ".safetensors")
+        self.stats.save({"tensor": t}, str(path))
+        return path.name
+
+    # ----------------------------------------------------------------- nodes
+    def _node(self, name: str, kind: str, class_name: str, parent: str | None) -> None:
+        self.construct[name] = parent
+        self.node_info[name] = (kind, class_name, self.seq)
+        self.seq += 1
+
+    def _capture_stack(self, name: str) -> None:
+        if not self.config.stack:
+            return
+        frames = []
+        f = sys._getframe(2)
+        while f is not None:
+            code = f.f_code
+            if not code.co_filename.startswith(_OWN_FILES):
+                frames.append((code.co_filename, f.f_lineno, code.co_name))
+            f = f.f_back
+        self.stacks[name] = tuple(frames)
+
+    # ----------------------------------------------------------------- modules
+    def module_forward_pre(self, base: str, module_key: int, args: tuple, kwargs: dict) -> str | None:
+        if not self.active or not self.include(base):
+            return None
+        try:
+            n = self.module_calls.get(module_key, 0)
+            self.module_calls[module_key] = n + 1
+            self.module_open.setdefault(module_key, []).append(n)
+            name = f"{base}.forward.{n}"
+            parent = self.fwd_stack[-1] if self.fwd_stack else None
+            self._node(name, "module", base.rsplit(".", 1)[-1], parent)
+            self.fwd_stack.append(name)
+            self._capture_stack(name)
+            self.open_entries[name] = {
+                "input_args": [self._value(a, name, "module", "forward", "input", str(i)) for i, a in enumerate(args)],
+                "input_kwargs": {k: self._value(v, name, "module", "forward", "kwarg", k) for k, v in kwargs.items()},
+            }
+            return name
+        except Exception as e:  # noqa: BLE001
+            self.report_error("a module forward pre-hook", e)
+            return None
+
+    def module_forward(self, name: str, module_key: int, output: Any, params: Iterable[tuple[str, Any]]) -> None:
+        if name is None or not self.active:
+            return
+        try:
+            if self.fwd_stack and self.fwd_stack[-1] == name:
+                self.fwd_stack.pop()
+            elif name in self.fwd_stack:
+                self.fwd_stack.remove(name)
+            entry = self.open_entries.pop(name, None)
+            if entry is None:
+                return
+            self.data[name] = entry
+            outs = output if isinstance(output, (tuple, list)) and type(output).__module__ == "builtins" else [output]
+            entry["output"] = [self._value(o, name, "module", "forward", "output", str(i)) for i, o in enumerate(outs)]
+            entry["parameters"] = {p: self._value(t, name, "module", "forward", "parameter", p) for p, t in params}
+        except Exception as e:  # noqa: BLE001
+            self.report_error("a module forward hook", e)
+
+    def module_backward_pre(self, base: str, module_key: int) -> None:
+        """A module's backward starts (for the parent of APIs and modules run inside it)."""
+        if not self.active or not self.include(base):
+            return
+        open_calls = self.module_open.get(module_key)
+        n = open_calls[-1] if open_calls else self.module_bwd_seen.get(module_key, 0)
+        self.bwd_stack.append(f"{base}.backward.{n}")
+
+    def module_backward(self, base: str, module_key: int, grad_outputs: Any, grad_inputs: Any) -> None:
+        if not self.active or not self.include(base):
+            return
+        try:
+            open_calls = self.module_open.get(module_key)
+            n = open_calls.pop() if open_calls else self.module_bwd_seen.get(module_key, 0)
+            self.module_bwd_seen[module_key] = n + 1
+            name = f"{base}.backward.{n}"
+            if self.bwd_stack and self.bwd_stack[-1] == name:
+                self.bwd_stack.pop()
+            parent = self.bwd_stack[-1] if self.bwd_stack else None
+            self._node(name, "module", base.rsplit(".", 1)[-1], parent)
+            self.data[name] = {
+                "input": [self._value(g, name, "module", "backward", "input", str(i))
+                          for i, g in enumerate(grad_outputs) if g is not None],
+                "output": [self._value(g, name, "module", "backward", "output", str(i))
+                           for i, g in enumerate(grad_inputs) if g is not None],
+            }
+            self._emit_param_grads(base, module_key, complete_only=True)
+        except Exception as e:  # noqa: BLE001
+            self.report_error("a module backward hook", e)
+
+    def parameter_grad(self, base: str, module_key: int, param_name: str, grad: Any, expected: int) -> None:
+        if not self.active or not self.include(base):
+            return
+        try:
+            pending = self.param_grads.setdefault(module_key, {"base": base, "grads": {}, "expected": expected})
+            pending["grads"][param_name] = grad
+            if len(pending["grads"]) >= expected:
+                self._emit_param_grads(base, module_key, complete_only=False)
+        except Exception as e:  # noqa: BLE001
+            self.report_error("a parameter gradient hook", e)
+
+    def _emit_param_grads(self, base: str, module_key: int, *, complete_only: bool) -> None:
+        pending = self.param_grads.get(module_key)
+        if not pending or (complete_only and len(pending["grads"]) < pending["expected"]):
+            return
+        del self.param_grads[module_key]
+        n = 0
+        while f"{base}.parameters_grad.{n}" in self.data:
+            n += 1
+        name = f"{base}.parameters_grad.{n}"
+        self.node_info[name] = ("module", base.rsplit(".", 1)[-1], self.seq)
+        self.seq += 1
+        self.data[name] = {p: [self._value(g, name, "module", "backward", "parameter_grad", p)]
+                           for p, g in pending["grads"].items()}
+
+    # ----------------------------------------------------------------- APIs
+    def api_call(self, api: str, args: tuple, kwargs: dict) -> Any:
+        if not self.active or not self.include(api):
+            return None
+        try:
+            n = self.api_counts.get(api, 0)
+            self.api_counts[api] = n + 1
+            name = f"{api}.{n}.forward"
+            kind = "comm" if api.startswith("Distributed.") else "api"
+            parent = self.fwd_stack[-1] if self.fwd_stack else None
+            self._node(name, kind, api, parent)
+            self._capture_stack(name)
+            self.open_entries[name] = {
+                "input_args": [self._value(a, name, kind, "forward", "input", str(i)) for i, a in enumerate(args)],
+                "input_kwargs": {k: self._value(v, name, kind, "forward", "kwarg", k) for k, v in kwargs.items()},
+            }
+            return _ApiCall(name)
+        except Exception as e:  # noqa: BLE001
+            self.report_error("an API pre-hook", e)
+            return None
+
+    def api_return(self, token: Any, output: Any) -> None:
+        if token is None or not self.active:
+            return
+        try:
+            name = token.name
+            entry = self.open_entries.pop(name, None)
+            if entry is None:
+                return
+            self.data[name] = entry
+            kind = self.node_info[name][0]
+            outs = output if isinstance(output, (tuple, list)) and type(output).__module__ == "builtins" else [output]
+            entry["output"] = [self._value(o, name, kind, "forward", "output", str(i)) for i, o in enumerate(outs)]
+        except Exception as e:  # noqa: BLE001
+            self.report_error("an API post-hook", e)
+
+    def api_backward(self, token: Any, grad_outputs: Any, grad_inputs: Any) -> None:
+        if token is None or not self.active:
+            return
+        try:
+            fwd = token.name
+            name = fwd[: -len("forward")] + "backward"
+            kind, api, _ = self.node_info.get(fwd, ("api", fwd, 0))
+            parent = self.bwd_stack[-1] if self.bwd_stack else None
+            self._node(name, kind, api, parent)
+            self.data[name] = {
+                "input": [self._value(g, name, kind, "backward", "input", str(i))
+                          for i, g in enumerate(grad_outputs) if g is not None],
+                "output": [self._value(g, name, kind, "backward", "output", str(i))
+                           for i, g in enumerate(grad_inputs) if g is not None],
+            }
+        except Exception as e:  # noqa: BLE001
+            self.report_error("an API backward hook", e)
+
+    # ----------------------------------------------------------------- errors
+    def report_error(self, where: str, error: BaseException) -> None:
+        key = f"{where}:{type(error).__name__}"
+        if key in self._errors_reported:
+            return
+        self._errors_reported.add(key)
+        msg = str(error).splitlines()[0] if str(error) else ""
+        print(f"probe dump: error in {where}: {type(error).__name__}: {msg} "
+              "(the dump goes on without it; training is not affected)", file=sys.stderr)
+        if os.environ.get("PROBE_DEBUG"):
+            import traceback
+            traceback.print_exception(error)
+
+    # ----------------------------------------------------------------- writing
+    def _flush(self) -> None:
+        for key, pending in list(self.param_grads.items()):
+            self._emit_param_grads(pending["base"], key, complete_only=False)
+        values = self.stats.gather(self.handles) if self.handles else []
+        rows = self.rows
+        for leaf in self.leaves:
+            if leaf.handle_index < 0:
+                continue
+            v = values[leaf.handle_index]
+            if v is None:
+                continue
+            e, r = leaf.entry, rows[leaf.row]
+            if leaf.kind == FLOAT:
+                mx, mn, s, q, nan, inf = v
+                mean = s / leaf.numel
+                norm = math.sqrt(q) if q >= 0 else q
+                e["Max"], e["Min"], e["Mean"], e["Norm"] = mx, mn, mean, norm
+                r[9:15] = [mx, mn, mean, norm, int(nan), int(inf)]
+            elif leaf.kind == INTEGER:
+                mx, mn = int(v[0]), int(v[1])
+                e["Max"], e["Min"] = mx, mn
+                r[9:15] = [float(mx), float(mn), None, None, 0, 0]
+        for name, entry in self.open_entries.items():   # calls that never returned (an exception)
+            entry["output"] = []
+            self.data[name] = entry
+        stacks = {name: _format_frames(frames) for name, frames in self.stacks.items()}
+        dump_data_dir = None
+        if self._want_files:
+            dump_data_dir = str(msprobe_writer.step_dir(self.config.out, self.step, self.rank) / "dump_tensor_data")
+        msprobe_writer.write_step(self.config.out, step=self.step, rank=self.rank, data=self.data,
+                                  construct=self.construct, stacks=stacks, task=self.config.task,
+                                  level=self.config.level, framework=self.adapter.framework,
+                                  dump_data_dir=dump_data_dir)
+        self.steps_written.append(self.step)
+        self.entries_written += len(self.data)
+        if self.store is not None:
+            self._write_store(stacks)
+
+    def _write_store(self, stacks: dict[str, list[str]]) -> None:
+        from collectors.records import table_from_columns
+
+        names = ["seq", "node", "node_kind", "direction", "slot", "index", "dtype", "shape", "numel",
+                 "max", "min", "mean", "l2norm", "nan_count", "inf_count", "hash", "tensor_file",
+                 "requires_grad", "value"]
+        n = len(self.rows)
+        cols: dict[str, list] = {k: list(c) for k, c in zip(names, zip(*self.rows))} if n else {k: [] for k in names}
+        now = time.time_ns()
+        cols.update(run=[self.run] * n, rank=[self.rank] * n, step=[self.step] * n, host_ts_ns=[now] * n)
+        self.store.write("tensor", table_from_columns("tensor", cols))
+        stack_ids = {}
+        for gid, (group, _) in msprobe_writer.group_stacks(stacks).items():
+            for name in group:
+                stack_ids[name] = gid
+        depth: dict[str, int] = {}
+        node_rows = {k: [] for k in ("node", "parent", "class_name", "depth", "order", "stack_ref")}
+        for name, (kind, cls, order) in self.node_info.items():
+            parent = self.construct.get(name)
+            d = depth.get(parent, -1) + 1 if parent else 0
+            depth[name] = d
+            node_rows["node"].append(name)
+            node_rows["parent"].append(parent)
+            node_rows["class_name"].append(cls)
+            node_rows["depth"].append(d)
+            node_rows["order"].append(order)
+            node_rows["stack_ref"].append(stack_ids.get(name))
+        m = len(node_rows["node"])
+        node_rows.update(run=[self.run] * m, rank=[self.rank] * m)
+        self.store.write("node", table_from_columns("node", node_rows))
+        self.store.end_step(self.step)
+
+
+def _plain(v: Any) -> Any:
+    return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
+
+
+def _format_frames(frames: tuple) -> list[str]:
+    out = []
+    for filename, lineno, func in frames:
+        line = linecache.getline(filename, lineno).strip()
+        out.append(f"File {filename}, line {lineno}, in {func}, \n {line}")
+    return out

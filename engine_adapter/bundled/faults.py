@@ -1,0 +1,127 @@
+"""Faults planted on request, for the other features to find.
+
+Written ``KIND:TARGET:ARG``:
+
+- ``scale:<parameter name>:<factor>`` multiplies one weight (a parameter name, or a module name
+  whose ``weight`` is meant) by ``factor`` before training;
+- ``nan:<module name>:<step>`` writes NaN into that module's forward output at that step;
+- ``slow:<rank>:<factor>`` makes that rank's compute take ``factor`` times as long.
+
+>>> [f.kind for f in parse_faults(["scale:layers.0.attn.q_proj.weight:1.5", "slow:1:3"])]
+['scale', 'slow']
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from probe.errors import ProbeError
+
+KINDS = {
+    "scale": "scale:<parameter name>:<factor>",
+    "nan": "nan:<module name>:<step>",
+    "slow": "slow:<rank>:<factor>",
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str
+    arg: float
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.target}:{self.arg:g}"
+
+
+def parse_fault(text: str) -> Fault:
+    """Parse one ``KIND:TARGET:ARG`` spec (the target may itself contain ':' only for none)."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in KINDS or not parts[1]:
+        raise ProbeError(f"bad fault {text!r}; valid forms: {', '.join(KINDS.values())}")
+    kind, target, arg_s = parts
+    try:
+        arg = float(arg_s)
+    except ValueError:
+        raise ProbeError(f"bad fault {text!r}: {arg_s!r} is not a number ({KINDS[kind]})") from None
+    if kind == "nan" and (arg < 0 or arg != int(arg)):
+        raise ProbeError(f"bad fault {text!r}: the step must be a non-negative integer")
+    if kind == "slow":
+        if not target.isdigit():
+            raise ProbeError(f"bad fault {text!r}: the target of slow is a rank number ({KINDS['slow']})")
+        if arg < 1:
+            raise ProbeError(f"bad fault {text!r}: the slow-down factor must be >= 1")
+    return Fault(kind, target, arg)
+
+
+def parse_faults(texts) -> list[Fault]:
+    return [parse_fault(t) for t in texts]
+
+
+def check_faults(faults: list[Fault], model: nn.Module, world_size: int) -> None:
+    """Raise a ProbeError for a fault whose target does not exist in this run."""
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    for f in faults:
+        if f.kind == "scale" and f.target not in params and f.target + ".weight" not in params:
+            near = [n for n in params if f.target.split(".")[-1] in n][:5] or list(params)[:5]
+            raise ProbeError(f"fault {f}: no parameter {f.target!r} in this model; e.g. {', '.join(near)}")
+        if f.kind == "nan" and f.target not in modules:
+            near = [n for n in modules if n and f.target.split(".")[-1] in n][:5] or [n for n in modules if n][:5]
+            raise ProbeError(f"fault {f}: no module {f.target!r} in this model; e.g. {', '.join(near)}")
+        if f.kind == "slow" and int(f.target) >= world_size:
+            raise ProbeError(f"fault {f}: rank {f.target} does not exist with {world_size} rank(s)")
+
+
+class FaultPlanter:
+    """Applies parsed faults to one rank's model and step loop."""
+
+    def __init__(self, faults: list[Fault], rank: int) -> None:
+        self.faults = faults
+        self.rank = rank
+        self.step = -1
+        self._handles: list = []
+        self.slow_factor = max([f.arg for f in faults if f.kind == "slow" and int(f.target) == rank],
+                               default=1.0)
+
+    def apply(self, model: nn.Module) -> None:
+        params = dict(model.named_parameters())
+        modules = dict(model.named_modules())
+        for f in self.faults:
+            if f.kind == "scale":
+                p = params[f.target] if f.target in params else params[f.target + ".weight"]
+                with torch.no_grad():
+                    p.mul_(f.arg)
+            elif f.kind == "nan":
+                self._handles.append(modules[f.target].register_forward_hook(self._nan_hook(int(f.arg))))
+
+    def _nan_hook(self, at_step: int):
+        def hook(module, args, output):
+            if self.step != at_step:
+                return None
+            return _poison(output)
+        return hook
+
+    def slow_down(self, compute_seconds: float) -> None:
+        """Sleep so this rank's compute takes ``slow_factor`` times as long."""
+        if self.slow_factor > 1.0:
+            time.sleep(compute_seconds * (self.slow_factor - 1.0))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def _poison(output):
+    if isinstance(output, torch.Tensor) and output.is_floating_point():
+        out = output.clone()
+        out.view(-1)[0] = float("nan")
+        return out
+    if isinstance(output, tuple) and output:
+        return (_poison(output[0]),) + tuple(output[1:])
+    return output

@@ -1,0 +1,198 @@
+"""The training loop of one rank of the bundled engine.
+
+Each step: fetch the synthetic batch, forward, cross-entropy, backward, all-reduce the
+gradients (one flat bucket through ``torch.distributed.all_reduce``), AdamW. The loop marks
+its phases with ``mstx`` ranges (domain ``step``: ``step N``; ``engine``: forward, backward,
+optimizer; ``dataloader``: fetch), writes per-step metric points to the rank's store (each
+step durable when it ends), and calls the plug-in callbacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from collectors.store import StoreWriter
+from engine_adapter.bundled.callbacks import PluginSpec, TrainCallback, TrainContext
+from engine_adapter.bundled.config import get_preset
+from engine_adapter.bundled.data import make_batch
+from engine_adapter.bundled.faults import FaultPlanter, check_faults, parse_faults
+from engine_adapter.bundled.models import build_model, init_reference_state, load_weights_file
+from engine_adapter.bundled.spec import RunSpec
+from profiler import mstx
+
+MONITOR_ENV = "PROBE_MONITOR"
+MONITOR_PLUGIN = PluginSpec("collectors.agent:MonitorAgentCallback")
+
+
+class _Callbacks:
+    """Calls every callback; one that raises is reported once and disabled."""
+
+    def __init__(self, callbacks: list[TrainCallback], rank: int) -> None:
+        self.callbacks = list(callbacks)
+        self.rank = rank
+
+    def call(self, method: str, *args: Any) -> None:
+        for cb in list(self.callbacks):
+            try:
+                getattr(cb, method)(*args)
+            except Exception as e:  # noqa: BLE001 - a plug-in must never stop training
+                self.callbacks.remove(cb)
+                print(f"probe: rank {self.rank}: {type(cb).__name__}.{method} failed "
+                      f"({type(e).__name__}: {e}); it is disabled for the rest of the run",
+                      file=sys.stderr, flush=True)
+
+
+def resolve_device(name: str, rank: int) -> torch.device:
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            from probe.errors import ProbeError
+            raise ProbeError(f"device {name!r}: CUDA is not available on this machine; use --device cpu")
+        if name == "cuda":
+            return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(name)
+
+
+def build_rank_model(spec: RunSpec, device: torch.device):
+    """The model of ``spec.engine`` with the shared weights, on ``device``; compiled when asked."""
+    cfg = get_preset(spec.preset).with_overrides(global_batch=spec.global_batch, seq_len=spec.seq_len)
+    model = build_model(spec.engine, cfg)
+    state = load_weights_file(spec.weights) if spec.weights else init_reference_state(cfg, spec.seed)
+    model.load_reference_state(state)
+    model.to(device)
+    compiled = False
+    want = spec.compile if spec.compile is not None else device.type == "cuda"
+    if want and spec.engine == "fused":
+        model.compile_blocks()
+        compiled = True
+    return cfg, model, compiled
+
+
+def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
+    """Train one rank for ``spec.max_steps`` steps; returns the last step's metrics."""
+    dist = torch.distributed
+    device = resolve_device(spec.device, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(spec.seed)
+    cfg, model, compiled = build_rank_model(spec, device)
+    faults = parse_faults(spec.faults)
+    check_faults(faults, model, world_size)
+    planter = FaultPlanter(faults, rank)
+    planter.apply(model)
+    fused_opt = spec.engine == "fused"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01,
+                                  fused=fused_opt, foreach=False if not fused_opt else None)
+    run_name = os.path.basename(os.path.abspath(spec.out_dir))
+    store = StoreWriter(spec.out_dir, rank=rank, run=run_name)
+    ctx = TrainContext(rank=rank, world_size=world_size, run=run_name, out_dir=spec.out_dir,
+                       engine=spec.engine, preset=spec.preset, device=device, model=model,
+                       optimizer=optimizer, config=cfg, max_steps=spec.max_steps, store=store,
+                       extra={"compiled": compiled, "faults": [str(f) for f in faults],
+                              "seed": spec.seed})
+    plugins = list(spec.plugins)
+    if os.environ.get(MONITOR_ENV) and MONITOR_PLUGIN not in plugins:
+        plugins.append(MONITOR_PLUGIN)
+    callbacks = _Callbacks([p.build() for p in plugins], rank)
+    params = [p for p in model.parameters() if p.requires_grad]
+    tokens_per_step = (spec.global_batch or cfg.global_batch) // world_size * cfg.seq_len
+    progress = None
+    if rank == 0 and not spec.quiet:
+        from tqdm import tqdm
+        progress = tqdm(total=spec.max_steps, desc=f"{spec.engine}/{spec.preset} x{world_size}",
+                        unit="step", file=sys.stderr, disable=None, leave=False)
+    metrics: dict[str, Any] = {}
+    error: BaseException | None = None
+    callbacks.call("on_train_start", ctx)
+    try:
+        for step in range(spec.max_steps):
+            planter.step = step
+            callbacks.call("on_step_start", ctx, step)
+            metrics = _train_step(ctx, step, params, planter, tokens_per_step, spec)
+            callbacks.call("on_step_end", ctx, step, metrics)
+            now = time.time_ns()
+            store.write_rows("metric", [
+                {"time_ns": now, "job": run_name, "rank": rank, "step": step, "name": k, "value": float(v)}
+                for k, v in metrics.items() if isinstance(v, (int, float))])
+            store.end_step(step)
+            if progress is not None:
+                progress.set_postfix(loss=f"{metrics['loss']:.4f}")
+                progress.update(1)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+        callbacks.call("on_train_end", ctx, error)
+        planter.remove()
+        store.close()
+        if dist.is_available() and dist.is_initialized() and error is None:
+            dist.barrier()
+    return metrics
+
+
+def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlanter,
+                tokens_per_step: int, spec: RunSpec) -> dict[str, Any]:
+    dist = torch.distributed
+    model, optimizer, device = ctx.model, ctx.optimizer, ctx.device
+    cuda = device.type == "cuda"
+    t0 = time.perf_counter()
+    step_range = mstx.range_start(f"step {step}", domain="step")
+    r = mstx.range_start("fetch", domain="dataloader")
+    tokens, targets = make_batch(ctx.config, step, ctx.rank, ctx.world_size, spec.seed, spec.global_batch)
+    tokens, targets = tokens.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+    mstx.range_end(r, domain="dataloader")
+    t1 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    r = mstx.range_start("forward", domain="engine")
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    mstx.range_end(r, domain="engine")
+    r = mstx.range_start("backward", domain="engine")
+    loss.backward()
+    mstx.range_end(r, domain="engine")
+    if cuda:
+        torch.cuda.synchronize(device)
+    t2 = time.perf_counter()
+    planter.slow_down(t2 - t1)
+    t2b = time.perf_counter()
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    if ctx.world_size > 1:
+        dist.all_reduce(flat)
+        flat.div_(ctx.world_size)
+        offset = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[offset:offset + n].view_as(g)
+            offset += n
+    if cuda:
+        torch.cuda.synchronize(device)
+    t3 = time.perf_counter()
+    stats = torch.stack([torch.linalg.vector_norm(flat), (~torch.isfinite(flat)).sum().to(flat.dtype)])
+    r = mstx.range_start("optimizer", domain="engine")
+    optimizer.step()
+    mstx.range_end(r, domain="engine")
+    loss_value = loss.item()
+    grad_norm, nonfinite = stats.tolist()
+    t4 = time.perf_counter()
+    mstx.range_end(step_range, domain="step")
+    step_time = t4 - t0
+    return {
+        "loss": loss_value,
+        "step_time_ms": step_time * 1e3,
+        "data_time_ms": (t1 - t0) * 1e3,
+        "compute_time_ms": ((t2b - t1) + (t4 - t3)) * 1e3,
+        "comm_time_ms": (t3 - t2b) * 1e3,
+        "tokens": float(tokens_per_step),
+        "tokens_per_s": tokens_per_step / step_time if step_time > 0 else 0.0,
+        "grad_norm": grad_norm,
+        "nonfinite_grads": nonfinite,
+        "lr": optimizer.param_groups[0]["lr"],
+    }

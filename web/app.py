@@ -29,7 +29,8 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
                compare_dir: str | os.PathLike | None = None, monitor_addr: str | None = None,
                store_dirs: tuple[str | os.PathLike, ...] | list = (),
                trace_file: str | os.PathLike | None = None, *, job: str | None = None,
-               refresh_ms: int = 2000, monitor_token: str | None = None) -> Dash:
+               refresh_ms: int = 2000, monitor_token: str | None = None,
+               diff: DiffGraph | None = None) -> Dash:
     """Build the dashboard.
 
     ``dump_a``/``dump_b``: msprobe-format dumps (two: a diff; one: a single graph);
@@ -37,11 +38,13 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
     now); ``monitor_addr``: ``host:port`` of ``probe monitor serve`` for the live page;
     ``store_dirs``: run directories whose record store the live, timeline and query pages read;
     ``trace_file``: a merged Chrome/Perfetto trace JSON for the timeline; ``job``: the job the
-    live page follows (default: the first the monitor knows).
+    live page follows (default: the latest the monitor knows); ``diff``: a diff graph already
+    built (instead of the dumps).
     """
     if dump_a is None and dump_b is not None:
         dump_a, dump_b = dump_b, None
-    diff = DiffGraph.from_dumps(dump_a, dump_b, compare_dir) if dump_a is not None else None
+    if diff is None and dump_a is not None:
+        diff = DiffGraph.from_dumps(dump_a, dump_b, compare_dir)
     stores = tuple(str(s) for s in store_dirs)
     for s in stores:
         if not Path(s).is_dir():

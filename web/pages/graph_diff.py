@@ -287,7 +287,11 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
         """function(a, b) {
             setTimeout(function() {
                 document.querySelectorAll('.tree .row.sel').forEach(function(el) {
-                    el.scrollIntoView({block: 'nearest'});
+                    var box = el.closest('.tree');
+                    var top = el.offsetTop, h = el.offsetHeight;
+                    if (top < box.scrollTop || top + h > box.scrollTop + box.clientHeight) {
+                        box.scrollTop = Math.max(0, top - box.clientHeight / 3);
+                    }
                 });
             }, 0);
             return '';

@@ -91,14 +91,17 @@ class LiveSource:
     def status(self) -> dict[str, Any] | None:
         return self.client().status() if self.monitor_addr else None
 
-    def request_trace(self, ranks: list[int], steps: list[int]) -> str:
+    def request_trace(self, ranks: list[int], first: int, last: int) -> str:
+        """Ask the monitor for a deep trace of steps ``first``..``last`` on ``ranks``."""
         if not self.monitor_addr:
             raise ProbeError("deep traces need the monitor service: start with probe web --monitor HOST:PORT")
         job = self.current_job()
         if not job:
             raise ProbeError(f"{self.monitor_addr}: the monitor knows no job yet")
-        reply = self.client().request_trace(job, ranks, steps)
-        return f"trace requested for job {job}, ranks {ranks}, steps {steps}: {reply}"
+        reply = self.client().request_trace(job, ranks, (first, last))
+        missing = f", not connected: {reply['missing']}" if reply.get("missing") else ""
+        return (f"trace {reply.get('trace_id', '')} requested: job {job}, ranks {reply.get('ranks', ranks)}, "
+                f"steps {first}-{last}{missing}")
 
 
 def series(points: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
@@ -220,6 +223,6 @@ def register(app: Dash, source: LiveSource) -> None:
             step_list = parse_selection(steps, what="steps") or []
             if not rank_list or not step_list:
                 return "give ranks (e.g. 0,1) and steps (e.g. 5-7)"
-            return source.request_trace(rank_list, step_list)
+            return source.request_trace(rank_list, step_list[0], step_list[-1])
         except (ProbeError, ValueError) as e:
             return f"error: {e}"

@@ -175,9 +175,9 @@ class MonitorAgent:
             return False
 
     def upload_trace(self, trace_id: str, start_step: int, end_step: int,
-                     files: list[str] | None = None, error: str = "") -> None:
-        """Queue trace files (or the reason there are none) to be sent to the service."""
-        self._uploads.append((trace_id, start_step, end_step, list(files or []), error))
+                     files: list[str] | None = None, error: str = "", root: str = "") -> None:
+        """Queue trace files (paths relative to ``root``; or the reason there are none) to send."""
+        self._uploads.append((trace_id, start_step, end_step, list(files or []), error, root))
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued (spooling what cannot be sent) and stop; waits up to ``timeout``."""
@@ -447,16 +447,15 @@ class MonitorAgent:
         from monitor.proto import monitor_pb2 as pb
 
         while self._uploads:
-            trace_id, start, end, files, error = self._uploads[0]
+            trace_id, start, end, files, error, root = self._uploads[0]
 
             def chunks() -> Iterator[Any]:
                 common = dict(trace_id=trace_id, job=self.job, rank=self.rank,
                               start_step=start, end_step=end)
                 if error:
                     yield pb.TraceChunk(error=error, **common)
-                for path in files:
-                    name = os.path.basename(path)
-                    with open(path, "rb") as f:
+                for name in files:
+                    with open(os.path.join(root, name), "rb") as f:
                         while True:
                             data = f.read(1 << 20)
                             last = len(data) < (1 << 20)
@@ -579,8 +578,8 @@ class MonitorAgentCallback(TrainCallback):
         try:
             from profiler.session import Session
 
-            session = Session(out_dir=out, rank=ctx.rank, run=ctx.run)
-            session.start()
+            session = Session(out, rank=ctx.rank, world_size=ctx.world_size, run=ctx.run,
+                              steps=range(start, end + 1), first_step=start).start()
         except Exception as e:  # noqa: BLE001 - no trace, say why, keep training
             self.agent.upload_trace(trace_id, start, end,
                                     error=f"cannot start a profiler session: {type(e).__name__}: {e}")
@@ -594,20 +593,24 @@ class MonitorAgentCallback(TrainCallback):
             metrics = dict(metrics, device_mem_mb=self._cuda.memory_allocated(ctx.device) / 2**20,
                            device_max_mem_mb=self._cuda.max_memory_allocated(ctx.device) / 2**20)
         self.agent.record(step, metrics)
-        if self._active is not None and step >= self._active[2]:
-            self._stop_trace()
+        if self._active is not None:
+            if step >= self._active[2]:
+                self._stop_trace()
+            else:
+                self._active[3].step()
 
     def _stop_trace(self, error: str = "") -> None:
         trace_id, start, end, session, out = self._active
         self._active = None
         try:
             session.stop()
-            files = sorted(str(p) for p in Path(out).rglob("*") if p.is_file())
+            files = sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*")
+                           if p.is_file())
         except Exception as e:  # noqa: BLE001
             self.agent.upload_trace(trace_id, start, end,
                                     error=f"profiler session failed: {type(e).__name__}: {e}")
             return
-        self.agent.upload_trace(trace_id, start, end, files, error=error)
+        self.agent.upload_trace(trace_id, start, end, files, error=error, root=out)
 
     def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
         if self.agent is None:

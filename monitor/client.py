@@ -221,6 +221,7 @@ class MonitorClient:
         import grpc
 
         from monitor.proto import monitor_pb2 as pb
+        from monitor.storage import safe_relpath
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -230,7 +231,8 @@ class MonitorClient:
             for chunk in self._stub.FetchTrace(pb.FetchTraceRequest(trace_id=trace_id, rank=rank),
                                                timeout=300.0, metadata=self._md):
                 if handle is None:
-                    path = out / os.path.basename(chunk.filename)
+                    path = out / safe_relpath(chunk.filename)
+                    path.parent.mkdir(parents=True, exist_ok=True)
                     handle = open(path, "wb")
                     paths.append(path)
                 handle.write(chunk.data)

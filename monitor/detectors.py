@@ -32,6 +32,8 @@ Alert = dict[str, Any]
 
 #: MAD to standard deviation for normal data.
 MAD_SCALE = 1.4826
+#: Deviations between ranks are measured in units of at least this fraction of the step time.
+STEP_FLOOR = 0.05
 
 
 def _rows(table: Any) -> list[Mapping[str, Any]]:
@@ -67,9 +69,10 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *, job: str | Non
                min_ratio: float = 1.5) -> list[Alert]:
     """Steps whose ``step_time_ms`` is far above the rank's own recent history.
 
-    A step is slow when ``(t - median) / scale > k`` and ``t > min_ratio * median``, with median
-    and MAD over the rank's previous ``window`` steps (at least ``min_history`` of them) and
-    scale floored at 5% of the median. The evidence names the phase that grew the most.
+    A step is slow when ``(t - median) / scale > k``, ``t > min_ratio * median`` and ``t`` is
+    10% above the 90th percentile of the history (so a bimodal rhythm is not "slow"), with
+    median and MAD over the rank's previous ``window`` steps (at least ``min_history`` of them)
+    and scale floored at 5% of the median. The evidence names the phase that grew the most.
 
     >>> rows = [{"rank": 0, "step": s, "step_time_ms": 100.0 + (s % 3)} for s in range(10)]
     >>> rows.append({"rank": 0, "step": 10, "step_time_ms": 400.0})
@@ -93,7 +96,8 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *, job: str | Non
                 continue
             med, mad, scale = _robust(hist, 0.05, 1e-6)
             z = (t - med) / scale
-            if z <= k or t <= min_ratio * med:
+            p90 = sorted(hist)[int(0.9 * (len(hist) - 1))]
+            if z <= k or t <= min_ratio * med or t <= 1.1 * p90:
                 continue
             growth = {}
             for phase, key in (("compute", "compute_time_ms"), ("communication", "comm_time_ms"),
@@ -132,13 +136,16 @@ def _outliers_at(rows_at_step: Sequence[Mapping[str, Any]], k: float,
     found: dict[int, dict[str, Any]] = {}
     if len(rows_at_step) < 2:
         return found
+    totals = [v for v in (_num(r, "step_time_ms") for r in rows_at_step) if v is not None]
+    # A difference must matter at the scale of the whole step, not only of a small phase.
+    floor = max(0.05, STEP_FLOOR * median(totals)) if totals else 0.05
 
     def compare(key_fn, rank_row) -> tuple[float, float, float] | None:
         mine = key_fn(rank_row)
         peers = [v for v in (key_fn(r) for r in rows_at_step if r is not rank_row) if v is not None]
         if mine is None or not peers:
             return None
-        med, _, scale = _robust(peers, 0.05, 0.05)
+        med, _, scale = _robust(peers, 0.05, floor)
         return mine, med, (mine - med) / scale
 
     for row in rows_at_step:
@@ -170,12 +177,13 @@ def _outliers_at(rows_at_step: Sequence[Mapping[str, Any]], k: float,
 
 
 def stragglers(table: Any, steps: Iterable[int] | None = None, *, job: str | None = None,
-               k: float = 5.0, min_ratio: float = 1.2, window: int = 5,
+               k: float = 4.0, min_ratio: float = 1.2, window: int = 5,
                persist: int = 3) -> list[Alert]:
     """Ranks slower than their peers at the same steps, in ``persist`` of the last ``window``.
 
     At each step a rank is an outlier when its own work (compute + data loading) exceeds the
-    median of the *other* ranks by ``k`` robust deviations and by ``min_ratio``; if no rank
+    median of the *other* ranks by ``k`` robust deviations (MAD, floored at 5% of the peers'
+    value and at 5% of the step time) and by ``min_ratio``; if no rank
     stands out in its own work, a rank whose communication time stands out is one (cause
     ``communication``). An alert is raised at a step in ``steps`` for a rank that was an
     outlier at that step and in at least ``persist`` of the last ``window`` steps.

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import socket
 import threading
 import time
@@ -61,8 +60,6 @@ LOST_AFTER_S = 15.0
 DETECT_HISTORY = 25
 #: An alert of the same kind for the same rank is not repeated within this many steps.
 ALERT_COOLDOWN_STEPS = {"straggler": 50, "nonfinite": 20, "slow_step": 0}
-
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass
@@ -342,10 +339,9 @@ class MonitorService(pb_grpc.MonitorServicer):
                     _check_name(chunk.job, "job", context)
                     _check_name(chunk.filename, "filename", context)
                     current = key
-                    folder = (self.store.trace_dir / _SAFE_NAME.sub("_", chunk.job)
-                              / _SAFE_NAME.sub("_", chunk.trace_id) / f"rank{int(chunk.rank)}")
-                    folder.mkdir(parents=True, exist_ok=True)
-                    path = folder / (_SAFE_NAME.sub("_", os.path.basename(chunk.filename)) or "trace")
+                    path = self.store.trace_file_path(chunk.job, chunk.trace_id, chunk.rank,
+                                                      chunk.filename)
+                    path.parent.mkdir(parents=True, exist_ok=True)
                     handle = open(path, "wb")
                     size = 0
                 handle.write(chunk.data)

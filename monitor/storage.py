@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ STEP_COLUMNS = ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms
                 "grad_norm", "nonfinite_grads", "tokens_per_s")
 
 
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
 @dataclass(frozen=True)
 class BatchKey:
     """Who sent a batch and its sequence number: the identity that makes ingest exactly-once."""
@@ -75,6 +79,17 @@ class BatchKey:
     agent_id: str
     seq: int
     dropped: int = 0
+
+
+def safe_relpath(name: str) -> Path:
+    """A relative path that stays inside its folder: no '..', no absolute part, tame characters.
+
+    >>> safe_relpath("../../etc/pass wd").as_posix(), safe_relpath("trace/rank3.json").as_posix()
+    ('etc/pass_wd', 'trace/rank3.json')
+    """
+    parts = [_SAFE_NAME.sub("_", p) for p in name.replace("\\", "/").split("/")]
+    parts = [p for p in parts if p not in ("", ".", "..")]
+    return Path(*parts) if parts else Path("trace")
 
 
 def _sql_str(value: str) -> str:
@@ -185,6 +200,11 @@ class MonitorStore:
             self._con.execute("INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                               [trace_id, job, rank, start_step, end_step, filename, path,
                                nbytes, error or None, time.time_ns()])
+
+    def trace_file_path(self, job: str, trace_id: str, rank: int, filename: str) -> Path:
+        """Where a collected trace file lives: ``<store>-traces/<job>/<trace_id>/rank<R>/<file>``."""
+        return (self.trace_dir / safe_relpath(job) / safe_relpath(trace_id) / f"rank{int(rank)}"
+                / safe_relpath(filename))
 
     def close(self) -> None:
         with self._lock:

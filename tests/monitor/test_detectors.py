@@ -1,0 +1,110 @@
+"""Detectors are pure functions over per-(rank, step) tables."""
+
+import math
+import random
+
+import pyarrow as pa
+
+from monitor.detectors import detect, nonfinite, slow_steps, stragglers
+
+
+def sync_job(n_ranks=4, n_steps=12, slow_rank=None, factor=3.0, phase="compute", seed=0):
+    """Rows of a synchronous data-parallel job: everyone waits in comm for the slowest rank."""
+    rng = random.Random(seed)
+    rows = []
+    for step in range(n_steps):
+        work = {}
+        for r in range(n_ranks):
+            compute, data = 80.0 * rng.uniform(0.95, 1.05), 5.0 * rng.uniform(0.9, 1.1)
+            if r == slow_rank:
+                if phase == "compute":
+                    compute *= factor
+                else:
+                    data += 80.0 * (factor - 1)
+            work[r] = (compute, data)
+        slowest = max(c + d for c, d in work.values())
+        for r, (compute, data) in work.items():
+            comm = 10.0 + slowest - (compute + data)
+            rows.append({"job": "j", "rank": r, "step": step, "compute_time_ms": compute,
+                         "data_time_ms": data, "comm_time_ms": comm,
+                         "step_time_ms": compute + data + comm, "loss": 2.0, "grad_norm": 1.0,
+                         "nonfinite_grads": 0.0})
+    return rows
+
+
+def test_straggler_names_only_the_slow_rank_and_compute_as_cause():
+    alerts = stragglers(sync_job(slow_rank=2))
+    assert alerts and {a["rank"] for a in alerts} == {2}
+    assert alerts[0]["evidence"]["cause"] == "compute"
+    assert alerts[0]["step"] <= 3          # persist=3: flagged at the third slow step
+    assert alerts[0]["evidence"]["ratio"] > 2.5
+
+
+def test_straggler_in_data_loading_is_named_data_loading():
+    alerts = stragglers(sync_job(slow_rank=1, phase="data"))
+    assert {a["rank"] for a in alerts} == {1}
+    assert {a["evidence"]["cause"] for a in alerts} == {"data loading"}
+
+
+def test_straggler_in_communication_when_own_work_is_equal():
+    rows = sync_job()
+    for row in rows:
+        if row["rank"] == 3:
+            row["comm_time_ms"] += 200.0
+    alerts = stragglers(rows)
+    assert {a["rank"] for a in alerts} == {3}
+    assert alerts[0]["evidence"]["cause"] == "communication"
+
+
+def test_no_straggler_in_a_balanced_job_with_noise():
+    assert stragglers(sync_job(seed=5)) == []
+    assert slow_steps(sync_job(seed=5)) == []
+
+
+def test_a_single_slow_step_is_not_a_straggler_but_is_a_slow_step():
+    rows = sync_job(n_steps=15)
+    for row in rows:
+        if row["step"] == 12 and row["rank"] == 0:
+            row["compute_time_ms"] *= 6
+            row["step_time_ms"] += 400.0
+    assert stragglers(rows) == []
+    slow = slow_steps(rows)
+    assert [(a["rank"], a["step"]) for a in slow] == [(0, 12)]
+    assert slow[0]["evidence"]["phase"] == "compute"
+    assert slow[0]["evidence"]["ratio"] > 3
+
+
+def test_slow_step_threshold_follows_the_ranks_own_noise():
+    noisy = [{"rank": 0, "step": s, "step_time_ms": 100.0 + (60.0 if s % 2 else 0.0)}
+             for s in range(20)]
+    noisy.append({"rank": 0, "step": 20, "step_time_ms": 170.0})   # within its usual spread
+    assert slow_steps(noisy) == []
+    steady = [{"rank": 0, "step": s, "step_time_ms": 100.0} for s in range(20)]
+    steady.append({"rank": 0, "step": 20, "step_time_ms": 200.0})
+    assert [a["step"] for a in slow_steps(steady)] == [20]
+
+
+def test_slow_steps_need_history_and_only_look_at_asked_steps():
+    rows = [{"rank": 0, "step": s, "step_time_ms": 10.0} for s in range(3)]
+    rows.append({"rank": 0, "step": 3, "step_time_ms": 100.0})
+    assert slow_steps(rows) == []            # 3 steps of history < min_history
+    rows = [{"rank": 0, "step": s, "step_time_ms": 10.0 if s != 8 else 90.0} for s in range(12)]
+    assert [a["step"] for a in slow_steps(rows, steps=[8])] == [8]
+    assert slow_steps(rows, steps=[9, 10]) == []
+
+
+def test_nonfinite_flags_nan_loss_inf_grad_norm_and_bad_gradients():
+    rows = [{"rank": 0, "step": 0, "loss": 1.0, "grad_norm": 1.0, "nonfinite_grads": 0.0},
+            {"rank": 1, "step": 1, "loss": math.nan, "grad_norm": 1.0, "nonfinite_grads": 0.0},
+            {"rank": 2, "step": 2, "loss": 1.0, "grad_norm": math.inf, "nonfinite_grads": 12.0}]
+    alerts = nonfinite(rows)
+    assert [(a["rank"], a["step"]) for a in alerts] == [(1, 1), (2, 2)]
+    assert "12 non-finite gradient values" in alerts[1]["message"]
+    assert alerts[1]["evidence"]["nonfinite_grads"] == 12.0
+
+
+def test_detect_takes_an_arrow_table_and_returns_alerts_with_evidence():
+    table = pa.Table.from_pylist(sync_job(slow_rank=0))
+    alerts = detect(table, steps=range(12), job="j")
+    assert alerts and all(a["kind"] == "straggler" and a["rank"] == 0 for a in alerts)
+    assert all({"job", "rank", "step", "message", "evidence"} <= set(a) for a in alerts)

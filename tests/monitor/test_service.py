@@ -1,0 +1,165 @@
+"""The service's protocol: exactly-once ingest, bad input refused, auth, status document, CLI."""
+
+import json
+
+import grpc
+import numpy as np
+import pytest
+
+from monitor import auth
+from monitor.client import MonitorClient
+from monitor.proto import monitor_pb2 as pb
+from monitor.proto import monitor_pb2_grpc as pb_grpc
+from monitor.service import MAX_BATCH_POINTS, MonitorService, free_port
+from probe.errors import ProbeError
+from tests.conftest import run_probe
+
+from .conftest import wait_for
+
+
+def batch(seq, steps, names=("loss", "step_time_ms"), job="j", rank=0, agent="agent-a", **kw):
+    n_names = len(names)
+    idx = np.tile(np.arange(n_names, dtype=np.int32), len(steps))
+    st = np.repeat(np.asarray(steps, dtype=np.int64), n_names)
+    return pb.MetricBatch(job=job, rank=rank, agent_id=agent, seq=seq, names=list(names),
+                          name_index=idx.tobytes(), steps=st.tobytes(),
+                          time_ns=np.full(len(st), 7, dtype=np.int64).tobytes(),
+                          values=np.arange(len(st), dtype=np.float64).tobytes(), **kw)
+
+
+@pytest.fixture
+def stub(service):
+    channel = grpc.insecure_channel(service.address)
+    yield pb_grpc.MonitorStub(channel)
+    channel.close()
+
+
+def test_a_resent_batch_is_acknowledged_but_stored_once(service, stub):
+    stub.Register(pb.RegisterRequest(job="j", rank=0, world_size=1, agent_id="agent-a"))
+    first = stub.Push(batch(1, [0, 1, 2]))
+    again = stub.Push(batch(1, [0, 1, 2]))
+    assert (first.stored, first.duplicate) == (6, False)
+    assert (again.stored, again.duplicate) == (0, True)
+    stub.Push(batch(2, [3]))
+    table = MonitorClient(service.address).metrics("j")
+    assert table.num_rows == 8
+    assert sorted(set(table.column("step").to_pylist())) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda b: b.__setattr__("values", b.values[:-3]), "whole number of float64"),
+    (lambda b: b.__setattr__("steps", b.steps[:-8]), "columns disagree"),
+    (lambda b: b.__setattr__("name_index", np.int32([0, 9]).tobytes()), "outside the 2 names"),
+    (lambda b: b.__setattr__("job", ""), "job must be"),
+    (lambda b: b.__setattr__("rank", -1), "negative"),
+])
+def test_malformed_batches_are_refused_with_a_reason_and_nothing_is_stored(service, stub, mutate,
+                                                                          message):
+    bad = batch(1, [0])
+    mutate(bad)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Push(bad)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+    assert service.store.metrics().num_rows == 0
+
+
+def test_oversized_batches_are_refused(service, stub):
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Push(batch(1, range(MAX_BATCH_POINTS // 2 + 1)))
+    assert err.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    big = pb.MetricBatch(job="j", rank=0, agent_id="a", seq=1, values=b"\0" * (9 << 20))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Push(big)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_rank_that_registers_twice_replaces_its_old_agent(service, stub):
+    one = stub.Register(pb.RegisterRequest(job="j", rank=1, world_size=2, agent_id="old", pid=1))
+    two = stub.Register(pb.RegisterRequest(job="j", rank=1, world_size=2, agent_id="new", pid=2))
+    assert not one.replaced and two.replaced
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stub.Commands(pb.CommandStreamRequest(job="j", rank=1, agent_id="old"))))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    ranks = MonitorClient(service.address).status()["jobs"][0]["ranks"]
+    assert [(r["rank"], r["pid"], r["registrations"]) for r in ranks] == [(1, 2, 2)]
+
+
+def test_register_with_a_rank_outside_the_world_is_refused(stub):
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Register(pb.RegisterRequest(job="j", rank=4, world_size=4, agent_id="a"))
+    assert "does not fit world size 4" in err.value.details()
+
+
+def test_status_json_has_jobs_ranks_and_alerts_with_evidence(service, stub):
+    for rank in range(4):
+        stub.Register(pb.RegisterRequest(job="j", rank=rank, world_size=4, agent_id=f"a{rank}"))
+    names = ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms", "loss")
+    for step in range(8):
+        for rank in range(4):
+            compute = 300.0 if rank == 3 else 100.0
+            vals = np.float64([compute + 15.0 + 1, compute, 15.0 + 300.0 - compute, 1.0, 2.0])
+            stub.Push(pb.MetricBatch(
+                job="j", rank=rank, agent_id=f"a{rank}", seq=step + 1, names=list(names),
+                name_index=np.arange(5, dtype=np.int32).tobytes(),
+                steps=np.full(5, step, np.int64).tobytes(), time_ns=np.full(5, 1, np.int64).tobytes(),
+                values=vals.tobytes()))
+    wait_for(lambda: service.store.alerts().num_rows, what="an alert")
+    doc = json.loads(run_probe("monitor", "status", "--json", "--addr", service.address).stdout)
+    job = doc["jobs"][0]
+    assert job["job"] == "j" and job["world_size"] == 4 and job["last_step"] == 7
+    assert [r["rank"] for r in job["ranks"]] == [0, 1, 2, 3]
+    assert all(r["health"] == "ok" and r["points"] == 40 for r in job["ranks"])
+    alert = doc["alerts"][0]
+    assert (alert["kind"], alert["rank"]) == ("straggler", 3)
+    assert alert["step"] <= 4 and alert["evidence"]["cause"] == "compute"
+    text = run_probe("monitor", "status", "--addr", service.address).stdout
+    assert "job j" in text and "straggler" in text
+
+
+def test_status_without_a_service_is_one_clear_line():
+    res = run_probe("monitor", "status", "--addr", f"127.0.0.1:{free_port()}")
+    assert res.returncode == 2
+    assert "no monitor service answers" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_non_loopback_bind_needs_a_token(tmp_path):
+    with pytest.raises(ProbeError, match="needs a token"):
+        MonitorService(tmp_path / "m.duckdb", host="0.0.0.0", port=0)
+    res = run_probe("monitor", "serve", "--host", "0.0.0.0", "--port", "0",
+                    "--store", str(tmp_path / "m.duckdb"), env={"PROBE_MONITOR_TOKEN": ""})
+    assert res.returncode == 2 and "needs a token" in res.stderr
+
+
+def test_with_a_token_every_call_without_it_is_refused(tmp_path):
+    svc = MonitorService(tmp_path / "m.duckdb", host="127.0.0.1", port=0, token="s3cret")
+    svc.start()
+    try:
+        channel = grpc.insecure_channel(svc.address)
+        stub = pb_grpc.MonitorStub(channel)
+        for call, request in ((stub.Push, batch(1, [0])),
+                              (stub.RequestTrace, pb.TraceRequest(job="j", next_steps=1)),
+                              (stub.Status, pb.StatusRequest())):
+            with pytest.raises(grpc.RpcError) as err:
+                call(request, metadata=auth.token_metadata("wrong"))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "PROBE_MONITOR_TOKEN" in err.value.details()
+        with pytest.raises(grpc.RpcError):
+            next(iter(stub.Commands(pb.CommandStreamRequest(job="j", rank=0, agent_id="a"))))
+        assert svc.store.metrics().num_rows == 0
+        ok = stub.Push(batch(1, [0]), metadata=auth.token_metadata("s3cret"))
+        assert ok.stored == 2
+        res = run_probe("monitor", "trace", "--addr", svc.address, "--job", "j", "--next", "2",
+                        env={"PROBE_MONITOR_TOKEN": ""})
+        assert res.returncode == 2 and "missing or wrong token" in res.stderr
+        assert MonitorClient(svc.address, token="s3cret").status()["service"]["auth"] is True
+        channel.close()
+    finally:
+        svc.stop(grace=0)
+
+
+def test_trace_request_for_an_unknown_job_says_so(service):
+    with pytest.raises(ProbeError, match="no registered ranks"):
+        MonitorClient(service.address).request_trace("nope", steps="3-4")
+    with pytest.raises(ProbeError, match="FIRST-LAST"):
+        MonitorClient(service.address).request_trace("nope", steps="5-2")

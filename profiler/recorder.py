@@ -124,7 +124,7 @@ class Recorder:
         self.domains = frozenset(domains) if domains is not None else None
         self.problems: Counter[str] = Counter()
         self.events_out = 0
-        self._buffers: list[tuple[int, list]] = []
+        self._buffers: list[tuple[int, list, threading.Thread]] = []
         self.thread_names: dict[int, str] = {}
         self._reg_lock = threading.Lock()
         self._drain_lock = threading.Lock()
@@ -186,7 +186,7 @@ class Recorder:
         buf: list = []
         ident = threading.get_ident()
         with self._reg_lock:
-            self._buffers.append((ident, buf))
+            self._buffers.append((ident, buf, threading.current_thread()))
             self.thread_names[ident] = threading.current_thread().name
         return buf
 
@@ -209,9 +209,13 @@ class Recorder:
             with self._reg_lock:
                 buffers = list(self._buffers)
             out: list[Event] = []
-            for tid, buf in buffers:
+            for entry in buffers:
+                tid, buf, thread = entry
                 n = len(buf)
                 if not n:
+                    if not thread.is_alive():          # a finished thread: forget its buffer
+                        with self._reg_lock:
+                            self._buffers.remove(entry)
                     continue
                 items = buf[:n]
                 del buf[:n]
@@ -247,12 +251,11 @@ class Recorder:
                     self._emit_range((it[2], it[3], it[4], tid, dev), end, out)
             elif code == 2:
                 rid = it[1]
-                end = (it[2], it[3], tid, it[4] if len(it) > 4 else None)
-                try:
-                    start = opened.pop(rid, None)
-                except TypeError:            # unhashable id
+                if type(rid) is not int:     # not an id range_start returned
                     self.problems["unknown_range_id"] += 1
                     continue
+                end = (it[2], it[3], tid, it[4] if len(it) > 4 else None)
+                start = opened.pop(rid, None)
                 if start is None:
                     orphans[rid] = end
                 else:
@@ -326,7 +329,7 @@ class Recorder:
             self._open.clear()
         last_id = mstx._next_id()
         for rid in self._orphan_ends:
-            if isinstance(rid, int) and self._first_id < rid < last_id:
+            if self._first_id < rid < last_id:
                 self.problems["unmatched_end"] += 1
             else:
                 self.problems["unknown_range_id"] += 1

@@ -1,0 +1,158 @@
+"""mstx: free with no session, recorded with one, never raising on bad input."""
+
+from __future__ import annotations
+
+import threading
+
+from profiler import mstx
+from profiler.recorder import Recorder
+
+
+def record(fn):
+    got = []
+    rec = Recorder(got.extend, interval_s=0.01).start()
+    try:
+        fn()
+    finally:
+        problems = rec.stop()
+    return got, problems
+
+
+def test_calls_without_a_session_record_nothing_and_return_zero_ids():
+    assert not mstx.is_recording()
+    assert mstx.range_start("x") == 0
+    assert mstx.range_end(0) is None
+    assert mstx.mark("m", domain="d") is None
+    with mstx.range("r"):
+        pass
+
+
+def test_ranges_marks_and_domains_are_recorded_with_names_kinds_and_times():
+    def body():
+        rid = mstx.range_start("outer", domain="engine")
+        mstx.mark("hello", domain="engine")
+        with mstx.range("inner"):
+            pass
+        mstx.domain("dataloader").range_end(mstx.domain("dataloader").range_start("fetch"))
+        mstx.range_end(rid, domain="engine")
+
+    got, problems = record(body)
+    by_name = {e.name: e for e in got}
+    assert set(by_name) == {"outer", "hello", "inner", "fetch"}
+    assert by_name["outer"].kind == "range" and by_name["outer"].domain == "engine"
+    assert by_name["hello"].kind == "mark" and by_name["hello"].start_ns == by_name["hello"].end_ns
+    assert by_name["fetch"].domain == "dataloader"
+    outer, inner = by_name["outer"], by_name["inner"]
+    assert outer.start_ns <= inner.start_ns <= inner.end_ns <= outer.end_ns
+    assert outer.start_ns <= by_name["hello"].start_ns <= outer.end_ns
+    assert not problems
+
+
+def test_decorator_records_each_call_and_returns_the_result():
+    @mstx.range("work", domain="user")
+    def work(x):
+        return x * 2
+
+    got, _ = record(lambda: [work(i) for i in range(3)])
+    assert [e.name for e in got] == ["work"] * 3
+    assert work(4) == 8
+
+
+def test_range_ended_on_another_thread_is_paired_and_keeps_both_threads():
+    def body():
+        rid = mstx.range_start("handoff")
+        t = threading.Thread(target=mstx.range_end, args=(rid,))
+        t.start()
+        t.join()
+
+    got, problems = record(body)
+    (ev,) = got
+    assert ev.name == "handoff" and ev.thread != ev.end_thread
+    assert ev.thread == threading.get_ident()
+    assert not problems
+
+
+def test_many_threads_recording_at_once_lose_nothing():
+    n_threads, n = 4, 2000
+    all_done = threading.Barrier(n_threads)
+
+    def worker():
+        for i in range(n):
+            mstx.range_end(mstx.range_start("w"))
+        all_done.wait()          # keep every thread alive so no two share an ident
+
+    def body():
+        threads = [threading.Thread(target=worker) for _ in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    got, problems = record(body)
+    assert len(got) == n_threads * n
+    assert len({e.thread for e in got}) == n_threads
+    assert not problems
+
+
+def test_bad_input_is_counted_and_never_raises():
+    class Unprintable:
+        def __str__(self):
+            raise ValueError("no")
+
+    def body():
+        mstx.range_end(987654321)                 # an id no range_start returned
+        mstx.range_end(["not", "hashable"])       # not even an int
+        rid = mstx.range_start("twice")
+        mstx.range_end(rid)
+        mstx.range_end(rid)                       # ended twice: the second end has no start
+        mstx.range_start("never ended")
+        mstx.mark(12345)                          # not a string
+        mstx.mark(Unprintable())
+        mstx.mark("x" * 100_000)                  # huge
+        mstx.range_start(None, domain=7)          # non-string domain, never ended
+
+    got, problems = record(body)
+    assert problems["unknown_range_id"] == 2
+    assert problems["unmatched_end"] == 1
+    assert problems["unclosed_range"] == 2
+    assert problems["non_string_message"] == 2
+    assert problems["huge_message"] == 1
+    names = [e.name for e in got]
+    assert "12345" in names and "<unprintable Unprintable>" in names
+    assert max(len(n) for n in names) < 5000
+
+
+def test_a_buffer_over_its_bound_drops_and_counts_the_excess():
+    got = []
+    rec = Recorder(got.extend, interval_s=60, max_buffer=100).start()
+    for i in range(250):
+        mstx.mark("m")
+    problems = rec.stop()
+    assert len(got) == 100
+    assert problems["dropped_events"] == 150
+
+
+def test_an_end_seen_before_its_start_in_a_later_batch_still_pairs():
+    got = []
+    rec = Recorder(got.extend, interval_s=60).start()
+    holder = {}
+    started = threading.Event()
+
+    def other():
+        holder["rid"] = mstx.range_start("late start")
+        started.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    started.wait()
+    t.join()
+    mstx.range_end(holder["rid"])
+    # drain the main thread's buffer (with the end) alone first, as a drain racing a start can
+    main = next(buf for ident, buf, _ in rec._buffers if ident == threading.get_ident())
+    items = main[:]
+    del main[:]
+    rec._process(threading.get_ident(), items, [])
+    assert holder["rid"] in rec._orphan_ends
+    problems = rec.stop()
+    assert [e.name for e in got] == ["late start"]
+    assert not problems

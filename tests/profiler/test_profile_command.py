@@ -1,0 +1,115 @@
+"""``probe profile`` end to end: a 2-rank gloo run of the bundled engine gives one valid trace."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from collectors.store import open_store
+from engine_adapter.bundled.config import get_preset
+from tests.conftest import run_probe
+from tests.profiler.test_flops import hand_count
+from tests.profiler.trace_schema import inside, slices_of, trace_problems
+
+PEAK_TFLOPS = 0.05
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prof")
+    res = run_probe("profile", "--nproc", "2", "--max-steps", "3", "--steps", "1-2",
+                    "--engine", "fused", "--peak-tflops", str(PEAK_TFLOPS), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    return out, res
+
+
+def test_two_rank_trace_is_one_valid_perfetto_json_with_a_track_per_rank(two_rank_run):
+    out, res = two_rank_run
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace_problems(trace) == []
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1"}
+    assert "trace.json" in res.stdout
+
+
+def test_each_rank_has_step_user_and_all_reduce_ranges_nested_and_in_order(two_rank_run):
+    out, _ = two_rank_run
+    trace = json.loads((out / "trace.json").read_text())
+    for rank in (0, 1):
+        slices = slices_of(trace, rank)
+        steps = [e for e in slices if e["cat"] == "step"]
+        assert [e["name"] for e in steps] == ["step 1", "step 2"]
+        for step in steps:
+            within = [e for e in slices if e is not step and inside(e, step) and e["tid"] == step["tid"]]
+            order = [e["name"] for e in within]
+            assert order == ["fetch", "forward", "backward", "all_reduce", "optimizer"], order
+            ar = within[3]
+            assert ar["cat"] == "communication"
+            assert ar["args"]["op"] == "all_reduce" and ar["args"]["group_size"] == 2
+            assert ar["args"]["bytes"] > 0 and ar["args"]["step"] == step["args"]["step"]
+
+
+def test_rank_clocks_are_aligned_so_the_same_all_reduce_overlaps_on_both_tracks(two_rank_run):
+    out, _ = two_rank_run
+    trace = json.loads((out / "trace.json").read_text())
+    offsets = trace["otherData"]["ranks"]
+    assert set(offsets) == {"0", "1"} and offsets["0"]["clock_offset_ns"] == 0
+    by_rank = [[e for e in slices_of(trace, r) if e["name"] == "all_reduce"] for r in (0, 1)]
+    slack_us = 5_000
+    for a, b in zip(*by_rank):
+        assert a["ts"] <= b["ts"] + b["dur"] + slack_us and b["ts"] <= a["ts"] + a["dur"] + slack_us
+
+
+def test_event_records_and_flops_metrics_are_in_the_store_and_match_the_hand_count(two_rank_run):
+    out, _ = two_rank_run
+    con = open_store(out)
+    kinds = dict(con.sql("select kind, count(*) from events group by kind").fetchall())
+    assert kinds["step"] == 4 and kinds["comm"] == 4 and kinds["range"] == 16
+    cfg = get_preset("tiny")
+    expected = hand_count(cfg, batch=cfg.global_batch // 2)
+    rows = con.sql("""select rank, step, max(case when name='flops' then value end),
+                             max(case when name='mfu' then value end),
+                             max(case when name='hfu' then value end),
+                             max(case when name='step_time_ms' then value end)
+                      from metrics group by rank, step""").fetchall()
+    assert len(rows) == 6
+    for rank, step, flops, mfu, hfu, ms in rows:
+        assert abs(flops - expected) / expected < 0.02
+        assert mfu == pytest.approx(flops / (ms / 1e3 * PEAK_TFLOPS * 1e12), rel=1e-6)
+        assert hfu > mfu
+
+
+def test_profile_runs_a_script_in_process_with_steps_from_the_optimizer(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from profiler import mstx
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(4):
+            with mstx.range("compute", domain="user"):
+                model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+    """))
+    out = tmp_path / "out"
+    res = run_probe("profile", "--steps", "1-2", "--peak-tflops", "1", "--out", str(out), "--",
+                    str(script))
+    assert res.returncode == 0, res.stderr
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace_problems(trace) == []
+    names = [e["name"] for e in slices_of(trace, 0)]
+    assert names == ["step 1", "compute", "step 2", "compute"]
+    con = open_store(out)
+    assert con.sql("select count(*) from metrics where name = 'mfu'").fetchall()[0][0] == 4
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    res = run_probe("profile", "--schedule", "1,x", "--out", str(tmp_path))
+    assert res.returncode == 2 and "--schedule" in res.stderr and "Traceback" not in res.stderr
+    res = run_probe("profile", "--out", str(tmp_path), "--", str(tmp_path / "missing.py"))
+    assert res.returncode == 2 and "no such script" in res.stderr
+    res = run_probe("profile", "--steps", "5", "--max-steps", "2", "--out", str(tmp_path))
+    assert res.returncode == 2 and "--max-steps" in res.stderr

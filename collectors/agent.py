@@ -115,7 +115,7 @@ class MonitorAgent:
                  spool_path: str | os.PathLike | None = None, queue_size: int = 65_536,
                  flush_interval_s: float = 0.1, max_batch_points: int = 16_384,
                  sample_host: bool = True, on_command: Callable[[Any], None] | None = None,
-                 push_timeout_s: float = 10.0) -> None:
+                 push_timeout_s: float = 10.0, exit_wait_s: float = 5.0) -> None:
         from monitor import auth
 
         self.addr, self.job, self.rank = addr, job, int(rank)
@@ -129,6 +129,7 @@ class MonitorAgent:
         self.sample_host = sample_host
         self.on_command = on_command
         self.push_timeout_s = push_timeout_s
+        self.exit_wait_s = exit_wait_s
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._uploads: deque = deque()
         self._unacked: deque = deque()          # batches in memory, not yet acknowledged
@@ -180,7 +181,11 @@ class MonitorAgent:
         self._uploads.append((trace_id, start_step, end_step, list(files or []), error, root))
 
     def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued (spooling what cannot be sent) and stop; waits up to ``timeout``."""
+        """Send what is queued and stop; waits up to ``timeout``.
+
+        What the service has not acknowledged after ``exit_wait_s`` stays in the spool file,
+        for the next agent of this job and rank to send.
+        """
         self._final = True
         self._stop.set()
         if self._thread is not None:
@@ -207,7 +212,7 @@ class MonitorAgent:
         while True:
             stopping = self._stop.is_set()
             if stopping and deadline is None:
-                deadline = time.monotonic() + 5.0
+                deadline = time.monotonic() + self.exit_wait_s
             items = self._drain(0 if stopping else self.flush_interval_s)
             final = stopping and self._final and not self._final_made and self._queue.empty()
             if items or self._dropped != self._dropped_reported or final:

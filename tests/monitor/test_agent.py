@@ -1,0 +1,87 @@
+"""The agent never blocks training, spools while the service is away and resends exactly once."""
+
+import time
+
+from collectors.agent import MonitorAgent, Spool
+from monitor.client import MonitorClient
+from monitor.service import free_port
+
+from .conftest import wait_for
+
+
+def points_per_rank_step(addr, job):
+    rows = MonitorClient(addr).metrics(job).to_pylist()
+    counts = {}
+    for r in rows:
+        key = (r["rank"], r["step"], r["name"])
+        counts[key] = counts.get(key, 0) + 1
+    return rows, counts
+
+
+def test_record_never_blocks_and_counts_what_a_full_queue_drops(tmp_path):
+    agent = MonitorAgent(f"127.0.0.1:{free_port()}", "j", 0, queue_size=10,
+                         spool_path=tmp_path / "s.spool")      # not started: nothing drains
+    t0 = time.perf_counter()
+    accepted = [agent.record(s, {"loss": 1.0, "step_time_ms": 2.0}) for s in range(1000)]
+    elapsed = time.perf_counter() - t0
+    assert accepted.count(True) == 10 and agent.dropped == 990 * 2
+    assert elapsed < 0.5
+
+
+def test_points_recorded_while_the_service_is_down_arrive_once_it_is_up(tmp_path, serve):
+    port = free_port()
+    agent = MonitorAgent(f"127.0.0.1:{port}", "j", 0, 1, spool_path=tmp_path / "r0.spool",
+                         flush_interval_s=0.02, sample_host=False).start()
+    for step in range(50):
+        agent.record(step, {"loss": float(step), "step_time_ms": 10.0})
+    wait_for(lambda: Spool(tmp_path / "r0.spool").exists(), what="the spool file")
+    server = serve(port=port)
+    for step in range(50, 80):
+        agent.record(step, {"loss": float(step), "step_time_ms": 10.0})
+    agent.close()
+    assert not (tmp_path / "r0.spool").exists()
+    rows, counts = points_per_rank_step(server.addr, "j")
+    assert len(rows) == 160 and set(counts.values()) == {1}
+    assert sorted({r["step"] for r in rows}) == list(range(80))
+    assert agent.stats["acked_points"] == agent.stats["points"] == 160
+
+
+def test_a_spool_left_by_a_dead_rank_is_sent_by_the_next_agent_exactly_once(tmp_path, serve):
+    port = free_port()
+    spool = tmp_path / "r3.spool"
+    first = MonitorAgent(f"127.0.0.1:{port}", "j", 3, 4, spool_path=spool, sample_host=False,
+                         exit_wait_s=0.5).start()
+    for step in range(20):
+        first.record(step, {"loss": 1.0})
+    first.close(timeout=8)                       # no service: everything stays in the spool
+    assert spool.exists() and len(list(Spool(spool).read())) >= 1
+    server = serve(port=port)
+    second = MonitorAgent(server.addr, "j", 3, 4, spool_path=spool, sample_host=False).start()
+    for step in range(20, 25):
+        second.record(step, {"loss": 2.0})
+    second.close()
+    rows, counts = points_per_rank_step(server.addr, "j")
+    assert sorted(r["step"] for r in rows) == list(range(25)) and set(counts.values()) == {1}
+    assert not spool.exists()
+
+
+def test_a_torn_spool_record_is_ignored(tmp_path):
+    spool = Spool(tmp_path / "x.spool")
+    spool.append(b"first")
+    spool.append(b"second")
+    with open(spool.path, "ab") as f:
+        f.write(b"\x10\x00\x00\x00\x00")          # a header cut short by a crash
+    assert list(spool.read()) == [b"first", b"second"]
+
+
+def test_host_metrics_and_final_flag_reach_the_service(tmp_path, service):
+    agent = MonitorAgent(service.address, "j", 0, 1, spool_path=tmp_path / "s",
+                         flush_interval_s=0.02).start()
+    for step in range(3):
+        agent.record(step, {"loss": 1.0})
+        time.sleep(0.05)
+    agent.close()
+    names = set(MonitorClient(service.address).metrics("j").column("name").to_pylist())
+    assert {"host_cpu_percent", "host_mem_percent", "proc_rss_mb", "loss"} <= names
+    ranks = MonitorClient(service.address).status()["jobs"][0]["ranks"]
+    assert ranks[0]["health"] == "finished"

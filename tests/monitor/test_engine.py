@@ -1,0 +1,103 @@
+"""The monitor on the bundled engine: 4 real gloo ranks, one slowed down, a deep trace of 2 ranks.
+
+One training run serves both tests (it is the expensive part): the service flags the slowed
+rank as the straggler within a few steps, and a deep trace requested mid-run for a step range
+on ranks 0 and 3 comes back covering exactly those steps while all 4 ranks keep streaming.
+"""
+
+import json
+import os
+import threading
+
+import pytest
+
+from monitor.client import MonitorClient
+
+from .conftest import ServeProcess, wait_for
+
+NPROC, STEPS, SLOW_RANK, TRACED = 4, 10, 2, [0, 3]
+
+
+@pytest.fixture(scope="module")
+def monitored_run(tmp_path_factory):
+    from engine_adapter.bundled.launch import run_training
+    from engine_adapter.bundled.spec import RunSpec
+
+    tmp = tmp_path_factory.mktemp("monitored")
+    server = ServeProcess(tmp / "monitor.duckdb").start()
+    client = MonitorClient(server.addr)
+    spec = RunSpec(nproc=NPROC, preset="tiny", max_steps=STEPS, faults=(f"slow:{SLOW_RANK}:3",),
+                   out_dir=str(tmp / "train"), quiet=True,
+                   extra_env=(("PROBE_MONITOR", server.addr), ("PROBE_MONITOR_JOB", "straggle"),
+                              ("PROBE_MONITOR_SPOOL", str(tmp / "spool")),
+                              ("OMP_NUM_THREADS", "1")))
+    outcome = {}
+
+    def train():
+        try:
+            outcome["result"] = run_training(spec)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            outcome["error"] = e
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        def running():
+            jobs = client.status("straggle")["jobs"]
+            ranks = jobs[0]["ranks"] if jobs else []
+            ok = len(ranks) == NPROC and all(r["connected"] and r["last_step"] >= 0 for r in ranks)
+            return ok and max(r["last_step"] for r in ranks)
+        current = wait_for(running, timeout=240, poll=0.1, what="4 ranks streaming")
+        first = current + 2
+        steps = (first, first + 1)
+        assert steps[1] < STEPS, "the run is too short to trace mid-run"
+        reply = client.request_trace("straggle", TRACED, steps=steps)
+        trainer.join(600)
+        assert "error" not in outcome, outcome.get("error")
+        traces = client.wait_trace(reply["trace_id"], TRACED, timeout=60)
+        wait_for(lambda: all(r["health"] == "finished"
+                             for r in client.status("straggle")["jobs"][0]["ranks"]),
+                 timeout=30, what="all ranks finished")
+        yield {"client": client, "reply": reply, "steps": steps, "traces": traces,
+               "status": client.status("straggle"), "server": server}
+    finally:
+        trainer.join(600)
+        server.kill()
+
+
+def test_the_slowed_rank_is_flagged_as_the_only_straggler_within_a_few_steps(monitored_run):
+    alerts = [a for a in monitored_run["status"]["alerts"] if a["kind"] == "straggler"]
+    assert alerts, "no straggler alert"
+    assert {a["rank"] for a in alerts} == {SLOW_RANK}
+    first = alerts[0]
+    assert first["step"] <= 5
+    assert first["evidence"]["cause"] == "compute"
+    assert first["evidence"]["ratio"] > 1.5
+
+
+def test_a_deep_trace_of_two_ranks_covers_exactly_the_asked_steps_while_all_ranks_stream(
+        monitored_run):
+    reply, (first, last) = monitored_run["reply"], monitored_run["steps"]
+    assert sorted(reply["ranks"]) == TRACED and reply["missing"] == []
+    rows = monitored_run["traces"].to_pylist()
+    assert all(not r["error"] for r in rows), [r["error"] for r in rows]
+    assert {r["rank"] for r in rows} == set(TRACED)
+    for rank in TRACED:
+        files = [r for r in rows if r["rank"] == rank]
+        assert all((r["start_step"], r["end_step"]) == (first, last) for r in files)
+        trace_file = next(r["path"] for r in files if r["filename"].endswith(f"rank{rank}.json"))
+        with open(trace_file) as f:
+            doc = json.load(f)
+        events = doc["traceEvents"] if isinstance(doc, dict) else doc
+        steps = {e["args"]["step"] for e in events if "step" in e.get("args", {})}
+        assert steps == {first, last}
+        step_ranges = {e["name"] for e in events if e.get("ph") == "X" and e["name"].startswith("step ")}
+        assert step_ranges == {f"step {first}", f"step {last}"}
+        fetched = monitored_run["client"].fetch_trace(reply["trace_id"], rank,
+                                                       os.path.dirname(trace_file) + "-copy")
+        assert any(p.name == f"rank{rank}.json" for p in fetched)
+    steps = monitored_run["client"].steps("straggle", names=["loss", "step_time_ms"]).to_pylist()
+    for rank in range(NPROC):
+        assert sorted(r["step"] for r in steps if r["rank"] == rank) == list(range(STEPS))
+    job = monitored_run["status"]["jobs"][0]
+    assert all(r["last_step"] == STEPS - 1 and r["dropped"] == 0 for r in job["ranks"])

@@ -1,0 +1,58 @@
+"""SIGKILL the service mid-run, restart it on the same store: every point present exactly once."""
+
+import threading
+import time
+
+from collectors.agent import MonitorAgent
+from monitor.client import MonitorClient
+from monitor.service import free_port
+
+from .conftest import wait_for
+
+STEPS = 600
+METRICS = ("loss", "step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms")
+
+
+def test_sigkill_and_restart_on_the_same_store_keeps_every_point_exactly_once(tmp_path, serve):
+    port, store = free_port(), tmp_path / "monitor.duckdb"
+    first = serve(port=port, store=store)
+    agents = [MonitorAgent(first.addr, "killjob", rank, 2, spool_path=tmp_path / f"r{rank}.spool",
+                           flush_interval_s=0.01, sample_host=False).start() for rank in range(2)]
+    progress = {"step": -1}
+    resume = threading.Event()
+
+    def train():
+        for step in range(STEPS):
+            for rank, agent in enumerate(agents):
+                agent.record(step, {m: float(step * 10 + rank) for m in METRICS})
+            progress["step"] = step
+            if step == STEPS // 2:
+                resume.wait(60)         # keep the second half for after the restart
+            time.sleep(0.001)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    wait_for(lambda: min(a.stats["acked_points"] for a in agents) > 200, what="acks")
+    first.kill()                                         # SIGKILL, mid-stream
+    acked_before_kill = [a.stats["acked_points"] for a in agents]
+    wait_for(lambda: all(a.spool.exists() for a in agents) and progress["step"] >= STEPS // 2,
+             what="both agents spooling")
+    spooled = [a.stats["spooled_batches"] for a in agents]
+    second = serve(port=port, store=store)               # same port, same store
+    resume.set()
+    trainer.join(60)
+    for agent in agents:
+        agent.close()
+    assert all(s > 0 for s in spooled) and all(a > 0 for a in acked_before_kill)
+    rows = MonitorClient(second.addr).metrics("killjob").to_pylist()
+    seen = {}
+    for r in rows:
+        key = (r["rank"], r["step"], r["name"])
+        seen[key] = seen.get(key, 0) + 1
+        assert r["value"] == float(r["step"] * 10 + r["rank"])
+    doubled = [k for k, n in seen.items() if n > 1]
+    missing = [(rank, step, m) for rank in range(2) for step in range(STEPS) for m in METRICS
+               if (rank, step, m) not in seen]
+    assert doubled == [] and missing == []
+    assert len(rows) == 2 * STEPS * len(METRICS) == sum(a.stats["points"] for a in agents)
+    assert all(not a.spool.exists() for a in agents)

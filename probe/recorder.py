@@ -402,11 +402,11 @@ class Recorder:
 
     # ----------------------------------------------------------------- errors
     def report_error(self, where: str, error: BaseException) -> None:
-        key = f"{where}:{type(error).__name__}"
+        msg = str(error).splitlines()[0] if str(error) else ""
+        key = f"{type(error).__name__}:{msg}"
         if key in self._errors_reported:
             return
         self._errors_reported.add(key)
-        msg = str(error).splitlines()[0] if str(error) else ""
         print(f"probe dump: error in {where}: {type(error).__name__}: {msg} "
               "(the dump goes on without it; training is not affected)", file=sys.stderr)
         if os.environ.get("PROBE_DEBUG"):

@@ -26,7 +26,7 @@ def run_sql(store_dir: str, sql: str) -> tuple[list[str], list[tuple]]:
         rel = con.sql(sql)
         if rel is None:
             return [], []
-        return list(rel.columns), rel.fetchmany(MAX_ROWS)
+        return list(rel.columns), rel.limit(MAX_ROWS).fetchall()
     except duckdb.Error as e:
         raise ProbeError(f"SQL error: {str(e).splitlines()[0]}") from None
     finally:

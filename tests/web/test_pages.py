@@ -1,0 +1,161 @@
+"""Query, timeline and live-cluster pages in a real browser, on real stores, traces and a real
+monitor service fed by real per-rank agents."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from collectors.store import StoreWriter
+from conftest import wait_for
+from web.app import create_app
+
+pytestmark = pytest.mark.browser
+
+
+def write_steps(run_dir, steps, ranks=2, slow_rank=None, job="t", delay=0.0, start=0):
+    """Per-rank engine metrics, one segment per step, as the bundled engine writes them."""
+    writers = [StoreWriter(run_dir, rank=r, run=job) for r in range(ranks)]
+    for step in range(start, start + steps):
+        for r, w in enumerate(writers):
+            slow = 3.0 if r == slow_rank else 1.0
+            w.write_rows("metric", [
+                {"time_ns": time.time_ns(), "job": job, "rank": r, "step": step, "name": n, "value": v}
+                for n, v in (("loss", 5.0 - 0.1 * step), ("step_time_ms", 40.0 * slow + step),
+                             ("tokens_per_s", 8000.0 / slow), ("comm_time_ms", 8.0),
+                             ("compute_time_ms", 30.0 * slow), ("mfu", 0.2 / slow))])
+            w.end_step(step)
+        time.sleep(delay)
+    for w in writers:
+        w.close()
+
+
+def set_text(element, text):
+    """Replace the text of a React-controlled input (``clear()`` bypasses React's state)."""
+    element.send_keys(Keys.CONTROL, "a")
+    element.send_keys(Keys.DELETE)
+    element.send_keys(text)
+
+
+def points(browser, graph_id):
+    """Number of points drawn in a dcc.Graph (all traces)."""
+    return browser.execute_script(
+        "var g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
+        "if (!g || !g.data) return -1;"
+        "return g.data.reduce(function(n, t) { return n + (t.x ? t.x.length : 0); }, 0);", graph_id)
+
+
+def test_query_page_runs_sql_and_draws_a_table_and_chart(browser, serve_app, shot, tmp_path):
+    write_steps(tmp_path, steps=6)
+    browser.get(serve_app(create_app(store_dirs=[str(tmp_path)])) + "/query")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#q-table td"), timeout=60, what="default query")
+    sql = browser.find_element(By.ID, "q-sql")
+    set_text(sql, "select step, avg(step_time_ms) as ms from steps group by step order by step")
+    browser.find_element(By.ID, "q-run").click()
+    wait_for(lambda: browser.find_element(By.ID, "q-count").text == "6 row(s)", what="6 rows")
+    wait_for(lambda: points(browser, "q-chart") == 6, what="chart of 6 points")
+    set_text(sql, "select nope from steps")
+    browser.find_element(By.ID, "q-run").click()
+    wait_for(lambda: "SQL error" in browser.find_element(By.ID, "q-error").text, what="SQL error line")
+    set_text(sql, "select rank, step, step_time_ms from steps order by rank, step")
+    browser.find_element(By.ID, "q-run").click()
+    wait_for(lambda: browser.find_element(By.ID, "q-count").text == "12 row(s)", what="12 rows")
+    shot("query")
+
+
+def test_timeline_page_draws_ranks_and_links_perfetto(browser, serve_app, shot, tmp_path):
+    from profiler import mstx
+    from profiler.session import Session
+
+    for rank in (0, 1):
+        with Session(tmp_path, rank=rank, trace=True, store=True) as s:
+            for step in range(3):
+                with mstx.range(f"step {step}", domain="step"):
+                    with mstx.range("forward", domain="engine"):
+                        time.sleep(0.002 * (rank + 1))
+                    with mstx.range("backward", domain="engine"):
+                        time.sleep(0.001)
+                s.step()
+    trace = tmp_path / "trace" / "rank0.json"
+    assert trace.is_file()
+    browser.get(serve_app(create_app(trace_file=trace)) + "/timeline")
+    wait_for(lambda: points(browser, "t-graph") >= 9, timeout=60, what="9 spans")
+    link = browser.find_element(By.ID, "t-perfetto").get_attribute("href")
+    assert link.startswith("https://ui.perfetto.dev/#!/?url=") and "files%2Ftrace.json" in link
+    body = browser.execute_script("return fetch('/files/trace.json').then(r => r.text())")
+    assert "traceEvents" in body
+    shot("timeline_trace")
+    # the same page from the record store: both ranks' events
+    browser.get(serve_app(create_app(store_dirs=[str(tmp_path)])) + "/timeline")
+    wait_for(lambda: points(browser, "t-graph") >= 18, timeout=30, what="18 spans from 2 ranks")
+    lanes = browser.execute_script(
+        "var g = document.querySelector('#t-graph .js-plotly-plot');"
+        "return Array.from(new Set([].concat.apply([], g.data.map(function(t) { return t.y; }))));")
+    assert any("rank 0" in l for l in lanes) and any("rank 1" in l for l in lanes)
+    shot("timeline_store")
+
+
+def test_live_page_refreshes_while_a_job_writes_its_store(browser, serve_app, shot, tmp_path):
+    (tmp_path / "store").mkdir()
+    app = create_app(store_dirs=[str(tmp_path)], refresh_ms=300)
+    browser.get(serve_app(app) + "/live")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-step-time .js-plotly-plot"), timeout=60,
+             what="the live page")
+    writer = threading.Thread(target=write_steps, args=(tmp_path,), kwargs=dict(steps=8, delay=0.4, slow_rank=1))
+    writer.start()
+    seen = set()
+    wait_for(lambda: seen.add(points(browser, "l-step-time")) or max(seen) == 16, timeout=30,
+             what="the chart to grow to 8 steps × 2 ranks")
+    writer.join()
+    assert len({n for n in seen if n > 0}) > 2      # it grew over several refreshes while the job ran
+    assert points(browser, "l-heat") == 8
+    shot("live_store")
+
+
+def test_live_page_shows_the_monitor_alert_naming_the_slow_rank(browser, serve_app, shot, tmp_path):
+    monitor_service = pytest.importorskip("monitor.service")
+    agent_mod = pytest.importorskip("collectors.agent")
+    svc = monitor_service.MonitorService(store_path=tmp_path / "monitor.duckdb", port=0,
+                                         detect_interval_s=0.1)
+    port = svc.start()
+    addr = f"127.0.0.1:{port}"
+    agents = [agent_mod.MonitorAgent(addr, job="demo", rank=r, world_size=2) for r in (0, 1)]
+    try:
+        for a in agents:
+            a.start()
+        app = create_app(monitor_addr=addr, refresh_ms=400)
+        browser.get(serve_app(app) + "/live")
+
+        def run_job():
+            for step in range(14):
+                for r, a in enumerate(agents):
+                    slow = 3.0 if r == 1 else 1.0
+                    a.record(step, {"loss": 3.0, "step_time_ms": 40.0 * slow, "compute_time_ms": 30.0 * slow,
+                                    "comm_time_ms": 5.0, "data_time_ms": 1.0, "tokens_per_s": 9000 / slow})
+                time.sleep(0.3)
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-step-time .js-plotly-plot"), timeout=60,
+                 what="the live page")
+        job = threading.Thread(target=run_job)
+        job.start()
+        seen = set()
+        wait_for(lambda: seen.add(points(browser, "l-step-time")) or max(seen) == 28, timeout=60,
+                 what="14 steps × 2 ranks on the chart")
+        job.join()
+        assert len({n for n in seen if n > 0}) > 2      # it grew over several refreshes
+        alert = wait_for(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#l-alerts .alert")
+                                  if "rank 1" in e.text], timeout=30, what="an alert naming rank 1")
+        assert any("straggler" in a for a in alert)
+        browser.find_element(By.ID, "l-ranks").send_keys("1")
+        browser.find_element(By.ID, "l-steps").send_keys("20-21")
+        browser.find_element(By.ID, "l-trace").click()
+        wait_for(lambda: "requested" in browser.find_element(By.ID, "l-trace-msg").text,
+                 what="trace request accepted")
+        shot("live_monitor")
+    finally:
+        for a in agents:
+            a.close()
+        svc.stop()

@@ -48,7 +48,7 @@ MARK, START, END = 0, 1, 2
 # --- state switched by profiler.recorder.Recorder; read on every call ---------------------
 _active = False          # marks and range starts are recorded
 _ends = False            # range ends are recorded (stays on in a session's tail, see Recorder)
-_local = threading.local()
+_local = threading.local()               # .push: this thread's buffer's append
 _new_buffer: Callable[[], list] = list   # replaced by the recorder: registers a thread's buffer
 _streams: dict[int, Any] = {}            # range id -> stream, only for ranges given a stream
 _device_event: Callable[[Any], Any] | None = None   # records a timing event on a stream
@@ -64,13 +64,13 @@ def mark(message: Any, stream: Any = None, domain: str = "default") -> None:
     """
     if _active:
         try:
-            buf = _local.buf
+            push = _local.push
         except AttributeError:
-            buf = _local.buf = _new_buffer()
+            push = _register()
         if stream is None:
-            buf.append((0, 0, _now(), message, domain))
+            push((0, 0, _now(), message, domain))
         else:
-            buf.append((0, 0, _now(), message, domain, _stream_event(stream)))
+            push((0, 0, _now(), message, domain, _stream_event(stream)))
 
 
 def range_start(message: Any, stream: Any = None, domain: str = "default") -> int:
@@ -83,14 +83,14 @@ def range_start(message: Any, stream: Any = None, domain: str = "default") -> in
         return 0
     rid = _next_id()
     try:
-        buf = _local.buf
+        push = _local.push
     except AttributeError:
-        buf = _local.buf = _new_buffer()
+        push = _register()
     if stream is None:
-        buf.append((1, rid, _now(), message, domain))
+        push((1, rid, _now(), message, domain))
     else:
         _streams[rid] = stream
-        buf.append((1, rid, _now(), message, domain, _stream_event(stream)))
+        push((1, rid, _now(), message, domain, _stream_event(stream)))
     return rid
 
 
@@ -101,24 +101,30 @@ def range_end(range_id: int, domain: str = "default") -> None:
     """
     if _ends and range_id:
         try:
-            buf = _local.buf
+            push = _local.push
         except AttributeError:
-            buf = _local.buf = _new_buffer()
+            push = _register()
         if _streams:
-            _end_on_stream(buf, range_id, domain)
+            _end_on_stream(push, range_id, domain)
         else:
-            buf.append((2, range_id, _now(), domain))
+            push((2, range_id, _now(), domain))
 
 
-def _end_on_stream(buf: list, range_id: Any, domain: str) -> None:
+def _register() -> Callable[[tuple], None]:
+    """This thread's buffer, registered with the recorder on the thread's first call."""
+    push = _local.push = _new_buffer().append
+    return push
+
+
+def _end_on_stream(push: Callable[[tuple], None], range_id: Any, domain: str) -> None:
     try:
         stream = _streams.pop(range_id, None)
     except TypeError:                       # an unhashable id: counted by the recorder
         stream = None
     if stream is None:
-        buf.append((2, range_id, _now(), domain))
+        push((2, range_id, _now(), domain))
     else:
-        buf.append((2, range_id, _now(), domain, _stream_event(stream)))
+        push((2, range_id, _now(), domain, _stream_event(stream)))
 
 
 def is_recording() -> bool:

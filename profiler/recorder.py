@@ -24,6 +24,7 @@ never seen), ``unknown_range_id`` (an id that no ``range_start`` returned), ``un
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -65,10 +66,10 @@ def emit_complete(name: str, domain: str, start_ns: int, end_ns: int, payload: d
     """
     if mstx._active:
         try:
-            buf = mstx._local.buf
+            push = mstx._local.push
         except AttributeError:
-            buf = mstx._local.buf = mstx._new_buffer()
-        buf.append((COMPLETE, 0, start_ns, name, domain, end_ns, payload))
+            push = mstx._register()
+        push((COMPLETE, 0, start_ns, name, domain, end_ns, payload))
 
 
 class _DeviceClock:
@@ -107,19 +108,22 @@ class Recorder:
     """Switches ``mstx`` on, drains its per-thread buffers in batches and feeds ``sink``.
 
     ``sink(events)`` receives lists of :class:`Event`; ``classify(start_ns)`` returns the step
-    an event belongs to, or ``None`` to drop it (a warmup step); ``offset_ns`` is added to every
+    an event belongs to, or ``None`` to drop it (a warmup step), and ``latest_window()`` the
+    (start_ns, step or None) of the newest step window (a fast path for ``classify``); ``offset_ns`` is added to every
     host timestamp (the rank's measured clock offset); ``domains`` keeps only those domains.
     """
 
     def __init__(self, sink: Callable[[list[Event]], None], *, interval_s: float = 0.05,
                  max_buffer: int = 1_000_000, max_open: int = 1_000_000,
-                 classify: Callable[[int], int | None] | None = None, offset_ns: int = 0,
+                 classify: Callable[[int], int | None] | None = None,
+                 latest_window: Callable[[], tuple[int, int | None]] | None = None, offset_ns: int = 0,
                  domains: Iterable[str] | None = None) -> None:
         self.sink = sink
         self.interval_s = interval_s
         self.max_buffer = max_buffer
         self.max_open = max_open
         self.classify = classify
+        self.latest_window = latest_window
         self.offset_ns = int(offset_ns)
         self.domains = frozenset(domains) if domains is not None else None
         self.problems: Counter[str] = Counter()
@@ -206,97 +210,128 @@ class Recorder:
     def drain(self, final: bool = False) -> int:
         """Move everything buffered so far to the sink; return the number of events passed on."""
         with self._drain_lock:
-            with self._reg_lock:
-                buffers = list(self._buffers)
-            out: list[Event] = []
-            for entry in buffers:
-                tid, buf, thread = entry
-                n = len(buf)
-                if not n:
-                    if not thread.is_alive():          # a finished thread: forget its buffer
-                        with self._reg_lock:
-                            self._buffers.remove(entry)
-                    continue
-                items = buf[:n]
-                del buf[:n]
-                if n > self.max_buffer:
-                    self.problems["dropped_events"] += n - self.max_buffer
-                    items = items[:self.max_buffer]
-                self._process(tid, items, out)
-            if self._pending_device:
-                self._resolve_device(out, block=final)
-            if final:
-                self._finish(out)
+            # a batch allocates many small tuples; a collection of the (large) training heap in
+            # the middle of it would cost more than the batch itself, so collect after it
+            gc_was_on = gc.isenabled()
+            gc.disable()
+            try:
+                out = self._collect(final)
+            finally:
+                if gc_was_on:
+                    gc.enable()
             if out:
-                out.sort(key=_start_of)
                 self.events_out += len(out)
                 self.sink(out)
             return len(out)
 
+    def _collect(self, final: bool) -> list[Event]:
+        with self._reg_lock:
+            buffers = list(self._buffers)
+        out: list[Event] = []
+        for entry in buffers:
+            tid, buf, thread = entry
+            n = len(buf)
+            if not n:
+                if not thread.is_alive():          # a finished thread: forget its buffer
+                    with self._reg_lock:
+                        self._buffers.remove(entry)
+                continue
+            items = buf[:n]
+            del buf[:n]
+            if n > self.max_buffer:
+                self.problems["dropped_events"] += n - self.max_buffer
+                items = items[:self.max_buffer]
+            self._process(tid, items, out)
+        if self._pending_device:
+            self._resolve_device(out, block=final)
+        if final:
+            self._finish(out)
+        out.sort(key=_start_of)
+        return out
+
     def _process(self, tid: int, items: list, out: list[Event]) -> None:
+        """Pair starts with ends, then turn the finished records into events (two tight loops)."""
         opened = self._open
         orphans = self._orphan_ends
+        done: list[tuple] = []     # (domain, message, kind, t0, t1, tid, end_tid, dev0, dev1, payload)
+        add = done.append
         for it in items:
             code = it[0]
             if code == 1:
                 rid = it[1]
-                end = orphans.pop(rid, None) if orphans else None
-                dev = it[5] if len(it) > 5 else None
-                if end is None:
-                    if len(opened) >= self.max_open:
-                        self.problems["unclosed_range"] += 1
-                        opened.pop(next(iter(opened)))
-                    opened[rid] = (it[2], it[3], it[4], tid, dev)
-                else:
-                    self._emit_range((it[2], it[3], it[4], tid, dev), end, out)
+                if orphans and rid in orphans:
+                    t1, end_domain, end_tid, dev1 = orphans.pop(rid)
+                    add((it[4], it[3], None, it[2], t1, tid, end_tid,
+                         it[5] if len(it) > 5 else None, dev1, None))
+                    continue
+                if len(opened) >= self.max_open:
+                    self.problems["unclosed_range"] += 1
+                    opened.pop(next(iter(opened)))
+                opened[rid] = (it, tid)
             elif code == 2:
                 rid = it[1]
                 if type(rid) is not int:     # not an id range_start returned
                     self.problems["unknown_range_id"] += 1
                     continue
-                end = (it[2], it[3], tid, it[4] if len(it) > 4 else None)
                 start = opened.pop(rid, None)
                 if start is None:
-                    orphans[rid] = end
-                else:
-                    self._emit_range(start, end, out)
+                    orphans[rid] = (it[2], it[3], tid, it[4] if len(it) > 4 else None)
+                    continue
+                st, stid = start
+                if st[4] != it[3]:
+                    self.problems["end_domain_differs"] += 1
+                add((st[4], st[3], None, st[2], it[2], stid, tid,
+                     st[5] if len(st) > 5 else None, it[4] if len(it) > 4 else None, None))
             elif code == 0:
                 dev = it[5] if len(it) > 5 else None
-                self._emit(it[4], it[3], "mark", it[2], it[2], tid, tid, dev, dev, None, out)
+                add((it[4], it[3], "mark", it[2], it[2], tid, tid, dev, dev, None))
             else:  # COMPLETE from a built-in wrapper
-                self._emit(it[4], it[3], None, it[2], it[5], tid, tid, None, None, it[6], out)
+                add((it[4], it[3], None, it[2], it[5], tid, tid, None, None, it[6]))
+        if done:
+            self._finish_events(done, out)
 
-    def _emit_range(self, start: tuple, end: tuple, out: list[Event]) -> None:
-        t0, message, domain, tid, dev0 = start
-        t1, end_domain, end_tid, dev1 = end
-        if end_domain != domain:
-            self.problems["end_domain_differs"] += 1
-        self._emit(domain, message, None, t0, t1, tid, end_tid, dev0, dev1, None, out)
-
-    def _emit(self, domain: Any, message: Any, kind: str | None, t0: int, t1: int, tid: int,
-              end_tid: int, dev0: Any, dev1: Any, payload: dict | None, out: list[Event]) -> None:
-        if type(domain) is not str:
-            domain = self._text(domain, "non_string_domain")
-        if self.domains is not None and domain not in self.domains:
-            return
-        step = None
-        if self.classify is not None:
-            step = self.classify(t0)
-            if step is None:
-                return
-        if type(message) is not str:
-            message = self._text(message, "non_string_message")
-        if len(message) > MAX_MESSAGE:
-            self.problems["huge_message"] += 1
-            message = message[:MAX_MESSAGE] + "..."
-        if kind is None:
-            kind = DOMAIN_KINDS.get(domain, "range")
+    def _finish_events(self, done: list[tuple], out: list[Event]) -> None:
+        new = tuple.__new__
         off = self.offset_ns
-        ev = Event(domain, message, kind, t0 + off, t1 + off, tid, end_tid, None, None, payload, step)
-        if dev0 is not None and dev1 is not None:
-            self._pending_device.append((ev, dev0, dev1))
-        else:
-            out.append(ev)
+        keep_domains = self.domains
+        classify = self.classify
+        kinds = DOMAIN_KINDS
+        add = out.append
+        # fast path for the step classification: most events start in the latest window
+        last_start, last_step = self._latest_window()
+        for domain, message, kind, t0, t1, tid, end_tid, dev0, dev1, payload in done:
+            if type(domain) is not str:
+                domain = self._text(domain, "non_string_domain")
+            if keep_domains is not None and domain not in keep_domains:
+                continue
+            if classify is None:
+                step = None
+            elif last_start is not None and t0 >= last_start:
+                step = last_step
+                if step is None:
+                    continue
+            else:
+                step = classify(t0)
+                if step is None:
+                    continue
+            if type(message) is not str:
+                message = self._text(message, "non_string_message")
+            if len(message) > MAX_MESSAGE:
+                self.problems["huge_message"] += 1
+                message = message[:MAX_MESSAGE] + "..."
+            if kind is None:
+                kind = kinds.get(domain, "range")
+            ev = new(Event, (domain, message, kind, t0 + off, t1 + off, tid, end_tid, None, None,
+                             payload, step))
+            if dev0 is not None and dev1 is not None:
+                self._pending_device.append((ev, dev0, dev1))
+            else:
+                add(ev)
+
+    def _latest_window(self) -> tuple[int | None, int | None]:
+        """(start_ns, step or None when dropped) of the newest window, from ``latest_window``."""
+        latest = self.latest_window
+        return latest() if latest is not None else (None, None)
 
     def _text(self, value: Any, problem: str) -> str:
         self.problems[problem] += 1

@@ -121,7 +121,7 @@ class Session:
         self._sinks = self._build_sinks(store, trace, otel_exporter, otel_processor, sinks)
         self._sink_errors: Counter[str] = Counter()
         self._recorder = Recorder(self._to_sinks, interval_s=interval_s, classify=self._classify,
-                                  domains=domains)
+                                  latest_window=self._latest_window, domains=domains)
         self._undo: list[Any] = []
         self._torch_prof: Any = None
         self._torch_events: list[dict] = []
@@ -221,6 +221,12 @@ class Session:
             self._start_torch_ops()
         else:
             self._stop_torch_ops()
+
+    def _latest_window(self) -> tuple[int | None, int | None]:
+        if not self._windows:
+            return None, None
+        start, step, state = self._windows[-1]
+        return start, (step if state == ACTIVE else None)
 
     def _classify(self, t_ns: int) -> int | None:
         i = bisect.bisect_right(self._windows, t_ns, key=_window_start) - 1

@@ -1,0 +1,87 @@
+"""Resolve a compare input (dump.json, step/rank folder, or run folder with a store) to records.
+
+>>> d = load_dump("/work/shared/data/msprobe/torch_L0")      # doctest: +SKIP
+>>> d.source, d.tensors.num_rows                            # doctest: +SKIP
+('/work/shared/data/msprobe/torch_L0/step0/proc0/dump.json', 99)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from probe.errors import ProbeError
+
+__all__ = ["Dump", "load_dump"]
+
+
+@dataclass
+class Dump:
+    """One side of a comparison: its tensor and node records and where they came from."""
+
+    source: str
+    tensors: pa.Table
+    nodes: pa.Table
+    framework: str | None = None
+    task: str | None = None
+    step: int | None = None
+    rank: int | None = None
+    note: str | None = None
+
+
+def load_dump(path: str | os.PathLike) -> Dump:
+    """Read one compare input into records; one-line :class:`ProbeError` on bad input.
+
+    A folder is searched for ``dump.json`` files first (the lowest step, then rank, is taken
+    and the choice is noted); a folder without any but with ``store/`` is read from the store.
+    """
+    from collectors.msprobe_reader import find_dump_files, read_msprobe_dump
+
+    p = Path(path)
+    if not p.exists():
+        raise ProbeError(f"{p}: no such file or folder")
+    note = None
+    if p.is_dir():
+        files = find_dump_files(p)
+        if not files:
+            if (p / "store").is_dir():
+                return _load_store(p)
+            raise ProbeError(f"{p}: no dump.json under it and no store/ folder; give a dump.json, "
+                             "a step/rank folder or a run folder")
+        if len(files) > 1:
+            note = (f"{p} holds {len(files)} dumps; comparing the first "
+                    f"({files[0].relative_to(p).parent}); give a step/rank folder to choose")
+        p = files[0]
+    d = read_msprobe_dump(p)
+    return Dump(source=d.path, tensors=d.tensors, nodes=d.nodes, framework=d.framework,
+                task=d.task, step=d.step, rank=d.rank, note=note)
+
+
+def _load_store(root: Path) -> Dump:
+    from collectors.records import conform
+    from collectors.store import open_store
+
+    con = open_store(root)
+    first = con.sql("select min(step), min(rank) from tensors").fetchall()[0]
+    if not con.sql("select count(*) from tensors").fetchall()[0][0]:
+        raise ProbeError(f"{root}: the store holds no tensor records; run 'probe dump' first")
+    step, rank = first
+    ranks = con.sql("select count(distinct rank), count(distinct step) from tensors").fetchall()[0]
+    cond = []
+    if step is not None:
+        cond.append(f"step = {int(step)}")
+    if rank is not None:
+        cond.append(f"rank = {int(rank)}")
+    where = (" where " + " and ".join(cond)) if cond else ""
+    tensors = con.sql(f"select * from tensors{where} order by seq").fetch_arrow_table()
+    nwhere = f" where rank = {int(rank)}" if rank is not None else ""
+    nodes = con.sql(f"select * from nodes{nwhere} qualify row_number() over "
+                    "(partition by node order by \"order\") = 1 order by \"order\"").fetch_arrow_table()
+    note = None
+    if ranks[0] > 1 or ranks[1] > 1:
+        note = f"{root}: store holds {ranks[1]} steps × {ranks[0]} ranks; comparing step {step} rank {rank}"
+    return Dump(source=str(root / "store"), tensors=conform("tensor", tensors),
+                nodes=conform("node", nodes), step=step, rank=rank, note=note, task="statistics")

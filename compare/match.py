@@ -1,0 +1,279 @@
+"""Match the call groups of two sides: exact normalised names, then structure, then ancestors.
+
+Works on the tables :func:`compare.normalize.normalise_side` builds (``a_g``/``b_g``,
+``a_t``/``b_t``) and fills ``pairs(grp_a, grp_b, method, reason)``:
+
+1. ``exact``: the same framework-free name (module path + call; API name + call within the
+   parent module), unique on both sides (one SQL join);
+2. ``mapping``: pairs given by an msprobe mapping file (:mod:`compare.mapping`), applied first;
+3. ``structure``: with no mapping file, the unmatched groups between two consecutive matched
+   anchors are aligned in execution order by dynamic programming over a score built from
+   class, tensor shapes (inputs, outputs, parameters), depth, leaf name and statistics;
+   a pair must agree on output shapes and on inputs, parameters or class, and must sit under
+   matched ancestors (tree consistency);
+4. ``ancestor``: a group with no counterpart (fused/unfused structure) is attached to its
+   nearest matched ancestor, which is where the two implementations are compared.
+
+>>> score_pair({"kind": "module", "cls": "linear", "in": "[4, 8]", "out": "[4, 2]",
+...             "par": "[2, 8]", "leaf": "q", "depth": 2, "onorm": 1.0},
+...            {"kind": "module", "cls": "linear", "in": "[4, 8]", "out": "[4, 2]",
+...             "par": "[2, 8]", "leaf": "q", "depth": 2, "onorm": 1.0}) > 0
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["match_groups", "score_pair", "align"]
+
+_DP_CELLS = 4_000_000
+
+
+def _tokens(name: str) -> set[str]:
+    out = set()
+    for part in name.replace("-", "_").split("_"):
+        if part:
+            out.add(part)
+    return out
+
+
+def score_pair(a: dict, b: dict) -> float:
+    """Similarity of two call groups; ``0`` when they may not be paired structurally."""
+    if a["kind"] != b["kind"]:
+        return 0.0
+    if a["out"] != b["out"] or not a["out"]:
+        return 0.0
+    same_in = a["in"] == b["in"] and bool(a["in"])
+    same_par = a["par"] == b["par"]
+    same_cls = a["cls"] == b["cls"]
+    if a["kind"] != "module" and not same_cls and not same_in:
+        return 0.0
+    if not (same_in or (same_par and a["par"]) or same_cls):
+        return 0.0
+    if a["par"] and b["par"] and not same_par:
+        return 0.0
+    s = 3.0 + 3.0 * same_in + 2.0 * (same_par and bool(a["par"])) + 2.0 * same_cls
+    if not same_cls and (a["cls"] in b["cls"] or b["cls"] in a["cls"]):
+        s += 1.0
+    if a["leaf"] == b["leaf"]:
+        s += 2.0
+    elif _tokens(a["leaf"]) & _tokens(b["leaf"]) or a["leaf"].startswith(b["leaf"]) \
+            or b["leaf"].startswith(a["leaf"]):
+        s += 1.0
+    if a["depth"] == b["depth"]:
+        s += 0.5
+    na, nb = a.get("onorm"), b.get("onorm")
+    if na is not None and nb is not None and na == na and nb == nb:
+        rel = abs(na - nb) / max(abs(na), abs(nb), 1e-30)
+        s += 2.0 if rel < 1e-3 else 1.0 if rel < 1e-1 else 0.0
+    return s
+
+
+def align(seq_a: list[dict], seq_b: list[dict]) -> list[tuple[int, int, float]]:
+    """Order-preserving alignment maximising the summed :func:`score_pair` (Needleman-Wunsch)."""
+    n, m = len(seq_a), len(seq_b)
+    if not n or not m:
+        return []
+    if n * m > _DP_CELLS:
+        return _align_greedy(seq_a, seq_b)
+    prev = [0.0] * (m + 1)
+    back: list[bytearray] = []
+    for i in range(1, n + 1):
+        cur = [0.0] * (m + 1)
+        bt = bytearray(m + 1)
+        a = seq_a[i - 1]
+        for j in range(1, m + 1):
+            best, how = prev[j], 1
+            if cur[j - 1] > best:
+                best, how = cur[j - 1], 2
+            s = score_pair(a, seq_b[j - 1])
+            if s > 0 and prev[j - 1] + s > best:
+                best, how = prev[j - 1] + s, 3
+            cur[j] = best
+            bt[j] = how
+        back.append(bt)
+        prev = cur
+    out = []
+    i, j = n, m
+    while i > 0 and j > 0:
+        how = back[i - 1][j]
+        if how == 3:
+            out.append((i - 1, j - 1, score_pair(seq_a[i - 1], seq_b[j - 1])))
+            i, j = i - 1, j - 1
+        elif how == 1:
+            i -= 1
+        else:
+            j -= 1
+    out.reverse()
+    return out
+
+
+def _align_greedy(seq_a: list[dict], seq_b: list[dict]) -> list[tuple[int, int, float]]:
+    """Linear-time fallback for huge gaps: walk both sequences, pairing the next compatible one."""
+    out, j = [], 0
+    for i, a in enumerate(seq_a):
+        for k in range(j, min(j + 16, len(seq_b))):
+            s = score_pair(a, seq_b[k])
+            if s > 0:
+                out.append((i, k, s))
+                j = k + 1
+                break
+    return out
+
+
+_FEATURES = """
+with t as (
+  select grp, slot, idx, cast(shape as varchar) as sh, norm,
+         row_number() over (partition by grp, slot order by seq, idx) as k
+  from {s}_t where direction = 'forward'
+)
+select g.grp, g.kind, g.cls_norm as cls, g.canon, g.leaf, g.depth, g.parent, g.ord_f,
+  coalesce((select string_agg(sh, ';' order by k) from t where t.grp = g.grp and t.slot in ('input', 'kwarg')), '') as "in",
+  coalesce((select string_agg(sh, ';' order by k) from t where t.grp = g.grp and t.slot = 'output'), '') as "out",
+  coalesce((select string_agg(sh, ';' order by sh) from t where t.grp = g.grp and t.slot = 'parameter'), '') as par,
+  (select norm from t where t.grp = g.grp and t.slot = 'output' and k = 1) as onorm
+from {s}_g g
+where g.fwd is not null and g.grp not in (select grp_{s} from pairs where grp_{s} is not null)
+order by g.ord_f
+"""
+
+
+def _features(con: Any, side: str) -> list[dict]:
+    rel = con.sql(_FEATURES.format(s=side))
+    cols = rel.columns
+    out = []
+    for row in rel.fetchall():
+        d = dict(zip(cols, row))
+        if d["kind"] != "module":
+            d["cls"] = d["canon"]
+        d["leaf"] = d["leaf"] or ""
+        out.append(d)
+    return out
+
+
+def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = True) -> None:
+    """Fill ``pairs`` (grp_a, grp_b, method, reason) in ``con``; see the module docstring."""
+    con.execute("create or replace temp table pairs (grp_a varchar, grp_b varchar, method varchar, reason varchar)")
+    if mapped is not None and mapped.num_rows:
+        con.register("mapped_pairs", mapped)
+        con.execute("""insert into pairs select grp_a, grp_b, 'mapping', reason from mapped_pairs""")
+    con.execute("""
+    insert into pairs
+    with ua as (select exact_key, any_value(grp) as grp, count(*) as n from a_g
+                where grp not in (select grp_a from pairs) group by exact_key),
+         ub as (select exact_key, any_value(grp) as grp, count(*) as n from b_g
+                where grp not in (select grp_b from pairs) group by exact_key)
+    select ua.grp, ub.grp, 'exact', 'same normalised name'
+    from ua join ub using (exact_key) where ua.n = 1 and ub.n = 1
+    """)
+    if structural:
+        _structural(con)
+    _ancestors(con)
+
+
+def _structural(con: Any) -> None:
+    fa, fb = _features(con, "a"), _features(con, "b")
+    if not fa or not fb:
+        return
+    anchors = con.sql("""
+        select ga.ord_f, gb.ord_f from pairs p join a_g ga on ga.grp = p.grp_a
+        join b_g gb on gb.grp = p.grp_b where ga.ord_f is not null and gb.ord_f is not null
+        order by ga.ord_f""").fetchall()
+    chain = _increasing(anchors)
+    bounds = [(-1, -1)] + chain + [(1 << 62, 1 << 62)]
+    ia = ib = 0
+    found: list[tuple[dict, dict, float]] = []
+    for (lo_a, lo_b), (hi_a, hi_b) in zip(bounds, bounds[1:]):
+        seg_a, seg_b = [], []
+        while ia < len(fa) and fa[ia]["ord_f"] < hi_a:
+            if fa[ia]["ord_f"] > lo_a:
+                seg_a.append(fa[ia])
+            ia += 1
+        while ib < len(fb) and fb[ib]["ord_f"] < hi_b:
+            if fb[ib]["ord_f"] > lo_b:
+                seg_b.append(fb[ib])
+            ib += 1
+        for i, j, s in align(seg_a, seg_b):
+            found.append((seg_a[i], seg_b[j], s))
+    if not found:
+        return
+    matched_a = dict(con.sql("select grp_a, grp_b from pairs").fetchall())
+    parent_a = dict(con.sql("select grp, parent from a_g").fetchall())
+    parent_b = dict(con.sql("select grp, parent from b_g").fetchall())
+    keep = []
+    for a, b, s in sorted(found, key=lambda x: x[0]["depth"]):
+        anc_a = _nearest(a["grp"], parent_a, matched_a)
+        anc_b = _nearest(b["grp"], parent_b, set(matched_a.values()))
+        if (anc_a is None and anc_b is None) or (anc_a is not None and matched_a.get(anc_a) == anc_b):
+            matched_a[a["grp"]] = b["grp"]
+            keep.append((a["grp"], b["grp"], "structure",
+                         f"aligned by structure (score {s:.1f}: position, class, shapes)"))
+    if keep:
+        con.register("struct_pairs", pa.table({k: [r[i] for r in keep] for i, k in
+                                               enumerate(["grp_a", "grp_b", "method", "reason"])}))
+        con.execute("insert into pairs select * from struct_pairs")
+
+
+def _nearest(grp: str, parent: dict, matched: Any) -> str | None:
+    cur = parent.get(grp)
+    hops = 0
+    while cur is not None and hops < 10_000:
+        if cur in matched:
+            return cur
+        cur = parent.get(cur)
+        hops += 1
+    return None
+
+
+def _increasing(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Longest chain of anchors increasing on both sides (drops crossing matches)."""
+    import bisect
+
+    tails: list[int] = []
+    idx: list[int] = []
+    prev = [-1] * len(pairs)
+    for k, (_, b) in enumerate(pairs):
+        pos = bisect.bisect_left(tails, b)
+        if pos == len(tails):
+            tails.append(b)
+            idx.append(k)
+        else:
+            tails[pos] = b
+            idx[pos] = k
+        prev[k] = idx[pos - 1] if pos else -1
+    out = []
+    k = idx[-1] if idx else -1
+    while k >= 0:
+        out.append(pairs[k])
+        k = prev[k]
+    return out[::-1]
+
+
+def _ancestors(con: Any) -> None:
+    """Attach every unmatched group to the nearest matched ancestor pair (fused/unfused)."""
+    for side, other in (("a", "b"), ("b", "a")):
+        con.execute(f"""
+        create or replace temp table anc_{side} as
+        with recursive up(grp, cur, hops) as (
+            select g.grp, g.parent, 0 from {side}_g g
+            where g.grp not in (select grp_{side} from pairs where grp_{side} is not null)
+              and g.parent is not null
+            union all
+            select up.grp, g.parent, up.hops + 1 from up join {side}_g g on g.grp = up.cur
+            where up.cur not in (select grp_{side} from pairs where grp_{side} is not null)
+              and up.hops < 200
+        )
+        select up.grp, arg_min(up.cur, up.hops) as anc from up
+        where up.cur in (select grp_{side} from pairs where grp_{side} is not null)
+        group by up.grp
+        """)
+    con.execute("""
+    create or replace temp table covered as
+    select 'a' as side, x.grp, x.anc as anc_a, p.grp_b as anc_b from anc_a x
+      join pairs p on p.grp_a = x.anc
+    union all
+    select 'b', x.grp, p.grp_a, x.anc from anc_b x join pairs p on p.grp_b = x.anc
+    """)

@@ -1,0 +1,87 @@
+"""Tensor-mode metrics: cosine similarity, max abs/rel error, RMSE, shares within 1e-3 / 1e-4.
+
+Statistics-mode metrics (differences and relative errors of max/min/mean/norm) are SQL in
+:mod:`compare.pipeline`; this module adds the element-wise metrics when both sides of a row
+have a readable tensor file (``.npy``, or ``.safetensors`` through safetensors' numpy API;
+``.pt`` files need torch, which compare never imports, so those rows keep their statistics).
+
+>>> import numpy as np
+>>> m = tensor_metrics(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.003]))
+>>> round(m["cosine"], 6), m["one_thousandth"]
+(1.0, 1.0)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["tensor_metrics", "add_tensor_metrics", "load_array"]
+
+_METRICS = ("cosine", "max_abs_err", "max_rel_err", "rmse", "one_thousandth", "one_ten_thousandth")
+
+
+def tensor_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """Element-wise metrics of two arrays of equal size (flattened, compared in float64)."""
+    x = np.asarray(a, dtype=np.float64).ravel()
+    y = np.asarray(b, dtype=np.float64).ravel()
+    if x.size != y.size:
+        raise ValueError(f"sizes differ: {x.size} vs {y.size}")
+    finite = np.isfinite(x) & np.isfinite(y)
+    x, y = x[finite], y[finite]
+    if x.size == 0:
+        return {k: float("nan") for k in _METRICS}
+    diff = np.abs(x - y)
+    denom = np.maximum(np.abs(x), np.finfo(np.float64).tiny)
+    rel = diff / denom
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    cos = float(np.dot(x, y) / (nx * ny)) if nx > 0 and ny > 0 else (1.0 if nx == ny else 0.0)
+    return {
+        "cosine": cos,
+        "max_abs_err": float(diff.max()),
+        "max_rel_err": float(rel.max()),
+        "rmse": float(np.sqrt(np.mean(diff ** 2))),
+        "one_thousandth": float(np.mean(rel <= 1e-3)),
+        "one_ten_thousandth": float(np.mean(rel <= 1e-4)),
+    }
+
+
+def load_array(path: str) -> np.ndarray | None:
+    """Read a dumped tensor file without torch; ``None`` when the format needs torch."""
+    try:
+        if path.endswith(".npy"):
+            return np.load(path, allow_pickle=False)
+        if path.endswith(".safetensors"):
+            from safetensors.numpy import load_file
+
+            tensors = load_file(path)
+            return next(iter(tensors.values())) if tensors else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def add_tensor_metrics(rows: pa.Table, progress: bool = False) -> pa.Table:
+    """Fill the tensor-mode metric columns of ``rows`` where both tensor files are readable."""
+    fa = rows.column("file_a").to_pylist()
+    fb = rows.column("file_b").to_pylist()
+    todo = [i for i, (x, y) in enumerate(zip(fa, fb)) if x and y]
+    if not todo:
+        return rows
+    cols = {k: rows.column(k).to_pylist() for k in _METRICS}
+    it: Any = todo
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(todo, desc="tensors", leave=False)
+    for i in it:
+        a, b = load_array(fa[i]), load_array(fb[i])
+        if a is None or b is None or a.size != b.size:
+            continue
+        for k, v in tensor_metrics(a, b).items():
+            cols[k][i] = v
+    for k in _METRICS:
+        rows = rows.set_column(rows.schema.get_field_index(k), k, pa.array(cols[k], type=pa.float64()))
+    return rows

@@ -1,0 +1,150 @@
+"""Normalise the records of one side before anything is compared (DuckDB SQL, no row loops).
+
+Per side ``X`` (``a`` or ``b``) two tables are built in a DuckDB connection:
+
+- ``X_g``, one row per *call group* (a module's or API's forward call together with its
+  backward and parameter-gradient entries): ``grp``, ``kind`` (module|api|comm), ``path``
+  (module path, ``layers.0.attn``), ``cls`` / ``cls_norm`` (``Dense`` → ``linear``),
+  ``canon`` (API name without framework: ``Primitive.matmul.MatMul`` / ``Torch.matmul`` →
+  ``matmul``), ``call``, ``exact_key`` (the framework-free name used for exact matching),
+  ``fwd``/``bwd``/``pgrad`` (the entry names), ``ord_f``/``ord_b`` (execution order), ``parent``
+  (the parent group), ``depth``, ``leaf`` (last path component);
+- ``X_t``, one row per tensor: the group, ``direction``, ``slot``, ``idx`` (parameter names
+  normalised: ``gamma``→``weight``, ``beta``→``bias``), msprobe-style ``name``, ``dtype``
+  (``Float32`` / ``torch.float32`` / ``mindspore.float32`` → ``float32``), stats, ``nonfinite``.
+
+>>> import duckdb
+>>> con = duckdb.connect()
+>>> con.sql("select " + DTYPE_SQL.format(col="'mindspore.Float32'")).fetchall()
+[('float32',)]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["normalise_side", "DTYPE_SQL", "CLASS_SYNONYMS", "API_SYNONYMS", "PARAM_SYNONYMS"]
+
+#: Framework-specific class names → one name (lower case, no framework decoration).
+CLASS_SYNONYMS: dict[str, str] = {
+    "dense": "linear", "sequentialcell": "sequential", "celllist": "modulelist",
+    "celldict": "moduledict", "batchnorm2d": "batchnorm2d", "conv2d": "conv2d",
+    "layernorm": "layernorm", "embedding": "embedding", "dropout": "dropout",
+}
+#: API names that differ across frameworks for one operation.
+API_SYNONYMS: dict[str, str] = {
+    "dense": "linear", "batchmatmul": "bmm", "realdiv": "div", "truediv": "div",
+    "biasadd": "bias_add", "reducemean": "mean", "reducesum": "sum", "reducemax": "max",
+    "expanddims": "unsqueeze", "concat": "cat", "transpose": "permute", "swapaxes": "transpose",
+    "fastgelu": "gelu", "sigmoidcrossentropywithlogits": "binary_cross_entropy_with_logits",
+}
+#: Parameter names that differ across frameworks.
+PARAM_SYNONYMS: dict[str, str] = {
+    "gamma": "weight", "beta": "bias", "moving_mean": "running_mean",
+    "moving_variance": "running_var", "embedding_table": "weight",
+}
+
+DTYPE_SQL = ("lower(regexp_replace(regexp_replace(coalesce({col}, ''), "
+             "'^(torch|mindspore|numpy|np|ms|tf|paddle)\\.', ''), '^(mindspore\\.)', ''))")
+
+
+def _case_map(col: str, table: dict[str, str]) -> str:
+    if not table:
+        return col
+    whens = " ".join(f"when '{k}' then '{v}'" for k, v in table.items())
+    return f"(case {col} {whens} else {col} end)"
+
+
+def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> None:
+    """Create ``{side}_g`` and ``{side}_t`` in ``con`` from one side's tensor/node records."""
+    con.register(f"{side}_raw_t", tensors)
+    con.register(f"{side}_raw_n", nodes)
+    cls_norm = _case_map("lower(cls)", CLASS_SYNONYMS)
+    canon = _case_map("canon0", API_SYNONYMS)
+    con.execute(f"""
+    create or replace temp table {side}_e as
+    with e as (
+        select node, min(seq) as seq from {side}_raw_t group by node
+        union all
+        select n.node, 1e12 + n."order" as seq from {side}_raw_n n
+        where n.node not in (select node from {side}_raw_t)
+    ), p as (
+        select node, seq, string_split(node, '.') as s from e
+    ), q as (
+        select node, seq, s, len(s) as n,
+          case when s[1] in ('Module', 'Cell') and len(s) >= 4 and regexp_full_match(s[-1], '[0-9]+') then 'module'
+               when len(s) >= 4 and regexp_full_match(s[-2], '[0-9]+') then
+                    case when s[1] = 'Distributed' then 'comm' else 'api' end
+               when len(s) >= 4 and regexp_full_match(s[-1], '[0-9]+') then 'module'
+               else 'api' end as kind
+        from p
+    )
+    select node, seq, kind, s[1] as prefix,
+      array_to_string(s[2:-3], '.') as body,
+      case when kind = 'module' then s[-2] else s[-1] end as dir_raw,
+      try_cast(case when kind = 'module' then s[-1] else s[-2] end as bigint) as call
+    from q
+    """)
+    con.execute(f"""
+    create or replace temp table {side}_g0 as
+    with x as (
+      select *,
+        prefix || '.' || body || '#' || coalesce(call, 0) as grp,
+        case when kind = 'module' then
+             case when contains(body, '.') then regexp_extract(body, '^(.*)\\.[^.]*$', 1) else '' end
+             else body end as path,
+        case when kind = 'module' then regexp_extract(body, '([^.]*)$', 1) else prefix || '.' || body end as cls,
+        lower(trim(case when prefix = 'Primitive' then split_part(body, '.', 1)
+                        else regexp_extract(body, '([^.]*)$', 1) end, '_')) as canon0
+      from {side}_e
+    )
+    select grp, any_value(kind) as kind, any_value(prefix) as prefix, any_value(path) as path,
+      any_value(cls) as cls, any_value({cls_norm}) as cls_norm, any_value({canon}) as canon,
+      any_value(call) as call,
+      max(case when dir_raw = 'forward' then node end) as fwd,
+      max(case when dir_raw = 'backward' then node end) as bwd,
+      max(case when dir_raw = 'parameters_grad' then node end) as pgrad,
+      min(case when dir_raw = 'forward' then seq end) as seq_f,
+      min(case when dir_raw <> 'forward' then seq end) as seq_b,
+      min(seq) as seq0
+    from x group by grp
+    """)
+    con.execute(f"""
+    create or replace temp table {side}_g as
+    select g.*,
+      case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
+           else g.kind || ':' || coalesce(pg.path || ':' || coalesce(pg.call, 0), '') || ':' || g.canon || ':' ||
+                (row_number() over (partition by g.kind, pg.grp, g.canon order by g.seq0) - 1) end as exact_key,
+      row_number() over (order by g.seq_f nulls last, g.seq0) - 1 as ord_f,
+      case when g.seq_b is null then null else row_number() over (order by g.seq_b nulls last) - 1 end as ord_b,
+      pg.grp as parent,
+      coalesce(n.depth, 0) as depth,
+      case when g.kind = 'module' then regexp_extract(g.path, '([^.]*)$', 1) else g.canon end as leaf
+    from {side}_g0 g
+    left join {side}_raw_n n on n.node = g.fwd
+    left join {side}_g0 pg on pg.fwd = n.parent
+    """)
+    param = _case_map('"index"', PARAM_SYNONYMS)
+    dtype = DTYPE_SQL.format(col="t.dtype")
+    con.execute(f"""
+    create or replace temp table {side}_t as
+    select g.grp, t.node, t.seq, t.direction, t.slot,
+      case when t.slot in ('parameter', 'parameter_grad') then {param} else t."index" end as idx,
+      case when t.slot = 'input' then t.node || '.input.' || t."index"
+           when t.slot = 'kwarg' then t.node || '.input.' || t."index"
+           when t.slot = 'output' then t.node || '.output.' || t."index"
+           when t.slot = 'parameter' then t.node || '.parameters.' || t."index"
+           else t.node || '.' || t."index" end as name,
+      {dtype} as dtype, t.shape, t.numel, t."max" as mx, t."min" as mn, t.mean as mean,
+      t.l2norm as norm, t.hash, t.tensor_file,
+      (isnan(coalesce(t."max", 0)) or isinf(coalesce(t."max", 0)) or isnan(coalesce(t."min", 0))
+        or isinf(coalesce(t."min", 0)) or isnan(coalesce(t.mean, 0)) or isinf(coalesce(t.mean, 0))
+        or isnan(coalesce(t.l2norm, 0)) or isinf(coalesce(t.l2norm, 0))
+        or coalesce(t.nan_count, 0) > 0 or coalesce(t.inf_count, 0) > 0) as nonfinite
+    from {side}_raw_t t
+    join {side}_e e on e.node = t.node
+    join {side}_g g on g.grp = e.prefix || '.' || e.body || '#' || coalesce(e.call, 0)
+    where t.value is null
+    """)

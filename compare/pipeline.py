@@ -1,0 +1,293 @@
+"""The compare pipeline over two loaded dumps: normalise → match → metrics → verdicts → localise.
+
+Everything row-wise is a DuckDB query over Arrow tables; Python touches only the groups left
+unmatched by name (structural alignment) and the tensor files of tensor-mode dumps.
+
+>>> from compare.load import load_dump                                  # doctest: +SKIP
+>>> r = run_compare(load_dump("A/dump.json"), load_dump("B/dump.json"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compare.api import CompareResult
+from compare.load import Dump
+from compare.verdict import CONTEXT_FLOOR, tolerance_sql
+
+__all__ = ["run_compare"]
+
+
+def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None) -> CompareResult:
+    """Compare two loaded dumps; see :mod:`compare.api` for the result's columns."""
+    import duckdb
+
+    from compare.localize import localise
+    from compare.match import match_groups
+    from compare.metrics import add_tensor_metrics
+    from compare.normalize import normalise_side
+    from compare.report import build_summary
+
+    con = duckdb.connect()
+    con.execute("set preserve_insertion_order = true")
+    normalise_side(con, "a", da.tensors, da.nodes)
+    normalise_side(con, "b", db.tensors, db.nodes)
+    _tick(bar, "normalised")
+    mapped = None
+    if mapping:
+        from compare.mapping import mapped_pairs
+
+        mapped = mapped_pairs(con, mapping)
+    match_groups(con, mapped, structural=mapped is None)
+    _tick(bar, "matched")
+    _rows(con)
+    rows = con.sql("select * exclude (grp_a, grp_b, ctx, tol_pass, tol_warn) from rows order by ord, row_id").fetch_arrow_table()
+    rows = _as_table(rows)
+    if da.task == "tensor" or db.task == "tensor":
+        rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
+    _tick(bar, "metrics")
+    _nodes(con)
+    nodes = _as_table(con.sql("select * from nodes order by ord").fetch_arrow_table())
+    _tick(bar, "verdicts")
+    summary = build_summary(con, da, db)
+    summary.update(localise(con))
+    _tick(bar, "localised")
+    con.close()
+    return CompareResult(rows=rows, nodes=nodes, summary=summary)
+
+
+def _tick(bar: Any, what: str) -> None:
+    if bar is not None:
+        bar.step(what)
+
+
+def _as_table(x: Any) -> Any:
+    import pyarrow as pa
+
+    if isinstance(x, pa.Table):
+        return x
+    return x.read_all()
+
+
+def _rows(con: Any) -> None:
+    pass_a, warn_a = tolerance_sql("r.dtype_a")
+    pass_b, warn_b = tolerance_sql("r.dtype_b")
+    con.execute("""
+    create or replace temp table pair_t as
+    with ta as (select t.*, p.grp_b as other, p.method, p.reason as mreason
+                from a_t t join pairs p on p.grp_a = t.grp),
+         tb as (select t.*, p.grp_a as other, p.method, p.reason as mreason
+                from b_t t join pairs p on p.grp_b = t.grp)
+    select coalesce(ta.grp, tb.other) as grp_a, coalesce(ta.other, tb.grp) as grp_b,
+      ta.name as name_a, tb.name as name_b, ta.node as node_a, tb.node as node_b,
+      coalesce(ta.direction, tb.direction) as direction, coalesce(ta.slot, tb.slot) as slot,
+      coalesce(ta.idx, tb.idx) as "index", coalesce(ta.method, tb.method) as match_method,
+      coalesce(ta.mreason, tb.mreason) as match_reason,
+      ta.dtype as dtype_a, tb.dtype as dtype_b, ta.shape as shape_a, tb.shape as shape_b,
+      ta.numel as numel_a, tb.numel as numel_b,
+      ta.mx as max_a, ta.mn as min_a, ta.mean as mean_a, ta.norm as norm_a,
+      tb.mx as max_b, tb.mn as min_b, tb.mean as mean_b, tb.norm as norm_b,
+      ta.nonfinite as nonfinite_a, tb.nonfinite as nonfinite_b, ta.hash as hash_a, tb.hash as hash_b,
+      ta.tensor_file as file_a, tb.tensor_file as file_b, coalesce(ta.seq, tb.seq) as seq_any
+    from ta full outer join tb
+      on ta.grp = tb.other and ta.other = tb.grp and ta.direction = tb.direction
+         and ta.slot = tb.slot and ta.idx = tb.idx
+    union all
+    select t.grp, null, t.name, null, t.node, null, t.direction, t.slot, t.idx, 'unmatched',
+      'no counterpart in B', t.dtype, null, t.shape, null, t.numel, null, t.mx, t.mn, t.mean, t.norm,
+      null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq
+    from a_t t where t.grp not in (select grp_a from pairs) and t.grp not in (select grp from covered where side = 'a')
+    union all
+    select null, t.grp, null, t.name, null, t.node, t.direction, t.slot, t.idx, 'unmatched',
+      'no counterpart in A', null, t.dtype, null, t.shape, null, t.numel, null, null, null, null,
+      t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq
+    from b_t t where t.grp not in (select grp_b from pairs) and t.grp not in (select grp from covered where side = 'b')
+    """)
+    con.execute(f"""
+    create or replace temp table rows as
+    with c as (
+      select *,
+        greatest(abs(case when isfinite(max_a) then max_a end), abs(case when isfinite(min_a) then min_a end),
+                 abs(case when isfinite(max_b) then max_b end), abs(case when isfinite(min_b) then min_b end)) as mag
+      from pair_t
+    ), ctx as (
+      select grp_a, grp_b, direction, max(mag) as ctx from c group by all
+    ), r as (
+      select c.*, ctx.ctx,
+        max_b - max_a as max_diff, min_b - min_a as min_diff, mean_b - mean_a as mean_diff,
+        norm_b - norm_a as norm_diff,
+        abs(max_b - max_a) / nullif(abs(max_a), 0) as max_rel,
+        abs(min_b - min_a) / nullif(abs(min_a), 0) as min_rel,
+        abs(mean_b - mean_a) / nullif(abs(mean_a), 0) as mean_rel,
+        abs(norm_b - norm_a) / nullif(abs(norm_a), 0) as norm_rel,
+        greatest(coalesce(c.mag, 0), {CONTEXT_FLOOR} * coalesce(ctx.ctx, 0), 1e-30) as sref,
+        greatest(abs(coalesce(norm_a, 0)), abs(coalesce(norm_b, 0)), {CONTEXT_FLOOR} * coalesce(ctx.ctx, 0), 1e-30) as nref
+      from c left join ctx on ctx.grp_a is not distinct from c.grp_a and ctx.grp_b is not distinct from c.grp_b
+        and ctx.direction = c.direction
+    ), e as (
+      select r.*,
+        case when name_a is null or name_b is null then null
+             when nonfinite_a or nonfinite_b then
+               case when nonfinite_a and nonfinite_b and max_a is not distinct from max_b
+                         and min_a is not distinct from min_b then 0.0 else 'inf'::double end
+             else coalesce(greatest(abs(max_b - max_a) / sref, abs(min_b - min_a) / sref,
+                                    abs(mean_b - mean_a) / sref, abs(norm_b - norm_a) / nref), 0.0) end as err,
+        greatest({pass_a}, {pass_b}) as tol_pass, greatest({warn_a}, {warn_b}) as tol_warn
+      from r
+    )
+    select row_number() over () as row_id, grp_a, grp_b, name_a, name_b, node_a, node_b, direction, slot,
+      "index", match_method, dtype_a, dtype_b, shape_a, shape_b,
+      max_a, min_a, mean_a, norm_a, max_b, min_b, mean_b, norm_b,
+      max_diff, min_diff, mean_diff, norm_diff, max_rel, min_rel, mean_rel, norm_rel, err,
+      null::double as cosine, null::double as max_abs_err, null::double as max_rel_err,
+      null::double as rmse, null::double as one_thousandth, null::double as one_ten_thousandth,
+      nonfinite_a, nonfinite_b,
+      case when hash_a is not null and hash_b is not null then hash_a = hash_b end as hash_match,
+      file_a, file_b, ctx, tol_pass, tol_warn, seq_any as ord,
+      case when name_a is null or name_b is null then 'unmatched'
+           when nonfinite_a is distinct from nonfinite_b then 'error'
+           when numel_a is not null and numel_b is not null and numel_a <> numel_b then 'error'
+           when hash_a is not null and hash_a = hash_b then 'pass'
+           when err <= tol_pass then 'pass'
+           when err <= tol_warn then 'warning'
+           else 'error' end as verdict,
+      case when name_a is null or name_b is null then match_reason
+           when nonfinite_a and not nonfinite_b then 'NaN/Inf only in A'
+           when nonfinite_b and not nonfinite_a then 'NaN/Inf only in B'
+           when numel_a is not null and numel_b is not null and numel_a <> numel_b then
+                printf('shapes differ: %s vs %s', shape_a::varchar, shape_b::varchar)
+           when hash_a is not null and hash_a = hash_b then 'identical (md5)'
+           when nonfinite_a and nonfinite_b and err = 0 then 'NaN/Inf identical in both'
+           when err <= tol_pass then printf('agrees: error %.1e within %s tolerance %.0e', err,
+                coalesce(dtype_a, dtype_b, '?'), tol_pass)
+           else printf('%s differs: error %.2e > %.0e (%s)%s',
+                case greatest(abs(coalesce(max_diff, 0)) / sref, abs(coalesce(min_diff, 0)) / sref,
+                              abs(coalesce(mean_diff, 0)) / sref, abs(coalesce(norm_diff, 0)) / nref)
+                     when abs(coalesce(max_diff, 0)) / sref then 'max' when abs(coalesce(min_diff, 0)) / sref then 'min'
+                     when abs(coalesce(mean_diff, 0)) / sref then 'mean' else 'norm' end,
+                err, case when err <= tol_warn then tol_pass else tol_warn end,
+                coalesce(dtype_a, dtype_b, '?'),
+                case when hash_a is not null and hash_b is not null then '; md5 differs' else '' end) end as reason
+    from e
+    """)
+
+
+def _worst(cond: str) -> str:
+    """SQL: the worst verdict over the rows matching ``cond``."""
+    return ("case max(case verdict when 'error' then 2 when 'warning' then 1 when 'pass' then 0 end) "
+            f"filter (where {cond}) when 2 then 'error' when 1 then 'warning' when 0 then 'pass' end")
+
+
+def _nodes(con: Any) -> None:
+    con.execute(f"""
+    create or replace temp table entry_nf as
+    select 'a' as side, node, grp, direction,
+      bool_or(nonfinite) filter (where slot in ('input', 'kwarg')) as nf_in,
+      bool_or(nonfinite) filter (where slot = 'output') as nf_out
+    from a_t group by all
+    union all
+    select 'b', node, grp, direction,
+      bool_or(nonfinite) filter (where slot in ('input', 'kwarg')),
+      bool_or(nonfinite) filter (where slot = 'output')
+    from b_t group by all
+    """)
+    con.execute(f"""
+    create or replace temp table pair_nodes as
+    select grp_a, grp_b, direction, any_value(node_a) filter (where node_a is not null) as node_a,
+      any_value(node_b) filter (where node_b is not null) as node_b,
+      max(err) filter (where slot in ('input', 'kwarg')) as in_err,
+      max(err) filter (where slot = 'output') as out_err,
+      max(err) filter (where slot in ('parameter', 'parameter_grad')) as param_err,
+      {_worst("slot in ('input', 'kwarg')")} as in_verdict,
+      {_worst("slot = 'output'")} as out_verdict,
+      {_worst("slot in ('parameter', 'parameter_grad')")} as param_verdict,
+      arg_max(reason, coalesce(err, -1)) filter (where slot = 'output') as out_reason,
+      arg_max(name_a, coalesce(err, -1)) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
+      max(tol_pass) as tol_pass
+    from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
+    """)
+    con.execute("""
+    create or replace temp table nodes_all as
+    with e as (
+      select p.grp_a, p.grp_b, p.method, p.reason as mreason, d.direction,
+        case d.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end as node_a,
+        case d.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end as node_b,
+        ga.kind, ga.cls as class_a, gb.cls as class_b, ga.parent as parent_a, gb.parent as parent_b,
+        case d.direction when 'forward' then ga.ord_f else ga.ord_b + 1000000000 end as order_a,
+        case d.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end as order_b
+      from pairs p join a_g ga on ga.grp = p.grp_a join b_g gb on gb.grp = p.grp_b
+      cross join (values ('forward'), ('backward')) d(direction)
+    )
+    select e.*, pn.in_err, pn.out_err, pn.param_err, pn.in_verdict, pn.out_verdict, pn.param_verdict,
+      pn.out_reason, pn.worst_param
+    from e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
+    where e.node_a is not null or e.node_b is not null
+    """)
+    con.execute(f"""
+    create or replace temp table nodes as
+    with m as (
+      select n.*,
+        case when coalesce(param_verdict, 'pass') = 'error' or coalesce(out_verdict, 'pass') = 'error' then 'error'
+             when coalesce(param_verdict, 'pass') = 'warning' or coalesce(out_verdict, 'pass') = 'warning' then 'warning'
+             when out_verdict is null and param_verdict is null then coalesce(in_verdict, 'pass')
+             else 'pass' end as verdict,
+        greatest(0.0, least(1.0, coalesce(out_err, 0)) - least(1.0, coalesce(in_err, 0))) as precision_score
+      from nodes_all n
+    ), cov as (
+      select c.side, c.grp, c.anc_a, c.anc_b, d.direction, ga.kind as kind_a, gb.kind as kind_b
+      from covered c cross join (values ('forward'), ('backward')) d(direction)
+      left join a_g ga on c.side = 'a' and ga.grp = c.grp
+      left join b_g gb on c.side = 'b' and gb.grp = c.grp
+    )
+    select m.node_a, m.node_b, m.kind, m.class_a, m.class_b, m.parent_a, m.parent_b, m.direction,
+      m.method as match_method,
+      order_a, order_b, order_a as ord, in_err, out_err, param_err, in_verdict, out_verdict, param_verdict,
+      precision_score,
+      case when precision_score >= 0.6 then 'high' when precision_score >= 0.3 then 'medium' else 'low' end as precision_band,
+      na.nf_in as nonfinite_in_a, na.nf_out as nonfinite_out_a, nb.nf_in as nonfinite_in_b, nb.nf_out as nonfinite_out_b,
+      verdict,
+      case when verdict = 'pass' then mreason || '; outputs agree'
+           when coalesce(param_verdict, 'pass') <> 'pass' then mreason || '; parameter ' || coalesce(worst_param, '?') || ' differs; ' || coalesce(out_reason, '')
+           else mreason || '; output ' || coalesce(out_reason, '') end as reason
+    from m
+    left join entry_nf na on na.side = 'a' and na.node = m.node_a and na.direction = m.direction
+    left join entry_nf nb on nb.side = 'b' and nb.node = m.node_b and nb.direction = m.direction
+    union all
+    select case when c.side = 'a' then (case c.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end)
+                else (case c.direction when 'forward' then pa.fwd else coalesce(pa.bwd, pa.pgrad) end) end,
+           case when c.side = 'b' then (case c.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end)
+                else (case c.direction when 'forward' then pb.fwd else coalesce(pb.bwd, pb.pgrad) end) end,
+      coalesce(ga.kind, gb.kind), ga.cls, gb.cls, ga.parent, gb.parent, c.direction, 'ancestor',
+      case when c.side = 'a' then (case c.direction when 'forward' then ga.ord_f else ga.ord_b + 1000000000 end) end,
+      case when c.side = 'b' then (case c.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end) end,
+      coalesce(case c.direction when 'forward' then coalesce(ga.ord_f, gb.ord_f) else coalesce(ga.ord_b, gb.ord_b) + 1000000000 end, 0),
+      null, null, null, null, null, null, null, null, null, null, null, null,
+      coalesce(an.verdict, 'pass'),
+      printf('no counterpart in %s (fused/unfused structure); compared at the nearest common ancestor %s <-> %s',
+             case c.side when 'a' then 'B' else 'A' end, pa.fwd, pb.fwd)
+    from cov c
+    left join a_g ga on c.side = 'a' and ga.grp = c.grp
+    left join b_g gb on c.side = 'b' and gb.grp = c.grp
+    join a_g pa on pa.grp = c.anc_a join b_g pb on pb.grp = c.anc_b
+    left join m an on an.grp_a = c.anc_a and an.grp_b = c.anc_b and an.direction = c.direction
+    where (case when c.side = 'a' then (case c.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end)
+                else (case c.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end) end) is not null
+    union all
+    select case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end, null, g.kind, g.cls, null,
+      g.parent, null, d.direction, 'unmatched',
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end, null,
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
+      null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in B'
+    from a_g g cross join (values ('forward'), ('backward')) d(direction)
+    where g.grp not in (select grp_a from pairs) and g.grp not in (select grp from covered where side = 'a')
+      and (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
+    union all
+    select null, case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end, g.kind, null, g.cls,
+      null, g.parent, d.direction, 'unmatched', null,
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
+      null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in A'
+    from b_g g cross join (values ('forward'), ('backward')) d(direction)
+    where g.grp not in (select grp_b from pairs) and g.grp not in (select grp from covered where side = 'b')
+      and (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
+    """)

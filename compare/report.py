@@ -1,0 +1,109 @@
+"""Reports: summary.json contents, the output files and the terminal summary.
+
+>>> print(format_summary({"a": "A", "b": "B", "matched": 2, "unmatched_a": 0, "unmatched_b": 0,
+...     "match_methods": {"exact": 2}, "verdicts": {"pass": 4}, "first_divergence": None,
+...     "first_nan": None, "worst": []}).splitlines()[1])
+matched 2 nodes (exact 2); unmatched: 0 in A, 0 in B
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from probe.errors import ProbeError
+
+__all__ = ["build_summary", "write_result", "format_summary"]
+
+_WORST_N = 5
+
+
+def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
+    """The summary dict (matched/unmatched counts, verdict counts, worst pairs)."""
+    def counts(sql: str) -> dict[str, int]:
+        return {k: int(v) for k, v in con.sql(sql).fetchall() if k is not None}
+
+    matched = con.sql("select count(*) from nodes where match_method <> 'unmatched'").fetchall()[0][0]
+    un_a = con.sql("select count(*) from nodes where match_method = 'unmatched' and node_a is not null").fetchall()[0][0]
+    un_b = con.sql("select count(*) from nodes where match_method = 'unmatched' and node_b is not null").fetchall()[0][0]
+    worst = con.sql(f"""
+        select name_a, name_b, verdict, err, reason from rows
+        where verdict in ('error', 'warning') order by err desc nulls last, ord limit {_WORST_N}""").fetchall()
+    mode = "statistics"
+    if da.task == "tensor" or db.task == "tensor":
+        mode = "tensor"
+    elif da.task == "md5" or db.task == "md5":
+        mode = "md5"
+    notes = [n for n in (da.note, db.note) if n]
+    return {
+        "a": da.source, "b": db.source, "framework_a": da.framework, "framework_b": db.framework,
+        "mode": mode,
+        "matched": int(matched), "unmatched_a": int(un_a), "unmatched_b": int(un_b),
+        "match_methods": counts("select match_method, count(*) from nodes group by all order by all"),
+        "tensors": int(con.sql("select count(*) from rows").fetchall()[0][0]),
+        "verdicts": counts("select verdict, count(*) from rows group by all order by all"),
+        "node_verdicts": counts("select verdict, count(*) from nodes group by all order by all"),
+        "worst": [{"a": a, "b": b, "verdict": v, "err": e, "reason": r} for a, b, v, e, r in worst],
+        "notes": notes,
+    }
+
+
+def write_result(result: Any, out: Path) -> Path:
+    """Write compare.csv, compare.parquet, nodes.parquet and summary.json; return ``out``."""
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        pq.write_table(result.rows, out / "compare.parquet")
+        pq.write_table(result.nodes, out / "nodes.parquet")
+        flat = result.rows
+        for i, f in enumerate(flat.schema):
+            if str(f.type).startswith("list"):
+                flat = flat.set_column(i, f.name, _list_to_text(flat.column(i)))
+        pcsv.write_csv(flat, out / "compare.csv")
+        (out / "summary.json").write_text(json.dumps(result.summary, indent=1, default=str,
+                                                     allow_nan=False) + "\n")
+    except OSError as e:
+        raise ProbeError(f"{out}: cannot write the compare result ({e.strerror})") from None
+    return out
+
+
+def _list_to_text(col: Any) -> Any:
+    import pyarrow as pa
+
+    values = col.to_pylist()
+    return pa.array([None if v is None else "[" + ", ".join(str(x) for x in v) + "]" for v in values],
+                    type=pa.string())
+
+
+def _short(name: str | None, width: int = 70) -> str:
+    if name is None:
+        return "-"
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The terminal summary: counts, the first divergence, the first NaN, the worst pairs."""
+    methods = ", ".join(f"{k} {v}" for k, v in s.get("match_methods", {}).items() if k != "unmatched")
+    verdicts = ", ".join(f"{k} {v}" for k, v in s.get("verdicts", {}).items()) or "none"
+    lines = [f"compare {s.get('a')}  vs  {s.get('b')}",
+             f"matched {s['matched']} nodes ({methods or 'none'}); unmatched: "
+             f"{s['unmatched_a']} in A, {s['unmatched_b']} in B",
+             f"tensors: {verdicts}"]
+    for key, label in (("first_divergence", "first divergence"), ("first_nan", "first NaN/Inf")):
+        f = s.get(key)
+        if f:
+            lines.append(f"{label} ({f['direction']}): {_short(f['a'])}  <->  {_short(f['b'])}")
+            if f.get("reason"):
+                lines.append(f"    {f['reason']}")
+        else:
+            lines.append(f"{label}: none")
+    if s.get("worst"):
+        lines.append("worst pairs:")
+        for w in s["worst"]:
+            lines.append(f"  {w['verdict']:7s} {_short(w['a'] or w['b'], 60)}: {w['reason']}")
+    for n in s.get("notes", []):
+        lines.append(f"note: {n}")
+    return "\n".join(lines)

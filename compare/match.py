@@ -8,11 +8,14 @@ Works on the tables :func:`compare.normalize.normalise_side` builds (``a_g``/``b
 2. ``mapping``: pairs given by an msprobe mapping file (:mod:`compare.mapping`), applied first;
 3. ``structure``: with no mapping file, the unmatched groups between two consecutive matched
    anchors are aligned in execution order by dynamic programming over a score built from
-   class, tensor shapes (inputs, outputs, parameters), depth, leaf name and statistics;
+   class, tensor shapes (inputs, outputs, parameters), depth, leaf name and the closeness of
+   the input, output and parameter norms (one fault perturbs some of them, never all);
    a pair must agree on output shapes and on inputs, parameters or class, and must sit under
    matched ancestors (tree consistency);
 4. ``ancestor``: a group with no counterpart (fused/unfused structure) is attached to its
-   nearest matched ancestor, which is where the two implementations are compared.
+   nearest matched ancestor, which is where the two implementations are compared;
+5. ``container``: a group with no counterpart and no matched ancestor whose children are
+   matched is an extra level of one side (a ``decoder`` wrapper around the layers).
 
 >>> score_pair({"kind": "module", "cls": "linear", "in": "[4, 8]", "out": "[4, 2]",
 ...             "par": "[2, 8]", "leaf": "q", "depth": 2, "onorm": 1.0},
@@ -65,11 +68,17 @@ def score_pair(a: dict, b: dict) -> float:
         s += 1.0
     if a["depth"] == b["depth"]:
         s += 0.5
-    na, nb = a.get("onorm"), b.get("onorm")
-    if na is not None and nb is not None and na == na and nb == nb:
-        rel = abs(na - nb) / max(abs(na), abs(nb), 1e-30)
-        s += 2.0 if rel < 1e-3 else 1.0 if rel < 1e-1 else 0.0
+    for key in ("inorm", "onorm", "pnorm"):
+        s += _closeness(a.get(key), b.get(key))
     return s
+
+
+def _closeness(x: float | None, y: float | None) -> float:
+    """2 when two statistics agree to 1e-3, 1 to 1e-1, else 0 (NaN/None: 0)."""
+    if x is None or y is None or x != x or y != y:
+        return 0.0
+    rel = abs(x - y) / max(abs(x), abs(y), 1e-30)
+    return 2.0 if rel < 1e-3 else 1.0 if rel < 1e-1 else 0.0
 
 
 def align(seq_a: list[dict], seq_b: list[dict]) -> list[tuple[int, int, float]]:
@@ -134,7 +143,9 @@ select g.grp, g.kind, g.cls_norm as cls, g.canon, g.leaf, g.depth, g.parent, g.o
   coalesce((select string_agg(sh, ';' order by k) from t where t.grp = g.grp and t.slot in ('input', 'kwarg')), '') as "in",
   coalesce((select string_agg(sh, ';' order by k) from t where t.grp = g.grp and t.slot = 'output'), '') as "out",
   coalesce((select string_agg(sh, ';' order by sh) from t where t.grp = g.grp and t.slot = 'parameter'), '') as par,
-  (select norm from t where t.grp = g.grp and t.slot = 'output' and k = 1) as onorm
+  (select norm from t where t.grp = g.grp and t.slot = 'output' and k = 1) as onorm,
+  (select norm from t where t.grp = g.grp and t.slot in ('input', 'kwarg') order by k limit 1) as inorm,
+  (select max(norm) from t where t.grp = g.grp and t.slot = 'parameter') as pnorm
 from {s}_g g
 where g.fwd is not null and g.grp not in (select grp_{s} from pairs where grp_{s} is not null)
 order by g.ord_f
@@ -270,6 +281,18 @@ def _ancestors(con: Any) -> None:
         where up.cur in (select grp_{side} from pairs where grp_{side} is not null)
         group by up.grp
         """)
+    con.execute("""
+    create or replace temp table containers as
+    select s.side, s.grp from (
+      select 'a' as side, g.grp, g.parent from a_g g union all select 'b', g.grp, g.parent from b_g g) s
+    where not exists (select 1 from pairs p where p.grp_a = s.grp or p.grp_b = s.grp)
+      and not exists (select 1 from anc_a x where s.side = 'a' and x.grp = s.grp)
+      and not exists (select 1 from anc_b x where s.side = 'b' and x.grp = s.grp)
+      and exists (select 1 from (select grp_a as m, 'a' as sd from pairs union all select grp_b, 'b' from pairs) q
+                  join (select 'a' as sd, grp, parent from a_g union all select 'b', grp, parent from b_g) c
+                    on c.sd = q.sd and c.grp = q.m
+                  where c.sd = s.side and c.parent = s.grp)
+    """)
     con.execute("""
     create or replace temp table covered as
     select 'a' as side, x.grp, x.anc as anc_a, p.grp_b as anc_b from anc_a x

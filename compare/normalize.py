@@ -119,7 +119,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
                 (row_number() over (partition by g.kind, pg.grp, g.canon order by g.seq0) - 1) end as exact_key,
       row_number() over (order by g.seq_f nulls last, g.seq0) - 1 as ord_f,
       case when g.seq_b is null then null else row_number() over (order by g.seq_b nulls last) - 1 end as ord_b,
-      pg.grp as parent,
+      pg.grp as parent, n.parent as parent_node,
       coalesce(n.depth, 0) as depth,
       case when g.kind = 'module' then regexp_extract(g.path, '([^.]*)$', 1) else g.canon end as leaf
     from {side}_g0 g

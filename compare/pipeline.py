@@ -97,11 +97,13 @@ def _rows(con: Any) -> None:
       'no counterpart in B', t.dtype, null, t.shape, null, t.numel, null, t.mx, t.mn, t.mean, t.norm,
       null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq
     from a_t t where t.grp not in (select grp_a from pairs) and t.grp not in (select grp from covered where side = 'a')
+      and t.grp not in (select grp from containers where side = 'a')
     union all
     select null, t.grp, null, t.name, null, t.node, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in A', null, t.dtype, null, t.shape, null, t.numel, null, null, null, null,
       t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq
     from b_t t where t.grp not in (select grp_b from pairs) and t.grp not in (select grp from covered where side = 'b')
+      and t.grp not in (select grp from containers where side = 'b')
     """)
     con.execute(f"""
     create or replace temp table rows as
@@ -212,7 +214,7 @@ def _nodes(con: Any) -> None:
       select p.grp_a, p.grp_b, p.method, p.reason as mreason, d.direction,
         case d.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end as node_a,
         case d.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end as node_b,
-        ga.kind, ga.cls as class_a, gb.cls as class_b, ga.parent as parent_a, gb.parent as parent_b,
+        ga.kind, ga.cls as class_a, gb.cls as class_b, ga.parent_node as parent_a, gb.parent_node as parent_b,
         case d.direction when 'forward' then ga.ord_f else ga.ord_b + 1000000000 end as order_a,
         case d.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end as order_b
       from pairs p join a_g ga on ga.grp = p.grp_a join b_g gb on gb.grp = p.grp_b
@@ -257,7 +259,7 @@ def _nodes(con: Any) -> None:
                 else (case c.direction when 'forward' then pa.fwd else coalesce(pa.bwd, pa.pgrad) end) end,
            case when c.side = 'b' then (case c.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end)
                 else (case c.direction when 'forward' then pb.fwd else coalesce(pb.bwd, pb.pgrad) end) end,
-      coalesce(ga.kind, gb.kind), ga.cls, gb.cls, ga.parent, gb.parent, c.direction, 'ancestor',
+      coalesce(ga.kind, gb.kind), ga.cls, gb.cls, ga.parent_node, gb.parent_node, c.direction, 'ancestor',
       case when c.side = 'a' then (case c.direction when 'forward' then ga.ord_f else ga.ord_b + 1000000000 end) end,
       case when c.side = 'b' then (case c.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end) end,
       coalesce(case c.direction when 'forward' then coalesce(ga.ord_f, gb.ord_f) else coalesce(ga.ord_b, gb.ord_b) + 1000000000 end, 0),
@@ -273,21 +275,45 @@ def _nodes(con: Any) -> None:
     where (case when c.side = 'a' then (case c.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end)
                 else (case c.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end) end) is not null
     union all
+    select case when k.side = 'a' then (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) end,
+      case when k.side = 'b' then (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) end,
+      g.kind, case when k.side = 'a' then g.cls end, case when k.side = 'b' then g.cls end,
+      case when k.side = 'a' then g.parent_node end, case when k.side = 'b' then g.parent_node end,
+      d.direction, 'container',
+      case when k.side = 'a' then (case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end) end,
+      case when k.side = 'b' then (case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end) end,
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
+      null, null, null, null, null, null, null, null, null, null, null, null,
+      coalesce((select case max(case verdict when 'error' then 2 when 'warning' then 1 else 0 end)
+                  when 2 then 'error' when 1 then 'warning' else 'pass' end
+                from m where m.direction = d.direction
+                  and (case k.side when 'a' then m.grp_a else m.grp_b end) in
+                      (select c.grp from (select 'a' as sd, grp, parent from a_g union all
+                                          select 'b', grp, parent from b_g) c where c.sd = k.side and c.parent = k.grp)), 'pass'),
+      printf('a container level only in %s (no counterpart, its children are matched)',
+             case k.side when 'a' then 'A' else 'B' end)
+    from containers k
+    join (select 'a' as sd, * from a_g union all select 'b', * from b_g) g on g.sd = k.side and g.grp = k.grp
+    cross join (values ('forward'), ('backward')) d(direction)
+    where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
+    union all
     select case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end, null, g.kind, g.cls, null,
-      g.parent, null, d.direction, 'unmatched',
+      g.parent_node, null, d.direction, 'unmatched',
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end, null,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
       null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in B'
     from a_g g cross join (values ('forward'), ('backward')) d(direction)
     where g.grp not in (select grp_a from pairs) and g.grp not in (select grp from covered where side = 'a')
+      and g.grp not in (select grp from containers where side = 'a')
       and (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
     union all
     select null, case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end, g.kind, null, g.cls,
-      null, g.parent, d.direction, 'unmatched', null,
+      null, g.parent_node, d.direction, 'unmatched', null,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
       null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in A'
     from b_g g cross join (values ('forward'), ('backward')) d(direction)
     where g.grp not in (select grp_b from pairs) and g.grp not in (select grp from covered where side = 'b')
+      and g.grp not in (select grp from containers where side = 'b')
       and (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
     """)

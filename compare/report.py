@@ -9,6 +9,7 @@ matched 2 nodes (exact 2); unmatched: 0 in A, 0 in B
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +64,22 @@ def write_result(result: Any, out: Path) -> Path:
             if str(f.type).startswith("list"):
                 flat = flat.set_column(i, f.name, _list_to_text(flat.column(i)))
         pcsv.write_csv(flat, out / "compare.csv")
-        (out / "summary.json").write_text(json.dumps(result.summary, indent=1, default=str,
-                                                     allow_nan=False) + "\n")
+        (out / "summary.json").write_text(json.dumps(_json_safe(result.summary), indent=1,
+                                                     default=str, allow_nan=False) + "\n")
     except OSError as e:
         raise ProbeError(f"{out}: cannot write the compare result ({e.strerror})") from None
     return out
+
+
+def _json_safe(x: Any) -> Any:
+    """Non-finite floats become the strings "inf", "-inf", "nan" (strict JSON)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if x != x else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
 
 
 def _list_to_text(col: Any) -> Any:

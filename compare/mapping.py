@@ -1,0 +1,183 @@
+"""msprobe's mapping files, read as msprobe reads them, turned into call-group pairs.
+
+The kind is recognised from the content:
+
+- **layer mapping** (``layer_mapping.yaml``): ``{TypeName: {child_in_A: child_in_B}}``; a
+  module path of A is rewritten scope by scope, each child renamed by the mapping of its
+  parent's class (``TopLayer``, or the old ``Cell``, for the root); keys may span several
+  levels (``a.b.c: new_c``);
+- **cell mapping**: ``{"path.Class" in A: "path.Class" in B}`` (whole name, else substring
+  replacement, as msprobe does);
+- **API mapping**: a list of ``{ms_api: ..., pt_api: ...}``; the k-th call of ``ms_api`` in A
+  pairs with the k-th call of ``pt_api`` in B;
+- **data mapping**: ``{tensor name in A: tensor name in B}`` (``Cell.fc1.Dense.forward.0.input.0``).
+
+A mapping that names nothing present in A is an error naming the file.
+
+>>> kind_of({"TopLayer": {"network": "module"}}), kind_of([{"ms_api": "x", "pt_api": "y"}])
+('layer', 'api')
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from probe.errors import ProbeError
+
+__all__ = ["mapped_pairs", "kind_of", "load_mapping"]
+
+_ENTRY_RE = re.compile(r"^(.*?\.(?:forward|backward|parameters_grad)\.\d+|.*?\.\d+\.(?:forward|backward))(?:\.|$)")
+
+
+def load_mapping(path: str) -> Any:
+    """Read a mapping YAML; one-line :class:`ProbeError` if unreadable."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ProbeError(f"{p}: no such mapping file")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ProbeError(f"{p}: unreadable mapping YAML ({str(e).splitlines()[0]})") from None
+    if not doc:
+        raise ProbeError(f"{p}: the mapping file is empty")
+    return doc
+
+
+def kind_of(doc: Any) -> str:
+    """``layer``, ``cell``, ``api`` or ``data`` (see the module docstring)."""
+    if isinstance(doc, list):
+        return "api"
+    if isinstance(doc, dict):
+        if all(isinstance(v, dict) for v in doc.values()):
+            return "layer"
+        keys = [k for k in doc if isinstance(k, str)]
+        if keys and all(_ENTRY_RE.match(k) for k in keys):
+            return "data"
+        return "cell"
+    return "unknown"
+
+
+def mapped_pairs(con: Any, path: str) -> pa.Table:
+    """Pairs (grp_a, grp_b, reason) that the mapping file gives, resolved in both sides."""
+    doc = load_mapping(path)
+    kind = kind_of(doc)
+    ga = con.sql("select grp, kind, prefix, path, cls, call, fwd, bwd, pgrad, ord_f from a_g").fetchall()
+    gb = con.sql("select grp, kind, prefix, path, cls, call, fwd, bwd, pgrad, ord_f from b_g").fetchall()
+    if kind == "layer":
+        pairs = _layer(doc, ga, gb)
+    elif kind == "cell":
+        pairs = _cell({str(k): str(v) for k, v in doc.items()}, ga, gb)
+    elif kind == "api":
+        pairs = _api(doc, ga, gb)
+    elif kind == "data":
+        pairs = _data({str(k): str(v) for k, v in doc.items()}, ga, gb)
+    else:
+        raise ProbeError(f"{path}: not an msprobe mapping (expected a layer/cell/data mapping "
+                         "object or an API mapping list)")
+    if not pairs:
+        raise ProbeError(f"{path}: the {kind} mapping names nothing that exists in A and B; "
+                         "check the names against the dumps' dump.json")
+    return pa.table({"grp_a": [p[0] for p in pairs], "grp_b": [p[1] for p in pairs],
+                     "reason": [f"{kind} mapping {Path(path).name}" for _ in pairs]})
+
+
+def _unique(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    seen_a, seen_b, out = set(), set(), []
+    for a, b in pairs:
+        if a not in seen_a and b not in seen_b:
+            seen_a.add(a)
+            seen_b.add(b)
+            out.append((a, b))
+    return out
+
+
+def _modules(groups: list[tuple]) -> dict[tuple[str, int], str]:
+    return {(g[3], g[5] or 0): g[0] for g in groups if g[1] == "module"}
+
+
+def _layer(doc: dict, ga: list[tuple], gb: list[tuple]) -> list[tuple[str, str]]:
+    mapping: dict[str, dict[str, list[tuple[str, str, int]]]] = {}
+    for type_name, names in doc.items():
+        key = "TopLayer" if type_name == "Cell" else str(type_name)
+        for origin, target in (names or {}).items():
+            origin, target = str(origin), str(target).split("(")[0]
+            mapping.setdefault(key, {}).setdefault(origin.split(".")[0], []).append(
+                (origin, target, len(origin.split("."))))
+    for rules in mapping.values():
+        for lst in rules.values():
+            lst.sort(key=lambda r: -r[2])
+    cls_of = {g[3]: g[4] for g in ga if g[1] == "module"}
+    b_mod = _modules(gb)
+    pairs = []
+    for g in ga:
+        if g[1] != "module":
+            continue
+        parts = g[3].split(".") if g[3] else []
+        new, i, scope_type = [], 0, "TopLayer"
+        while i < len(parts):
+            step, name = 1, parts[i]
+            for origin, target, level in mapping.get(scope_type, {}).get(parts[i], []):
+                if ".".join(parts[i:i + level]) == origin:
+                    step, name = level, target
+                    break
+            new.append(name)
+            i += step
+            scope_type = cls_of.get(".".join(parts[:i]), "")
+        b = b_mod.get((".".join(new), g[5] or 0))
+        if b is not None and new != parts:
+            pairs.append((g[0], b))
+    return _unique(pairs)
+
+
+def _cell(doc: dict[str, str], ga: list[tuple], gb: list[tuple]) -> list[tuple[str, str]]:
+    b_by_name = {(f"{g[3]}.{g[4]}" if g[3] else g[4], g[5] or 0): g[0] for g in gb if g[1] == "module"}
+    pairs = []
+    for g in ga:
+        if g[1] != "module":
+            continue
+        cell = f"{g[3]}.{g[4]}" if g[3] else g[4]
+        if cell in doc:
+            new = doc[cell]
+        else:
+            new = cell
+            for k, v in doc.items():
+                if k in new:
+                    new = new.replace(k, v, 1)
+        if new != cell and (new, g[5] or 0) in b_by_name:
+            pairs.append((g[0], b_by_name[(new, g[5] or 0)]))
+    return _unique(pairs)
+
+
+def _api(doc: list, ga: list[tuple], gb: list[tuple]) -> list[tuple[str, str]]:
+    def calls(groups: list[tuple], api: str) -> list[str]:
+        sel = [g for g in groups if g[1] != "module" and f"{g[2]}.{g[3]}" == api]
+        return [g[0] for g in sorted(sel, key=lambda g: (g[9] is None, g[9]))]
+    pairs = []
+    for item in doc:
+        if not isinstance(item, dict) or "ms_api" not in item or "pt_api" not in item:
+            continue
+        pairs.extend(zip(calls(ga, str(item["ms_api"])), calls(gb, str(item["pt_api"]))))
+    return _unique(pairs)
+
+
+def _data(doc: dict[str, str], ga: list[tuple], gb: list[tuple]) -> list[tuple[str, str]]:
+    def by_entry(groups: list[tuple]) -> dict[str, str]:
+        out = {}
+        for g in groups:
+            for name in (g[6], g[7], g[8]):
+                if name:
+                    out[name] = g[0]
+        return out
+    ea, eb = by_entry(ga), by_entry(gb)
+    pairs = []
+    for ka, kb in doc.items():
+        ma, mb = _ENTRY_RE.match(ka), _ENTRY_RE.match(kb)
+        if ma and mb and ma.group(1) in ea and mb.group(1) in eb:
+            pairs.append((ea[ma.group(1)], eb[mb.group(1)]))
+    return _unique(pairs)

@@ -39,10 +39,11 @@ from typing import Any, Callable
 
 __all__ = ["mark", "range_start", "range_end", "range", "domain", "Domain", "is_recording"]
 
-# Raw record tuples appended to a thread's buffer (kind code first):
-#   (MARK, 0, t_ns, message, domain)               or with a device event as 6th item
-#   (START, range_id, t_ns, message, domain)       or with a device event as 6th item
-#   (END, range_id, t_ns, domain)                  or with a device event as 5th item
+# Raw record tuples appended to a thread's buffer, all of five items (kind code first):
+#   (MARK, 0 or id, t_ns, message, domain)     id only for a mark with a stream
+#   (START, range_id, t_ns, message, domain)
+#   (END, range_id, t_ns, domain, 0)
+# Device timing events (ranges and marks given a stream) wait in _device_starts/_device_ends.
 MARK, START, END = 0, 1, 2
 
 # --- state switched by profiler.recorder.Recorder; read on every call ---------------------
@@ -50,7 +51,10 @@ _active = False          # marks and range starts are recorded
 _ends = False            # range ends are recorded (stays on in a session's tail, see Recorder)
 _local = threading.local()               # .push: this thread's buffer's append
 _new_buffer: Callable[[], list] = list   # replaced by the recorder: registers a thread's buffer
+_complete: list = []                     # finished ranges from built-in wrappers (recorder.emit_complete)
 _streams: dict[int, Any] = {}            # range id -> stream, only for ranges given a stream
+_device_starts: dict[int, Any] = {}      # id -> device event recorded at the start/mark
+_device_ends: dict[int, Any] = {}        # id -> device event recorded at the end/mark
 _device_event: Callable[[Any], Any] | None = None   # records a timing event on a stream
 
 _next_id = itertools.count(1).__next__
@@ -70,7 +74,9 @@ def mark(message: Any, stream: Any = None, domain: str = "default") -> None:
         if stream is None:
             push((0, 0, _now(), message, domain))
         else:
-            push((0, 0, _now(), message, domain, _stream_event(stream)))
+            rid = _next_id()
+            _device_starts[rid] = _device_ends[rid] = _stream_event(stream)
+            push((0, rid, _now(), message, domain))
 
 
 def range_start(message: Any, stream: Any = None, domain: str = "default") -> int:
@@ -86,11 +92,10 @@ def range_start(message: Any, stream: Any = None, domain: str = "default") -> in
         push = _local.push
     except AttributeError:
         push = _register()
-    if stream is None:
-        push((1, rid, _now(), message, domain))
-    else:
+    if stream is not None:
         _streams[rid] = stream
-        push((1, rid, _now(), message, domain, _stream_event(stream)))
+        _device_starts[rid] = _stream_event(stream)
+    push((1, rid, _now(), message, domain))
     return rid
 
 
@@ -105,9 +110,13 @@ def range_end(range_id: int, domain: str = "default") -> None:
         except AttributeError:
             push = _register()
         if _streams:
-            _end_on_stream(push, range_id, domain)
-        else:
-            push((2, range_id, _now(), domain))
+            _end_on_stream(range_id)
+        push((2, range_id, _now(), domain, 0))
+
+
+def is_recording() -> bool:
+    """True while a profiling session records marks and ranges."""
+    return _active
 
 
 def _register() -> Callable[[tuple], None]:
@@ -116,20 +125,13 @@ def _register() -> Callable[[tuple], None]:
     return push
 
 
-def _end_on_stream(push: Callable[[tuple], None], range_id: Any, domain: str) -> None:
+def _end_on_stream(range_id: Any) -> None:
     try:
         stream = _streams.pop(range_id, None)
     except TypeError:                       # an unhashable id: counted by the recorder
-        stream = None
-    if stream is None:
-        push((2, range_id, _now(), domain))
-    else:
-        push((2, range_id, _now(), domain, _stream_event(stream)))
-
-
-def is_recording() -> bool:
-    """True while a profiling session records marks and ranges."""
-    return _active
+        return
+    if stream is not None:
+        _device_ends[range_id] = _stream_event(stream)
 
 
 def _stream_event(stream: Any) -> Any:

@@ -1,17 +1,20 @@
 """The recording stage behind :mod:`profiler.mstx`: per-thread buffers, batching, pairing.
 
 While a :class:`Recorder` runs, each thread that calls ``mstx`` gets its own list (registered
-once per thread); the hot path only appends a tuple to it. A background thread drains every
-buffer in batches (``len`` then slice then ``del``, which needs no lock under the GIL), pairs
-range starts with range ends by id (across threads and across batches), resolves device
-timestamps whose CUDA events have completed, and passes finished :class:`Event` lists to the
-sinks. Everything here is bounded: a buffer that outgrows ``max_buffer`` between two drains
-loses its excess, and the loss is counted in :attr:`Recorder.problems`.
+once per thread); the hot path only appends a 5-tuple to it. A background thread drains every
+buffer in batches (``len``, slice, ``del``: no lock needed under the GIL) and turns a batch into
+columns at C speed (``zip``, numpy): range starts are paired with their ends by id with a sorted
+search (ids rise within a thread), and only what crosses batches or threads (an end on another
+thread, a range still open) goes through a dict. Device timestamps whose CUDA events have
+completed are resolved. Finished events go to the sink as an :class:`EventBatch` (columns;
+iterating it yields :class:`Event` rows). Everything is bounded: a buffer that outgrows
+``max_buffer`` between two drains loses its excess, and the loss is counted.
 
-Bad input from user code is counted here, never raised: ``unmatched_end`` (an end whose start was
-never seen), ``unknown_range_id`` (an id that no ``range_start`` returned), ``unclosed_range``
-(started, never ended), ``non_string_message``, ``huge_message`` (cut to
-:data:`MAX_MESSAGE` characters), ``dropped_events``.
+Bad input from user code is counted in :attr:`Recorder.problems`, never raised:
+``unmatched_end`` (an end whose start was never seen, or a second end), ``unknown_range_id`` (an
+id that no ``range_start`` returned), ``unclosed_range`` (started, never ended),
+``non_string_message``, ``non_string_domain``, ``huge_message`` (cut to :data:`MAX_MESSAGE`
+characters), ``end_domain_differs``, ``dropped_events``.
 
 >>> from profiler import mstx
 >>> got = []
@@ -29,7 +32,11 @@ import json
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable, NamedTuple
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
+
+import numpy as np
 
 from profiler import mstx
 
@@ -38,8 +45,6 @@ MAX_MESSAGE = 4096
 
 #: Record kind of an event by its domain (everything else is ``range`` or ``mark``).
 DOMAIN_KINDS = {"communication": "comm", "step": "step"}
-
-COMPLETE = 3   # raw tuple code: (3, 0, start_ns, name, domain, end_ns, payload) from built-in wrappers
 
 
 class Event(NamedTuple):
@@ -58,6 +63,33 @@ class Event(NamedTuple):
     step: int | None
 
 
+class EventBatch:
+    """Finished events column by column (lists of equal length, one per :class:`Event` field).
+
+    >>> b = EventBatch.from_events([Event("d", "n", "range", 1, 2, 7, 7, None, None, None, 0)])
+    >>> len(b), b.name, [e.end_ns for e in b]
+    (1, ['n'], [2])
+    """
+
+    __slots__ = Event._fields
+
+    def __init__(self, **columns: list) -> None:
+        for f in Event._fields:
+            setattr(self, f, columns[f])
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> "EventBatch":
+        rows = list(events)
+        return cls(**{f: [getattr(e, f) for e in rows] for f in Event._fields})
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def __iter__(self) -> Iterator[Event]:
+        make = tuple.__new__
+        return (make(Event, row) for row in zip(*(getattr(self, f) for f in Event._fields)))
+
+
 def emit_complete(name: str, domain: str, start_ns: int, end_ns: int, payload: dict | None = None) -> None:
     """Record a finished range measured by a built-in wrapper (no pairing needed).
 
@@ -65,11 +97,82 @@ def emit_complete(name: str, domain: str, start_ns: int, end_ns: int, payload: d
     dataloader fetches and checkpoint saves.
     """
     if mstx._active:
-        try:
-            push = mstx._local.push
-        except AttributeError:
-            push = mstx._register()
-        push((COMPLETE, 0, start_ns, name, domain, end_ns, payload))
+        mstx._complete.append((start_ns, end_ns, name, domain, payload, threading.get_ident()))
+
+
+class _Rows:
+    """Columns accumulated over one drain, before filtering and step tagging.
+
+    Timestamps and ids are kept as numpy chunks (joined once); a row's kind is derived from its
+    domain except for marks, whose row spans are remembered.
+    """
+
+    __slots__ = ("domain", "name", "t0", "t1", "rid", "thread", "end_thread", "payload", "marks",
+                 "_py")
+
+    def __init__(self) -> None:
+        self.domain: list = []
+        self.name: list = []
+        self.t0: list[np.ndarray] = []
+        self.t1: list[np.ndarray] = []
+        self.rid: list[np.ndarray] = []
+        self.thread: list = []
+        self.end_thread: list = []
+        self.payload: list = []
+        self.marks: list[tuple[int, int]] = []    # [start, end) row spans that are marks
+        self._py: list[tuple[int, int, int]] = []  # (t0, t1, rid) of rows added one by one
+
+    def __len__(self) -> int:
+        return len(self.domain)
+
+    def add(self, domain: Any, name: Any, t0: int, t1: int, tid: int, end_tid: int, rid: int,
+            payload: dict | None) -> None:
+        self.domain.append(domain)
+        self.name.append(name)
+        self.thread.append(tid)
+        self.end_thread.append(end_tid)
+        self.payload.append(payload)
+        self._py.append((t0, t1, rid))
+
+    def extend(self, domain: tuple, name: tuple, t0: np.ndarray, t1: np.ndarray, rid: np.ndarray,
+               tid: int, mark: bool = False) -> None:
+        self._flush_py()
+        n = len(t0)
+        if mark:
+            self.marks.append((len(self.domain), len(self.domain) + n))
+        self.domain.extend(domain)
+        self.name.extend(name)
+        self.t0.append(t0)
+        self.t1.append(t1)
+        self.rid.append(rid)
+        self.thread.extend([tid] * n)
+        self.end_thread.extend([tid] * n)
+        self.payload.extend([None] * n)
+
+    def _flush_py(self) -> None:
+        if self._py:
+            arr = np.array(self._py, dtype=np.int64).reshape(-1, 3)
+            self.t0.append(arr[:, 0])
+            self.t1.append(arr[:, 1])
+            self.rid.append(arr[:, 2])
+            self._py = []
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(t0, t1, rid) over all rows, in row order."""
+        self._flush_py()
+        if not self.t0:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        return np.concatenate(self.t0), np.concatenate(self.t1), np.concatenate(self.rid)
+
+
+_CODE, _ID, _TIME, _F3, _F4 = (itemgetter(i) for i in range(5))
+
+
+def _take(seq: tuple, idx: list[int]) -> tuple:
+    if len(idx) > 1:
+        return itemgetter(*idx)(seq)
+    return (seq[idx[0]],) if idx else ()
 
 
 class _DeviceClock:
@@ -107,34 +210,32 @@ class _DeviceClock:
 class Recorder:
     """Switches ``mstx`` on, drains its per-thread buffers in batches and feeds ``sink``.
 
-    ``sink(events)`` receives lists of :class:`Event`; ``classify(start_ns)`` returns the step
-    an event belongs to, or ``None`` to drop it (a warmup step), and ``latest_window()`` the
-    (start_ns, step or None) of the newest step window (a fast path for ``classify``); ``offset_ns`` is added to every
+    ``sink(batch)`` receives :class:`EventBatch` objects. ``windows()`` returns the step windows
+    as ``(start_ns list, step list)`` (a step of None drops the events that start in it, e.g. a
+    warmup step; events before the first window are dropped); ``offset_ns`` is added to every
     host timestamp (the rank's measured clock offset); ``domains`` keeps only those domains.
     """
 
-    def __init__(self, sink: Callable[[list[Event]], None], *, interval_s: float = 0.05,
+    def __init__(self, sink: Callable[[EventBatch], None], *, interval_s: float = 0.05,
                  max_buffer: int = 1_000_000, max_open: int = 1_000_000,
-                 classify: Callable[[int], int | None] | None = None,
-                 latest_window: Callable[[], tuple[int, int | None]] | None = None, offset_ns: int = 0,
-                 domains: Iterable[str] | None = None) -> None:
+                 windows: Callable[[], tuple[list[int], list[int | None]]] | None = None,
+                 offset_ns: int = 0, domains: Iterable[str] | None = None) -> None:
         self.sink = sink
         self.interval_s = interval_s
         self.max_buffer = max_buffer
         self.max_open = max_open
-        self.classify = classify
-        self.latest_window = latest_window
+        self.windows = windows
         self.offset_ns = int(offset_ns)
         self.domains = frozenset(domains) if domains is not None else None
         self.problems: Counter[str] = Counter()
         self.events_out = 0
-        self._buffers: list[tuple[int, list, threading.Thread]] = []
         self.thread_names: dict[int, str] = {}
+        self._buffers: list[tuple[int, list, threading.Thread]] = []
         self._reg_lock = threading.Lock()
         self._drain_lock = threading.Lock()
-        self._open: dict[int, tuple] = {}          # range id -> (t, message, domain, thread, dev)
-        self._orphan_ends: dict[int, tuple] = {}   # ends seen before their start (other thread's batch)
-        self._pending_device: list[tuple] = []     # events waiting for device timestamps
+        self._open: dict[int, tuple] = {}          # range id -> (t0, message, domain, thread)
+        self._orphan_ends: dict[int, tuple] = {}   # id -> (t1, domain, thread): start not seen yet
+        self._pending_device: list[tuple] = []     # (row dict, start event, end event)
         self._first_id = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,7 +251,10 @@ class Recorder:
         self._first_id = mstx._next_id()
         mstx._local = threading.local()
         mstx._new_buffer = self._new_buffer
+        mstx._complete = []
         mstx._streams.clear()
+        mstx._device_starts.clear()
+        mstx._device_ends.clear()
         mstx._device_event = self._device_event
         mstx._ends = True
         mstx._active = True
@@ -210,24 +314,25 @@ class Recorder:
     def drain(self, final: bool = False) -> int:
         """Move everything buffered so far to the sink; return the number of events passed on."""
         with self._drain_lock:
-            # a batch allocates many small tuples; a collection of the (large) training heap in
+            # a batch allocates many small objects; a collection of the (large) training heap in
             # the middle of it would cost more than the batch itself, so collect after it
             gc_was_on = gc.isenabled()
             gc.disable()
             try:
-                out = self._collect(final)
+                batch = self._collect(final)
             finally:
                 if gc_was_on:
                     gc.enable()
-            if out:
-                self.events_out += len(out)
-                self.sink(out)
-            return len(out)
+            if batch is not None and len(batch):
+                self.events_out += len(batch)
+                self.sink(batch)
+                return len(batch)
+            return 0
 
-    def _collect(self, final: bool) -> list[Event]:
+    def _collect(self, final: bool) -> EventBatch | None:
         with self._reg_lock:
             buffers = list(self._buffers)
-        out: list[Event] = []
+        rows = _Rows()
         for entry in buffers:
             tid, buf, thread = entry
             n = len(buf)
@@ -241,97 +346,141 @@ class Recorder:
             if n > self.max_buffer:
                 self.problems["dropped_events"] += n - self.max_buffer
                 items = items[:self.max_buffer]
-            self._process(tid, items, out)
-        if self._pending_device:
-            self._resolve_device(out, block=final)
+            self._pair(tid, items, rows)
+        complete = mstx._complete
+        n = len(complete)
+        if n:
+            items = complete[:n]
+            del complete[:n]
+            for t0, t1, name, domain, payload, tid in items:
+                rows.add(domain, name, t0, t1, tid, tid, 0, payload)
         if final:
-            self._finish(out)
-        out.sort(key=_start_of)
-        return out
+            self._finish()
+        return self._finish_rows(rows, final)
 
-    def _process(self, tid: int, items: list, out: list[Event]) -> None:
-        """Pair starts with ends, then turn the finished records into events (two tight loops)."""
-        opened = self._open
-        orphans = self._orphan_ends
-        done: list[tuple] = []     # (domain, message, kind, t0, t1, tid, end_tid, dev0, dev1, payload)
-        add = done.append
-        for it in items:
-            code = it[0]
-            if code == 1:
-                rid = it[1]
-                if orphans and rid in orphans:
-                    t1, end_domain, end_tid, dev1 = orphans.pop(rid)
-                    add((it[4], it[3], None, it[2], t1, tid, end_tid,
-                         it[5] if len(it) > 5 else None, dev1, None))
-                    continue
+    def _pair(self, tid: int, items: list, rows: _Rows) -> None:
+        """Pair starts and ends of one thread's batch; marks pass through."""
+        n = len(items)
+        codes = np.fromiter(map(_CODE, items), dtype=np.int8, count=n)
+        ts = np.fromiter(map(_TIME, items), dtype=np.int64, count=n)
+        ids = self._ids(items)
+        f3 = list(map(_F3, items))
+        f4 = list(map(_F4, items))
+        s_idx = np.flatnonzero(codes == 1)
+        e_idx = np.flatnonzero(codes == 2)
+        m_idx = np.flatnonzero(codes == 0)
+        if len(m_idx):
+            m = m_idx.tolist()
+            t = ts[m_idx]
+            rows.extend(_take(f4, m), _take(f3, m), t, t, ids[m_idx], tid, mark=True)
+        if len(e_idx):
+            bad = ids[e_idx] < 0
+            if bad.any():
+                self.problems["unknown_range_id"] += int(bad.sum())
+                e_idx = e_idx[~bad]
+        s_ids, e_ids = ids[s_idx], ids[e_idx]
+        used = np.zeros(len(s_idx), dtype=bool)
+        hit = np.zeros(len(e_idx), dtype=bool)
+        if len(s_idx) and len(e_idx):
+            pos = np.minimum(np.searchsorted(s_ids, e_ids), len(s_ids) - 1)
+            hit = s_ids[pos] == e_ids
+            hit_pos = pos[hit]
+            used[hit_pos] = True
+            if np.count_nonzero(used) < len(hit_pos):   # a range ended twice in this batch
+                first = np.unique(hit_pos, return_index=True)[1]
+                keep = np.zeros(len(hit_pos), dtype=bool)
+                keep[first] = True
+                hit[np.flatnonzero(hit)[~keep]] = False
+                hit_pos = hit_pos[keep]
+            sm, em = s_idx[hit_pos], e_idx[hit]
+            if len(sm):
+                s_list, e_list = sm.tolist(), em.tolist()
+                domains = _take(f4, s_list)
+                end_domains = _take(f3, e_list)
+                if domains != end_domains:
+                    self.problems["end_domain_differs"] += sum(a != b for a, b in zip(domains, end_domains))
+                rows.extend(domains, _take(f3, s_list), ts[sm], ts[em], ids[sm], tid)
+        opened, orphans = self._open, self._orphan_ends
+        for i in s_idx[~used].tolist():                  # still open, or ended on another thread
+            rid = int(ids[i])
+            end = orphans.pop(rid, None) if orphans else None
+            if end is None:
                 if len(opened) >= self.max_open:
                     self.problems["unclosed_range"] += 1
                     opened.pop(next(iter(opened)))
-                opened[rid] = (it, tid)
-            elif code == 2:
-                rid = it[1]
-                if type(rid) is not int:     # not an id range_start returned
-                    self.problems["unknown_range_id"] += 1
-                    continue
-                start = opened.pop(rid, None)
-                if start is None:
-                    orphans[rid] = (it[2], it[3], tid, it[4] if len(it) > 4 else None)
-                    continue
-                st, stid = start
-                if st[4] != it[3]:
-                    self.problems["end_domain_differs"] += 1
-                add((st[4], st[3], None, st[2], it[2], stid, tid,
-                     st[5] if len(st) > 5 else None, it[4] if len(it) > 4 else None, None))
-            elif code == 0:
-                dev = it[5] if len(it) > 5 else None
-                add((it[4], it[3], "mark", it[2], it[2], tid, tid, dev, dev, None))
-            else:  # COMPLETE from a built-in wrapper
-                add((it[4], it[3], None, it[2], it[5], tid, tid, None, None, it[6]))
-        if done:
-            self._finish_events(done, out)
-
-    def _finish_events(self, done: list[tuple], out: list[Event]) -> None:
-        new = tuple.__new__
-        off = self.offset_ns
-        keep_domains = self.domains
-        classify = self.classify
-        kinds = DOMAIN_KINDS
-        add = out.append
-        # fast path for the step classification: most events start in the latest window
-        last_start, last_step = self._latest_window()
-        for domain, message, kind, t0, t1, tid, end_tid, dev0, dev1, payload in done:
-            if type(domain) is not str:
-                domain = self._text(domain, "non_string_domain")
-            if keep_domains is not None and domain not in keep_domains:
+                opened[rid] = (int(ts[i]), f3[i], f4[i], tid)
+            else:
+                rows.add(f4[i], f3[i], int(ts[i]), end[0], tid, end[2], rid, None)
+        for i in e_idx[~hit].tolist():                   # started in an earlier batch or thread
+            rid = int(ids[i])
+            start = opened.pop(rid, None)
+            if start is None:
+                if rid in orphans:
+                    self.problems["unmatched_end"] += 1
+                orphans[rid] = (int(ts[i]), f3[i], tid)
                 continue
-            if classify is None:
-                step = None
-            elif last_start is not None and t0 >= last_start:
-                step = last_step
-                if step is None:
-                    continue
-            else:
-                step = classify(t0)
-                if step is None:
-                    continue
-            if type(message) is not str:
-                message = self._text(message, "non_string_message")
-            if len(message) > MAX_MESSAGE:
-                self.problems["huge_message"] += 1
-                message = message[:MAX_MESSAGE] + "..."
-            if kind is None:
-                kind = kinds.get(domain, "range")
-            ev = new(Event, (domain, message, kind, t0 + off, t1 + off, tid, end_tid, None, None,
-                             payload, step))
-            if dev0 is not None and dev1 is not None:
-                self._pending_device.append((ev, dev0, dev1))
-            else:
-                add(ev)
+            t0, message, domain, stid = start
+            if domain != f3[i]:
+                self.problems["end_domain_differs"] += 1
+            rows.add(domain, message, t0, int(ts[i]), stid, tid, rid, None)
 
-    def _latest_window(self) -> tuple[int | None, int | None]:
-        """(start_ns, step or None when dropped) of the newest window, from ``latest_window``."""
-        latest = self.latest_window
-        return latest() if latest is not None else (None, None)
+    def _ids(self, items: list) -> np.ndarray:
+        """Range ids as int64; anything that is not an int becomes -1 (an unknown id)."""
+        try:
+            return np.fromiter(map(_ID, items), dtype=np.int64, count=len(items))
+        except (TypeError, ValueError, OverflowError):
+            return np.array([i if type(i) is int and 0 <= i < 2**62 else -1 for i in map(_ID, items)],
+                            dtype=np.int64)
+
+    def _finish_rows(self, rows: _Rows, final: bool) -> EventBatch | None:
+        """Filter, tag steps, check messages, resolve device times; build the batch."""
+        n = len(rows)
+        if n == 0 and not self._pending_device:
+            return None
+        t0, t1, rid = rows.columns()
+        keep = np.ones(n, dtype=bool)
+        domains = rows.domain
+        if set(map(type, domains)) - {str}:
+            domains = [d if type(d) is str else self._text(d, "non_string_domain") for d in domains]
+        if self.domains is not None:
+            keep &= np.fromiter(map(self.domains.__contains__, domains), dtype=bool, count=n)
+        steps: list = [None] * n
+        if self.windows is not None:
+            starts, window_steps = self.windows()
+            k = len(starts)
+            idx = np.searchsorted(np.asarray(starts[:k], dtype=np.int64), t0, side="right") - 1
+            lookup = np.array([-1 if st is None else st for st in window_steps[:k]] + [-1], dtype=np.int64)
+            step_arr = lookup[idx]                  # idx -1 (before the first window) -> the -1 at the end
+            keep &= step_arr >= 0
+            steps = step_arr.tolist()
+        names = rows.name
+        if set(map(type, names)) - {str}:
+            names = [m if type(m) is str else self._text(m, "non_string_message") for m in names]
+        if names and max(map(len, names)) > MAX_MESSAGE:
+            names = [self._cut(m) for m in names]
+        kinds = list(map(DOMAIN_KINDS.get, domains, repeat("range", n)))
+        for a, b in rows.marks:
+            kinds[a:b] = ["mark"] * (b - a)
+        off = self.offset_ns
+        cols = {"domain": domains, "name": names, "kind": kinds,
+                "start_ns": (t0 + off).tolist(), "end_ns": (t1 + off).tolist(),
+                "thread": rows.thread, "end_thread": rows.end_thread,
+                "device_start_ns": [None] * n, "device_end_ns": [None] * n,
+                "payload": rows.payload, "step": steps}
+        rids = rid
+        if not keep.all():
+            sel = np.flatnonzero(keep).tolist()
+            cols = {key: list(_take(v, sel)) for key, v in cols.items()}
+            rids = rid[keep]
+        if mstx._device_starts or self._pending_device:
+            cols = self._with_device_times(cols, rids.tolist(), final)
+        return EventBatch(**cols)
+
+    def _cut(self, message: str) -> str:
+        if len(message) <= MAX_MESSAGE:
+            return message
+        self.problems["huge_message"] += 1
+        return message[:MAX_MESSAGE] + "..."
 
     def _text(self, value: Any, problem: str) -> str:
         self.problems[problem] += 1
@@ -340,24 +489,40 @@ class Recorder:
         except Exception:  # noqa: BLE001 - a __str__ that raises
             return f"<unprintable {type(value).__name__}>"
 
-    def _resolve_device(self, out: list[Event], block: bool) -> None:
+    def _with_device_times(self, cols: dict[str, list], rids: list, final: bool) -> dict[str, list]:
+        """Hold back rows with device events until the events complete; add finished ones."""
+        starts, ends = mstx._device_starts, mstx._device_ends
+        held = [i for i, rid in enumerate(rids) if rid and rid in starts]
+        if held:
+            for i in held:
+                row = {k: v[i] for k, v in cols.items()}
+                self._pending_device.append((row, starts.pop(rids[i]), ends.pop(rids[i], None)))
+            gone = set(held)
+            cols = {k: [x for j, x in enumerate(v) if j not in gone] for k, v in cols.items()}
         still = []
         off = self.offset_ns
-        for ev, dev0, dev1 in self._pending_device:
+        for row, dev0, dev1 in self._pending_device:
             try:
-                d0 = self._device.resolve(dev0, block)
-                d1 = self._device.resolve(dev1, block) if d0 is not None else None
+                d0 = self._device.resolve(dev0, final) if dev0 is not None else None
+                d1 = self._device.resolve(dev1, final) if dev1 is not None else None
             except Exception:  # noqa: BLE001 - a failed device event loses its device times only
                 self.problems["device_timestamp_failed"] += 1
-                out.append(ev)
-                continue
-            if d0 is None or d1 is None:
-                still.append((ev, dev0, dev1))
-            else:
-                out.append(ev._replace(device_start_ns=d0 + off, device_end_ns=d1 + off))
+                d0 = d1 = None
+                dev0 = dev1 = None
+            if (dev0 is not None and d0 is None) or (dev1 is not None and d1 is None):
+                if final:
+                    self.problems["device_timestamp_failed"] += 1
+                else:
+                    still.append((row, dev0, dev1))
+                    continue
+            row["device_start_ns"] = d0 + off if d0 is not None else None
+            row["device_end_ns"] = d1 + off if d1 is not None else None
+            for k, v in cols.items():
+                v.append(row[k])
         self._pending_device = still
+        return cols
 
-    def _finish(self, out: list[Event]) -> None:
+    def _finish(self) -> None:
         """Session end: count what never balanced."""
         if self._open:
             self.problems["unclosed_range"] += len(self._open)
@@ -369,10 +534,6 @@ class Recorder:
             else:
                 self.problems["unknown_range_id"] += 1
         self._orphan_ends.clear()
-
-
-def _start_of(ev: Event) -> int:
-    return ev.start_ns
 
 
 def payload_json(payload: dict | None) -> str | None:

@@ -44,7 +44,6 @@ or with ``profile`` as a context manager (``torch.profiler`` style)::
 
 from __future__ import annotations
 
-import bisect
 import os
 import sys
 import time
@@ -53,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from profiler.recorder import Event, Recorder, describe_problems, emit_complete
+from profiler.recorder import EventBatch, Recorder, describe_problems, emit_complete
 from profiler.sinks import StoreSink, TraceMeta
 
 OFF, WARMUP, ACTIVE = "off", "warmup", "active"
@@ -117,11 +116,12 @@ class Session:
         self.align_clocks = align_clocks and clock_offset_ns is None
         self.clock_offset_ns = int(clock_offset_ns or 0)
         self.report: SessionReport | None = None
-        self._windows: list[tuple[int, int, str]] = []    # (start_ns, step, state), append-only
+        self._win_steps: list[int | None] = []    # step of each window (None: not kept), append-only
+        self._win_starts: list[int] = []          # its start (ns); appended after its step
         self._sinks = self._build_sinks(store, trace, otel_exporter, otel_processor, sinks)
         self._sink_errors: Counter[str] = Counter()
-        self._recorder = Recorder(self._to_sinks, interval_s=interval_s, classify=self._classify,
-                                  latest_window=self._latest_window, domains=domains)
+        self._recorder = Recorder(self._to_sinks, interval_s=interval_s, windows=self._step_windows,
+                                  domains=domains)
         self._undo: list[Any] = []
         self._torch_prof: Any = None
         self._torch_events: list[dict] = []
@@ -211,7 +211,8 @@ class Session:
 
     def _enter(self, step: int, now: int) -> None:
         state = self.state_of(step)
-        self._windows.append((now, step, state))
+        self._win_steps.append(step if state == ACTIVE else None)
+        self._win_starts.append(now)
         if state == OFF:
             self._recorder.pause()
         else:
@@ -222,18 +223,8 @@ class Session:
         else:
             self._stop_torch_ops()
 
-    def _latest_window(self) -> tuple[int | None, int | None]:
-        if not self._windows:
-            return None, None
-        start, step, state = self._windows[-1]
-        return start, (step if state == ACTIVE else None)
-
-    def _classify(self, t_ns: int) -> int | None:
-        i = bisect.bisect_right(self._windows, t_ns, key=_window_start) - 1
-        if i < 0:
-            return None
-        _, step, state = self._windows[i]
-        return step if state == ACTIVE else None
+    def _step_windows(self) -> tuple[list[int], list[int | None]]:
+        return self._win_starts, self._win_steps
 
     # --- sinks -----------------------------------------------------------------------------
     def _build_sinks(self, store: Any, trace: bool, otel_exporter: Any, otel_processor: str,
@@ -257,7 +248,7 @@ class Session:
         sinks.extend(extra)
         return sinks
 
-    def _to_sinks(self, events: list[Event]) -> None:
+    def _to_sinks(self, events: EventBatch) -> None:
         for sink in self._sinks:
             self._guard(sink, "write", events)
 
@@ -372,10 +363,6 @@ class _CommRanges:
 
     def on_comm_end(self, call: Any) -> None:
         emit_complete(call.op, "communication", call.start_ns, call.end_ns, call.payload())
-
-
-def _window_start(w: tuple[int, int, str]) -> int:
-    return w[0]
 
 
 def _check_schedule(schedule: Any) -> tuple[int, int, int, int]:

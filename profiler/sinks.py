@@ -1,17 +1,18 @@
 """Where a session's events go: the sink interface and the Arrow store sink.
 
 A sink has three methods, called from the session's batching thread (never the hot path):
-``open(meta)`` once, ``write(events)`` with each batch of finished events (sorted by start),
-``close()`` once. ``meta`` is a :class:`TraceMeta`. The Perfetto trace sink lives in
+``open(meta)`` once, ``write(batch)`` with each :class:`profiler.recorder.EventBatch` of finished
+events (columns; iterating it yields :class:`profiler.recorder.Event` rows), ``close()`` once. ``meta`` is a :class:`TraceMeta`. The Perfetto trace sink lives in
 :mod:`collectors.perfetto`, the OpenTelemetry sink in :mod:`collectors.otel`.
 
 >>> import tempfile
 >>> from collectors.store import StoreWriter, open_store
->>> from profiler.recorder import Event
+>>> from profiler.recorder import Event, EventBatch
 >>> d = tempfile.mkdtemp()
 >>> sink = StoreSink(StoreWriter(d, rank=0, run="r"), own_store=True)
 >>> sink.open(TraceMeta(rank=0, world_size=1, run="r"))
->>> sink.write([Event("engine", "forward", "range", 10, 20, 1, 1, None, None, None, 0)])
+>>> sink.write(EventBatch.from_events([Event("engine", "forward", "range", 10, 20, 1, 1,
+...                                         None, None, None, 0)]))
 >>> sink.close()
 >>> open_store(d).sql("select name, host_end_ns - host_start_ns from events").fetchall()
 [('forward', 10)]
@@ -20,9 +21,10 @@ A sink has three methods, called from the session's batching thread (never the h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+import json
+from typing import Any, Protocol
 
-from profiler.recorder import Event, payload_json
+from profiler.recorder import EventBatch, payload_json
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Sink(Protocol):
 
     def open(self, meta: TraceMeta) -> None: ...
 
-    def write(self, events: Sequence[Event]) -> None: ...
+    def write(self, events: EventBatch) -> None: ...
 
     def close(self) -> None: ...
 
@@ -61,25 +63,29 @@ class StoreSink:
     def open(self, meta: TraceMeta) -> None:
         self.meta = meta
 
-    def write(self, events: Sequence[Event]) -> None:
+    def write(self, events: EventBatch) -> None:
         from collectors.records import table_from_columns
 
-        if not events:
-            return
         n = len(events)
+        if not n:
+            return
+        payload = [payload_json(p) if p is not None else None for p in events.payload]
+        if events.thread != events.end_thread:
+            payload = [payload_json({**(json.loads(p) if p else {}), "end_thread": e}) if t != e else p
+                       for p, t, e in zip(payload, events.thread, events.end_thread)]
         columns = {
             "run": [self.meta.run] * n,
             "rank": [self.meta.rank] * n,
-            "step": [e.step for e in events],
-            "domain": [e.domain for e in events],
-            "name": [e.name for e in events],
-            "kind": [e.kind for e in events],
-            "host_start_ns": [e.start_ns for e in events],
-            "host_end_ns": [e.end_ns for e in events],
-            "device_start_ns": [e.device_start_ns for e in events],
-            "device_end_ns": [e.device_end_ns for e in events],
-            "thread": [e.thread for e in events],
-            "payload": [payload_json(_payload(e)) for e in events],
+            "step": events.step,
+            "domain": events.domain,
+            "name": events.name,
+            "kind": events.kind,
+            "host_start_ns": events.start_ns,
+            "host_end_ns": events.end_ns,
+            "device_start_ns": events.device_start_ns,
+            "device_end_ns": events.device_end_ns,
+            "thread": events.thread,
+            "payload": payload,
         }
         self.store.write("event", table_from_columns("event", columns))
 
@@ -88,9 +94,3 @@ class StoreSink:
             self.store.close()
         else:
             self.store.flush()
-
-
-def _payload(e: Event) -> dict | None:
-    if e.end_thread != e.thread:
-        return {**(e.payload or {}), "end_thread": e.end_thread}
-    return e.payload

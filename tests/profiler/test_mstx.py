@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from profiler import mstx
-from profiler.recorder import Recorder
+from profiler.recorder import Recorder, _Rows
 
 
 def record(fn):
@@ -151,7 +151,7 @@ def test_an_end_seen_before_its_start_in_a_later_batch_still_pairs():
     main = next(buf for ident, buf, _ in rec._buffers if ident == threading.get_ident())
     items = main[:]
     del main[:]
-    rec._process(threading.get_ident(), items, [])
+    rec._pair(threading.get_ident(), items, _Rows())
     assert holder["rid"] in rec._orphan_ends
     problems = rec.stop()
     assert [e.name for e in got] == ["late start"]

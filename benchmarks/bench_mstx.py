@@ -16,6 +16,11 @@ and >= 10x cheaper than record_function under torch.profiler. Because this machi
 slower or busier than the reference one, the 0.5 us target is also shown scaled by the nvtx
 anchor measured here (``0.5 * nvtx_here / 0.21``).
 
+The caller's cost (a) is what the targets are checked against, as record_function's is measured
+under a running torch.profiler whose post-processing happens at stop; the whole cost per pair
+(caller plus batching, and torch's post-processing per event) is printed beside it. The 0.5 us
+target is checked against its nvtx-scaled value.
+
 Run: ``python benchmarks/bench_mstx.py [--n 200000] [--repeat 7]``; exit code 1 when a target
 is missed.
 """
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ok &= rf_prof / rec >= 10
     live = net["mstx pair, recording, live batching"]
     print(f"  same, mstx end to end with live batching               : {rf_prof / live:6.1f}x")
-    total_mstx = rec + 2 * stage_us
+    total_mstx = rec + stage_us           # one range pair becomes one event
     total_torch = rf_prof + torch_stage_us
     print(f"  whole cost per pair incl. processing, torch / mstx      : {total_torch / total_mstx:6.1f}x "
           f"({total_torch:.2f} us vs {total_mstx:.2f} us)")

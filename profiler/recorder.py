@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -173,6 +174,16 @@ def _take(seq: tuple, idx: list[int]) -> tuple:
     if len(idx) > 1:
         return itemgetter(*idx)(seq)
     return (seq[idx[0]],) if idx else ()
+
+
+def _off_in_child() -> None:
+    """A forked child (a DataLoader worker) has no drain thread: it must not buffer forever."""
+    mstx._active = mstx._ends = False
+    mstx._local = threading.local()
+    mstx._new_buffer = list
+
+
+os.register_at_fork(after_in_child=_off_in_child)
 
 
 class _DeviceClock:
@@ -517,6 +528,8 @@ class Recorder:
                     continue
             row["device_start_ns"] = d0 + off if d0 is not None else None
             row["device_end_ns"] = d1 + off if d1 is not None else None
+            if dev0 is not None:
+                row["payload"] = {**(row["payload"] or {}), "device": dev0[0]}
             for k, v in cols.items():
                 v.append(row[k])
         self._pending_device = still

@@ -156,3 +156,19 @@ def test_an_end_seen_before_its_start_in_a_later_batch_still_pairs():
     problems = rec.stop()
     assert [e.name for e in got] == ["late start"]
     assert not problems
+
+
+def test_a_forked_child_does_not_record_into_a_buffer_nobody_drains():
+    import os
+
+    got = []
+    rec = Recorder(got.extend, interval_s=60).start()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # the child: mstx must be off
+        os.write(w, b"1" if not mstx.is_recording() and mstx.range_start("x") == 0 else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
+    assert mstx.is_recording()
+    rec.stop()

@@ -60,7 +60,7 @@ OFF, WARMUP, ACTIVE = "off", "warmup", "active"
 
 @dataclass
 class SessionReport:
-    """What a session recorded and what went wrong with its input."""
+    """What a session recorded (``steps``: the steps its events belong to) and what went wrong."""
 
     rank: int
     events: int
@@ -127,7 +127,6 @@ class Session:
         self._torch_events: list[dict] = []
         self._last_step_ns = 0
         self._steps_seen: set[int] = set()
-        self._state = OFF
         self._started = False
 
     # --- public ---------------------------------------------------------------------------
@@ -149,9 +148,9 @@ class Session:
                               clock_offset_ns=self.clock_offset_ns,
                               epoch_offset_ns=epoch_offset_ns() - self.clock_offset_ns,
                               thread_names=self._recorder.thread_names)
+        self._recorder.start()          # raises first if another session records
         for sink in self._sinks:
             self._guard(sink, "open", self.meta)
-        self._recorder.start()
         self._started = True
         self._install_builtins()
         self._last_step_ns = time.perf_counter_ns()
@@ -183,7 +182,8 @@ class Session:
             self._guard(sink, "close")
         trace_path = next((str(s.path) for s in self._sinks if hasattr(s, "add_raw")), None)
         self.report = SessionReport(
-            rank=self.rank, events=self._recorder.events_out, steps=sorted(self._steps_seen),
+            rank=self.rank, events=self._recorder.events_out,
+            steps=sorted(s for s in self._steps_seen if s is not None),
             problems=dict(problems), trace_path=trace_path, clock_offset_ns=self.clock_offset_ns,
             sink_errors=[f"{k} (x{v})" for k, v in self._sink_errors.items()])
         return self.report
@@ -218,7 +218,6 @@ class Session:
         else:
             self._recorder.resume()
         if state == ACTIVE:
-            self._steps_seen.add(step)
             self._start_torch_ops()
         else:
             self._stop_torch_ops()
@@ -249,6 +248,7 @@ class Session:
         return sinks
 
     def _to_sinks(self, events: EventBatch) -> None:
+        self._steps_seen.update(events.step)
         for sink in self._sinks:
             self._guard(sink, "write", events)
 
@@ -398,10 +398,12 @@ def profile(out_dir: str | os.PathLike | None = None, *,
     """A :class:`Session` (use as a context manager, call ``.step()`` each step).
 
     >>> import tempfile
+    >>> from profiler import mstx
     >>> with profile(tempfile.mkdtemp(), schedule=(0, 1, 1, 1), store=False) as prof:
     ...     for i in range(3):
+    ...         mstx.mark(f"step {i}")
     ...         prof.step()
-    >>> prof.report.steps
-    [1]
+    >>> prof.report.steps, prof.report.events
+    ([1], 1)
     """
     return Session(out_dir, schedule=schedule, **kwargs)

@@ -11,7 +11,8 @@ found again) neither loses nor doubles a point. If the training thread ever outr
 so far that the queue fills, the point is dropped and counted, and the count travels to the
 service with the next batch (``dropped``).
 
-The sender also samples host CPU and memory (psutil) once per new step, heartbeats when idle,
+The sender also samples host CPU and memory (psutil; at most every ``host_interval_s``, on the
+latest step), heartbeats when idle,
 and holds the rank's command stream open: a ``trace`` command makes
 :class:`MonitorAgentCallback` run a profiler session for exactly the asked steps on the
 training thread, and the trace files go back to the service in the background.
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import array
 import os
-import queue
 import socket
 import struct
 import sys
@@ -113,9 +113,10 @@ class MonitorAgent:
     def __init__(self, addr: str, job: str, rank: int, world_size: int = 0, engine: str = "",
                  *, token: str | None = None, ca: str | None = None,
                  spool_path: str | os.PathLike | None = None, queue_size: int = 65_536,
-                 flush_interval_s: float = 0.1, max_batch_points: int = 16_384,
+                 flush_interval_s: float = 0.2, max_batch_points: int = 16_384,
                  sample_host: bool = True, on_command: Callable[[Any], None] | None = None,
-                 push_timeout_s: float = 10.0, exit_wait_s: float = 5.0) -> None:
+                 push_timeout_s: float = 10.0, exit_wait_s: float = 5.0,
+                 host_interval_s: float = 1.0) -> None:
         from monitor import auth
 
         self.addr, self.job, self.rank = addr, job, int(rank)
@@ -130,7 +131,8 @@ class MonitorAgent:
         self.on_command = on_command
         self.push_timeout_s = push_timeout_s
         self.exit_wait_s = exit_wait_s
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._queue: deque = deque()            # bounded by queue_size in record()
+        self.queue_size = queue_size
         self._uploads: deque = deque()
         self._unacked: deque = deque()          # batches in memory, not yet acknowledged
         self._spooling = self.spool.exists()    # batches go to the spool file until it drains
@@ -150,12 +152,15 @@ class MonitorAgent:
         self._backoff = 0.2
         self._last_push = 0.0
         self._last_sampled_step = -1
+        self._last_sample_time = 0.0
+        self.host_interval_s = host_interval_s
         self._last_step = -1
         self._warned: set[str] = set()
         self._proc = None
         self.stats = {"points": 0, "acked_points": 0, "batches": 0, "acked_batches": 0,
                       "duplicates": 0, "spooled_batches": 0, "resent_batches": 0,
-                      "reconnects": 0, "rejected_batches": 0, "commands": 0, "uploads": 0}
+                      "reconnects": 0, "rejected_batches": 0, "commands": 0, "uploads": 0,
+                      "sender_cpu_s": 0.0}
 
     # -- the training thread's side ------------------------------------------------------------
 
@@ -167,13 +172,16 @@ class MonitorAgent:
         return self
 
     def record(self, step: int, metrics: Mapping[str, Any], time_ns: int | None = None) -> bool:
-        """Queue one step's numeric metrics; never blocks; False if the queue was full (counted)."""
-        try:
-            self._queue.put_nowait((int(step), time_ns or time.time_ns(), metrics))
-            return True
-        except queue.Full:
+        """Queue one step's metrics (non-numeric values are skipped later); never blocks.
+
+        Returns False when ``queue_size`` steps are already waiting: the point is dropped and
+        counted, and the count reaches the service with the next batch.
+        """
+        if len(self._queue) >= self.queue_size:
             self._dropped += len(metrics)
             return False
+        self._queue.append((step, time_ns or time.time_ns(), metrics))
+        return True
 
     def upload_trace(self, trace_id: str, start_step: int, end_step: int,
                      files: list[str] | None = None, error: str = "", root: str = "") -> None:
@@ -209,17 +217,24 @@ class MonitorAgent:
 
     def _loop(self) -> None:
         deadline = None
+        if self.sample_host:
+            try:
+                self._host_sample()               # primes the CPU counters
+            except Exception as e:  # noqa: BLE001 - sampling is optional
+                self._warn_once("psutil", f"host sampling off ({e})")
+                self.sample_host = False
         while True:
             stopping = self._stop.is_set()
             if stopping and deadline is None:
                 deadline = time.monotonic() + self.exit_wait_s
             items = self._drain(0 if stopping else self.flush_interval_s)
-            final = stopping and self._final and not self._final_made and self._queue.empty()
+            final = stopping and self._final and not self._final_made and not self._queue
             if items or self._dropped != self._dropped_reported or final:
                 self._make_batches(items, final=final)
                 self._final_made = self._final_made or final
             self._send()
-            if stopping and self._queue.empty():
+            self.stats["sender_cpu_s"] = time.thread_time()
+            if stopping and not self._queue:
                 if self._connected and not self._unacked and not self._spooling:
                     self._send_uploads()
                     return
@@ -232,16 +247,13 @@ class MonitorAgent:
                     return
 
     def _drain(self, wait: float) -> list:
+        """Wait ``wait`` seconds (or until stopped), then take what has been recorded."""
+        if wait:
+            self._stop.wait(wait)
         items = []
-        try:
-            items.append(self._queue.get(timeout=wait) if wait else self._queue.get_nowait())
-        except queue.Empty:
-            return items
-        while len(items) < 100_000:
-            try:
-                items.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        popleft = self._queue.popleft
+        while self._queue and len(items) < 100_000:
+            items.append(popleft())
         return items
 
     def _host_sample(self) -> dict[str, float]:
@@ -291,7 +303,7 @@ class MonitorAgent:
                 if i is None:
                     i = names[name] = len(names)
                 idx.append(i)
-                steps.append(step)
+                steps.append(int(step))
                 times.append(t)
                 values.append(float(value))
             if len(values) >= self.max_batch_points:
@@ -300,8 +312,10 @@ class MonitorAgent:
         for step, t, metrics in items:
             add(step, t, metrics)
             self._last_step = max(self._last_step, step)
-        if self.sample_host and self._last_step > self._last_sampled_step:
+        if (self.sample_host and self._last_step > self._last_sampled_step
+                and time.monotonic() - self._last_sample_time >= self.host_interval_s):
             self._last_sampled_step = self._last_step
+            self._last_sample_time = time.monotonic()
             try:
                 add(self._last_step, time.time_ns(), self._host_sample())
             except Exception as e:  # noqa: BLE001 - sampling is optional

@@ -17,6 +17,7 @@ Exit codes: 0 done; 1 the script or a rank failed (what was recorded is still wr
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import runpy
 import sys
@@ -120,7 +121,7 @@ def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
     path = Path(argv[0])
     if not path.is_file():
         raise ProbeError(f"{path}: no such script; give the Python file to run after '--'")
-    import torch  # noqa: F401 - the session's built-in ranges need torch loaded before the script
+    importlib.import_module("torch")      # the session's built-in ranges attach to torch at start
 
     rank = int(os.environ.get("RANK", 0))
     store = StoreWriter(out, rank=rank, run=Path(out).name)

@@ -65,7 +65,7 @@ def test_trace_fragment_is_valid_chrome_json_with_overlaps_made_async(tmp_path):
 
 def test_otel_sink_exports_spans_with_parents_attributes_and_epoch_times(tmp_path):
     exporter = InMemorySpanExporter()
-    with Session(None, otel_exporter=exporter, otel_processor="simple") as s:
+    with Session(None, otel_exporter=exporter, otel_processor="simple"):
         with mstx.range("step 0", domain="step"):
             with mstx.range("forward", domain="engine"):
                 mstx.mark("inside", domain="engine")
@@ -98,7 +98,7 @@ def test_optimizer_steps_dataloader_fetches_and_checkpoint_saves_become_ranges(t
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(6, 4)), batch_size=2)
     collect = _Collect()
-    with Session(None, sinks=[collect], optimizer_steps=True) as s:
+    with Session(None, sinks=[collect], optimizer_steps=True):
         for (x,) in data:
             model(x).sum().backward()
             opt.step()
@@ -127,7 +127,7 @@ def test_bad_schedule_is_refused_with_a_clear_message():
 
 def test_torch_profiler_op_activity_lands_in_the_same_trace_on_our_clock(tmp_path):
     x = torch.randn(32, 32)
-    with Session(tmp_path, store=False, torch_ops=True) as s:
+    with Session(tmp_path, store=False, torch_ops=True):
         with mstx.range("matmuls", domain="user"):
             for _ in range(3):
                 x @ x

@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 
 from engine_adapter import torch_comm
-from profiler import mstx  # noqa: F401 - the session below records through it
 from profiler.session import Session
 
 

@@ -36,6 +36,7 @@ dump.json key       slot                      index
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -43,8 +44,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute below
 
 from collectors.records import table_from_columns
+
+try:
+    import orjson as _orjson
+except ImportError:  # the standard library parser is the fallback
+    _orjson = None
 from probe.errors import ProbeError
 
 __all__ = ["MsprobeDump", "read_msprobe_dump", "parse_node_name", "find_dump_files"]
@@ -122,6 +129,17 @@ def _step_rank(path: Path) -> tuple[int | None, int | None]:
     return step, rank
 
 
+def _loads(text: bytes) -> Any:
+    """Parse JSON; orjson when available and the text has no NaN/Infinity literals (which it
+    rejects), else the standard library (which reads them as msprobe writes them)."""
+    if _orjson is not None and b"NaN" not in text and b"Infinity" not in text:
+        try:
+            return _orjson.loads(text)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
 def _load_json(path: Path, what: str) -> Any:
     try:
         with open(path, "rb") as f:
@@ -131,7 +149,7 @@ def _load_json(path: Path, what: str) -> Any:
     if not text.strip():
         raise ProbeError(f"{path}: the {what} is empty (0 bytes of JSON)")
     try:
-        return json.loads(text)
+        return _loads(text)
     except json.JSONDecodeError as e:
         end = "truncated" if e.pos >= len(text.rstrip()) - 1 else "malformed"
         raise ProbeError(f"{path}: {end} JSON in the {what} at line {e.lineno} column {e.colno} "
@@ -141,8 +159,8 @@ def _load_json(path: Path, what: str) -> Any:
 
 
 def _f(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None if v is None else float(v)
+    if v is None:
+        return None
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, str):
@@ -153,112 +171,135 @@ def _f(v: Any) -> float | None:
     return None
 
 
-def _floats(values: list) -> pa.Array:
-    """A float64 array; the fast path takes ints/floats/None, the slow one anything else."""
+_STAT_TYPE = pa.struct([
+    ("type", pa.string()), ("dtype", pa.string()), ("shape", pa.list_(pa.int64())),
+    ("Max", pa.float64()), ("Min", pa.float64()), ("Mean", pa.float64()), ("Norm", pa.float64()),
+    ("md5", pa.string()), ("data_name", pa.string()), ("requires_grad", pa.bool_()),
+])
+_EMPTY: dict = {}
+
+
+def _stats_array(items: list[dict]) -> pa.StructArray:
+    """The tensors' fields as one Arrow struct array (converted in C++; slow path on odd values)."""
     try:
-        return pa.array(values, type=pa.float64(), from_pandas=False)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-        return pa.array([_f(v) for v in values], type=pa.float64())
+        return pa.array(items, type=_STAT_TYPE)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        pass
 
-
-class _Columns:
-    """Column buffers for tensor records (one append per tensor, no per-field dicts)."""
-
-    def __init__(self) -> None:
-        self.seq: list[int] = []
-        self.node: list[str] = []
-        self.kind: list[str] = []
-        self.direction: list[str] = []
-        self.slot: list[str] = []
-        self.index: list[str] = []
-        self.dtype: list[Any] = []
-        self.shape: list[Any] = []
-        self.max: list[Any] = []
-        self.min: list[Any] = []
-        self.mean: list[Any] = []
-        self.norm: list[Any] = []
-        self.hash: list[Any] = []
-        self.file: list[Any] = []
-        self.requires_grad: list[Any] = []
-        self.value: list[Any] = []
-
-    def add(self, seq: int, node: str, kind: str, direction: str, slot: str, index: str,
-            obj: Any) -> None:
-        self.seq.append(seq)
-        self.node.append(node)
-        self.kind.append(kind)
-        self.direction.append(direction)
-        self.slot.append(slot)
-        self.index.append(index)
-        if isinstance(obj, dict) and ("dtype" in obj or "Max" in obj or "shape" in obj):
-            self.dtype.append(obj.get("dtype"))
-            shape = obj.get("shape")
-            self.shape.append(shape if isinstance(shape, list) else None)
-            self.max.append(obj.get("Max"))
-            self.min.append(obj.get("Min"))
-            self.mean.append(obj.get("Mean"))
-            self.norm.append(obj.get("Norm"))
-            self.hash.append(obj.get("md5"))
-            self.file.append(obj.get("data_name"))
-            self.requires_grad.append(obj.get("requires_grad"))
-            self.value.append(None)
-        else:
-            self.dtype.append(obj.get("type") if isinstance(obj, dict) else None)
-            for col in (self.shape, self.max, self.min, self.mean, self.norm, self.hash,
-                        self.file, self.requires_grad):
-                col.append(None)
-            val = obj.get("value") if isinstance(obj, dict) else obj
-            self.value.append(json.dumps(val, default=str))
-
-
-def _walk(cols: _Columns, seq: int, node: str, kind: str, direction: str, slot: str,
-          prefix: str, obj: Any) -> None:
-    if isinstance(obj, list):
-        for i, item in enumerate(obj):
-            _walk(cols, seq, node, kind, direction, slot, f"{prefix}.{i}" if prefix else str(i), item)
-    elif isinstance(obj, dict) and "type" not in obj and "dtype" not in obj and "Max" not in obj:
-        for k, item in obj.items():
-            _walk(cols, seq, node, kind, direction, slot, f"{prefix}.{k}" if prefix else str(k), item)
-    elif obj is not None:
-        cols.add(seq, node, kind, direction, slot, prefix, obj)
+    def clean(d: dict) -> dict:
+        out = {}
+        for f in _STAT_TYPE:
+            v = d.get(f.name)
+            if f.name in ("Max", "Min", "Mean", "Norm"):
+                v = _f(v)
+            elif f.name == "shape":
+                v = [int(x) for x in v if isinstance(x, (int, float))] if isinstance(v, list) else None
+            elif f.name == "requires_grad":
+                v = v if isinstance(v, bool) else None
+            elif v is not None and not isinstance(v, str):
+                v = str(v)
+            out[f.name] = v
+        return out
+    return pa.array([clean(d) for d in items], type=_STAT_TYPE)
 
 
 _SLOTS = {"input_args": "input", "input_kwargs": "kwarg", "output": "output",
           "parameters": "parameter", "input": "input"}
 
 
-def _flatten(data: dict, path: Path) -> _Columns:
-    cols = _Columns()
-    add = cols.add
+class _Flat:
+    """Parallel lists, one element per tensor or argument; tensor dicts are kept by reference."""
+
+    __slots__ = ("seq", "node", "slot", "index", "items", "value")
+
+    def __init__(self) -> None:
+        self.seq: list[int] = []
+        self.node: list[str] = []
+        self.slot: list[str] = []
+        self.index: list[str] = []
+        self.items: list[dict] = []
+        self.value: list[str | None] = []
+
+    def walk(self, seq: int, node: str, slot: str, prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict) and ("dtype" in obj or "Max" in obj or "shape" in obj):
+            self._add(seq, node, slot, prefix, obj, None)
+        elif isinstance(obj, list):
+            for i, item in enumerate(obj):
+                self.walk(seq, node, slot, f"{prefix}.{i}" if prefix else str(i), item)
+        elif isinstance(obj, dict) and "type" not in obj:
+            for k, item in obj.items():
+                self.walk(seq, node, slot, f"{prefix}.{k}" if prefix else str(k), item)
+        elif obj is not None:
+            val = obj.get("value") if isinstance(obj, dict) else obj
+            self._add(seq, node, slot, prefix, {"type": obj.get("type")} if isinstance(obj, dict)
+                      else _EMPTY, json.dumps(val, default=str))
+
+    def _add(self, seq: int, node: str, slot: str, index: str, item: dict, value: str | None) -> None:
+        self.seq.append(seq)
+        self.node.append(node)
+        self.slot.append(slot)
+        self.index.append(index)
+        self.items.append(item)
+        self.value.append(value)
+
+
+def _flatten(data: dict, path: Path) -> _Flat:
+    flat = _Flat()
+    seqs, nodes, slots, index, items, values = (flat.seq, flat.node, flat.slot, flat.index,
+                                                flat.items, flat.value)
+    walk = flat.walk
+    slot_of = _SLOTS.get
     for seq, (name, entry) in enumerate(data.items()):
-        if not isinstance(entry, dict):
+        if type(entry) is not dict:
             raise ProbeError(f"{path}: entry {name!r} is a {type(entry).__name__}, not an object; "
                              "this is not an msprobe dump.json")
-        kind, _, _, direction, _ = parse_node_name(name)
-        if direction == "parameters_grad":
+        if ".parameters_grad" in name:
             for pname, val in entry.items():
-                _walk(cols, seq, name, kind, "backward", "parameter_grad", pname, val[0]
-                      if isinstance(val, list) and len(val) == 1 else val)
+                walk(seq, name, "parameter_grad", pname,
+                     val[0] if isinstance(val, list) and len(val) == 1 else val)
             continue
         for key, val in entry.items():
-            slot = _SLOTS.get(key)
+            slot = slot_of(key)
             if slot is None:
                 continue
-            if slot in ("input", "output") and isinstance(val, list):
+            if type(val) is list:
                 for i, item in enumerate(val):
-                    if isinstance(item, dict) and "dtype" in item:
-                        add(seq, name, kind, direction, slot, str(i), item)
+                    if type(item) is dict and "dtype" in item:
+                        seqs.append(seq)
+                        nodes.append(name)
+                        slots.append(slot)
+                        index.append(str(i))
+                        items.append(item)
+                        values.append(None)
                     else:
-                        _walk(cols, seq, name, kind, direction, slot, str(i), item)
-            elif isinstance(val, dict):
+                        walk(seq, name, slot, str(i), item)
+            elif type(val) is dict:
                 for k, item in val.items():
-                    if isinstance(item, dict) and "dtype" in item:
-                        add(seq, name, kind, direction, slot, k, item)
+                    if type(item) is dict and "dtype" in item:
+                        seqs.append(seq)
+                        nodes.append(name)
+                        slots.append(slot)
+                        index.append(k)
+                        items.append(item)
+                        values.append(None)
                     else:
-                        _walk(cols, seq, name, kind, direction, slot, k, item)
+                        walk(seq, name, slot, k, item)
             else:
-                _walk(cols, seq, name, kind, direction, slot, "", val)
-    return cols
+                walk(seq, name, slot, "", val)
+    return flat
+
+
+def _classify(names: list[str]) -> pa.Table:
+    """kind, direction and class name of every entry name."""
+    kinds, dirs, classes = [], [], []
+    for n in names:
+        kind, prefix, body, direction, _ = parse_node_name(n)
+        kinds.append(kind)
+        dirs.append("forward" if direction == "forward" else "backward")
+        classes.append(body.rsplit(".", 1)[-1] if kind == "module" else f"{prefix}.{body}")
+    return pa.table({"kind": pa.array(kinds, type=pa.string()),
+                     "direction": pa.array(dirs, type=pa.string()),
+                     "cls": pa.array(classes, type=pa.string())})
 
 
 def _stack_refs(stack: Any) -> dict[str, str]:
@@ -275,40 +316,37 @@ def _stack_refs(stack: Any) -> dict[str, str]:
     return refs
 
 
-def _node_table(names: list[str], construct: dict, stack_refs: dict[str, str], run: str,
-                rank: int | None) -> pa.Table:
-    order = {n: i for i, n in enumerate(names)}
+def _node_table(names: list[str], classes: list[str], construct: dict,
+                stack_refs: dict[str, str], run: str, rank: int | None) -> pa.Table:
     all_names = list(names)
-    for n in construct:
-        if n not in order:
-            order[n] = len(all_names)
-            all_names.append(n)
+    cls = list(classes)
+    known = set(names)
+    extra = [n for n in construct if n not in known]
+    if extra:
+        all_names += extra
+        cls += _classify(extra).column("cls").to_pylist()
     depth_memo: dict[str, int] = {}
 
     def depth(n: str) -> int:
         chain = []
-        cur = n
-        while cur is not None and cur not in depth_memo and len(chain) < 10_000:
+        cur: Any = n
+        while isinstance(cur, str) and cur not in depth_memo and len(chain) < 10_000:
             chain.append(cur)
             cur = construct.get(cur)
-        base = depth_memo.get(cur, -1) if cur is not None else -1
+        base = depth_memo.get(cur, -1) if isinstance(cur, str) else -1
         for c in reversed(chain):
             base += 1
             depth_memo[c] = base
         return depth_memo[n]
 
-    parents, classes, depths, stacks = [], [], [], []
-    for n in all_names:
-        p = construct.get(n)
-        parents.append(p if isinstance(p, str) else None)
-        kind, prefix, body, _, _ = parse_node_name(n)
-        classes.append(body.rsplit(".", 1)[-1] if kind == "module" else f"{prefix}.{body}")
-        depths.append(depth(n) if n in construct else 0)
-        stacks.append(stack_refs.get(n))
+    n = len(all_names)
+    parents = [construct.get(x) for x in all_names] if construct else [None] * n
+    parents = [p if isinstance(p, str) else None for p in parents]
+    depths = [depth(x) for x in all_names] if construct else [0] * n
     return table_from_columns("node", {
-        "run": [run] * len(all_names), "rank": [rank] * len(all_names), "node": all_names,
-        "parent": parents, "class_name": classes, "depth": depths,
-        "order": [order[n] for n in all_names], "stack_ref": stacks})
+        "run": [run] * n, "rank": [rank] * n, "node": all_names, "parent": parents,
+        "class_name": cls, "depth": depths, "order": list(range(n)),
+        "stack_ref": [stack_refs.get(x) for x in all_names] if stack_refs else [None] * n})
 
 
 def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> MsprobeDump:
@@ -347,37 +385,35 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> Msprob
             stack_refs = {}
     step, rank = _step_rank(path.resolve())
     run = run if run is not None else str(path)
-    cols = _flatten(data, path)
-    n = len(cols.seq)
-    shapes = cols.shape
-    numel = []
-    for s in shapes:
-        if s is None:
-            numel.append(None)
-        else:
-            k = 1
-            for d in s:
-                k *= d if isinstance(d, int) else 1
-            numel.append(k)
+    flat = _flatten(data, path)
+    names = list(data)
+    info = _classify(names)
+    seq = pa.array(flat.seq, type=pa.int64())
+    stats = _stats_array(flat.items)
+    n = len(flat.seq)
+    shape = stats.field("shape")
+    numel = pa.array([None if s is None else math.prod(s) for s in shape.to_pylist()], type=pa.int64())
+    files = stats.field("data_name")
     dump_dir = doc.get("dump_data_dir")
-    files = cols.file
-    if dump_dir and any(files):
+    if dump_dir and files.null_count < n:
         base = Path(dump_dir)
         if not base.is_absolute() or not base.exists():
             base = path.parent / "dump_tensor_data"
-        files = [str(base / f) if f else None for f in files]
+        files = pa.array([str(base / f) if f else None for f in files.to_pylist()], type=pa.string())
+    dtype = pa.compute.coalesce(stats.field("dtype"), stats.field("type"))
     tensors = table_from_columns("tensor", {
-        "run": [run] * n, "rank": [rank] * n, "step": [step] * n, "seq": cols.seq,
-        "node": cols.node, "node_kind": cols.kind, "direction": cols.direction,
-        "slot": cols.slot, "index": cols.index,
-        "dtype": [d if isinstance(d, str) else None for d in cols.dtype],
-        "shape": shapes, "numel": numel,
-        "max": _floats(cols.max), "min": _floats(cols.min),
-        "mean": _floats(cols.mean), "l2norm": _floats(cols.norm),
-        "hash": cols.hash, "tensor_file": files, "requires_grad": cols.requires_grad,
-        "value": cols.value,
+        "run": pa.array([run] * n, type=pa.string()), "rank": pa.array([rank] * n, type=pa.int32()),
+        "step": pa.array([step] * n, type=pa.int64()), "seq": seq,
+        "node": pa.array(flat.node, type=pa.string()),
+        "node_kind": info.column("kind").take(seq), "direction": info.column("direction").take(seq),
+        "slot": pa.array(flat.slot, type=pa.string()), "index": pa.array(flat.index, type=pa.string()),
+        "dtype": dtype, "shape": shape, "numel": numel,
+        "max": stats.field("Max"), "min": stats.field("Min"), "mean": stats.field("Mean"),
+        "l2norm": stats.field("Norm"), "hash": stats.field("md5"), "tensor_file": files,
+        "requires_grad": stats.field("requires_grad"),
+        "value": pa.array(flat.value, type=pa.string()),
     })
-    nodes = _node_table(list(data), construct, stack_refs, run, rank)
+    nodes = _node_table(names, info.column("cls").to_pylist(), construct, stack_refs, run, rank)
     return MsprobeDump(path=str(path), tensors=tensors, nodes=nodes,
                        framework=doc.get("framework"), task=doc.get("task"),
                        level=doc.get("level"), step=step, rank=rank,

@@ -173,16 +173,34 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
         con.execute("""insert into pairs select grp_a, grp_b, 'mapping', reason from mapped_pairs""")
     con.execute("""
     insert into pairs
-    with ua as (select exact_key, any_value(grp) as grp, count(*) as n from a_g
-                where grp not in (select grp_a from pairs) group by exact_key),
-         ub as (select exact_key, any_value(grp) as grp, count(*) as n from b_g
-                where grp not in (select grp_b from pairs) group by exact_key)
+    with ua as (select exact_key, any_value(grp) as grp, count(*) as n from a_g g
+                anti join pairs p on p.grp_a = g.grp group by exact_key),
+         ub as (select exact_key, any_value(grp) as grp, count(*) as n from b_g g
+                anti join pairs p on p.grp_b = g.grp group by exact_key)
     select ua.grp, ub.grp, 'exact', 'same normalised name'
     from ua join ub using (exact_key) where ua.n = 1 and ub.n = 1
     """)
-    if structural:
+    unmatched = con.sql("""
+        select (select count(*) from a_g g anti join pairs p on p.grp_a = g.grp),
+               (select count(*) from b_g g anti join pairs p on p.grp_b = g.grp)""").fetchall()[0]
+    if structural and all(unmatched):
         _structural(con)
-    _ancestors(con)
+    if any(unmatched):
+        _ancestors(con)
+    else:
+        con.execute("create or replace temp table covered (side varchar, grp varchar, anc_a varchar, anc_b varchar)")
+        con.execute("create or replace temp table containers (side varchar, grp varchar)")
+    for side in ("a", "b"):
+        con.execute(f"""
+        create or replace temp table {side}_st as
+        select g.grp, case when p.grp_{side} is not null then 'matched'
+                           when c.grp is not null then 'ancestor'
+                           when k.grp is not null then 'container' else 'unmatched' end as state
+        from {side}_g g
+        left join (select distinct grp_{side} from pairs) p on p.grp_{side} = g.grp
+        left join (select distinct grp from covered where side = '{side}') c on c.grp = g.grp
+        left join (select distinct grp from containers where side = '{side}') k on k.grp = g.grp
+        """)
 
 
 def _structural(con: Any) -> None:
@@ -283,15 +301,17 @@ def _ancestors(con: Any) -> None:
         """)
     con.execute("""
     create or replace temp table containers as
-    select s.side, s.grp from (
-      select 'a' as side, g.grp, g.parent from a_g g union all select 'b', g.grp, g.parent from b_g g) s
-    where not exists (select 1 from pairs p where p.grp_a = s.grp or p.grp_b = s.grp)
-      and not exists (select 1 from anc_a x where s.side = 'a' and x.grp = s.grp)
-      and not exists (select 1 from anc_b x where s.side = 'b' and x.grp = s.grp)
-      and exists (select 1 from (select grp_a as m, 'a' as sd from pairs union all select grp_b, 'b' from pairs) q
-                  join (select 'a' as sd, grp, parent from a_g union all select 'b', grp, parent from b_g) c
-                    on c.sd = q.sd and c.grp = q.m
-                  where c.sd = s.side and c.parent = s.grp)
+    with st as (
+      select 'a' as side, g.grp, g.parent, p.grp_a is not null as m from a_g g
+        left join (select distinct grp_a from pairs) p on p.grp_a = g.grp
+      union all
+      select 'b', g.grp, g.parent, p.grp_b is not null from b_g g
+        left join (select distinct grp_b from pairs) p on p.grp_b = g.grp
+    ), cov as (select 'a' as side, grp from anc_a union all select 'b', grp from anc_b)
+    select distinct s.side, s.grp from st s
+    join st ch on ch.side = s.side and ch.parent = s.grp and ch.m
+    anti join cov on cov.side = s.side and cov.grp = s.grp
+    where not s.m
     """)
     con.execute("""
     create or replace temp table covered as

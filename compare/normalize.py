@@ -67,9 +67,6 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     create or replace temp table {side}_e as
     with e as (
         select node, min(seq) as seq from {side}_raw_t group by node
-        union all
-        select n.node, 1e12 + n."order" as seq from {side}_raw_n n
-        where n.node not in (select node from {side}_raw_t)
     ), p as (
         select node, seq, string_split(node, '.') as s from e
     ), q as (

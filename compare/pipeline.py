@@ -29,7 +29,7 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None)
     from compare.report import build_summary
 
     con = duckdb.connect()
-    con.execute("set preserve_insertion_order = true")
+    con.execute("set threads = 1")
     normalise_side(con, "a", da.tensors, da.nodes)
     normalise_side(con, "b", db.tensors, db.nodes)
     _tick(bar, "normalised")
@@ -96,14 +96,12 @@ def _rows(con: Any) -> None:
     select t.grp, null, t.name, null, t.node, null, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in B', t.dtype, null, t.shape, null, t.numel, null, t.mx, t.mn, t.mean, t.norm,
       null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq
-    from a_t t where t.grp not in (select grp_a from pairs) and t.grp not in (select grp from covered where side = 'a')
-      and t.grp not in (select grp from containers where side = 'a')
+    from a_t t join a_st st on st.grp = t.grp and st.state = 'unmatched'
     union all
     select null, t.grp, null, t.name, null, t.node, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in A', null, t.dtype, null, t.shape, null, t.numel, null, null, null, null,
       t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq
-    from b_t t where t.grp not in (select grp_b from pairs) and t.grp not in (select grp from covered where side = 'b')
-      and t.grp not in (select grp from containers where side = 'b')
+    from b_t t join b_st st on st.grp = t.grp and st.state = 'unmatched'
     """)
     con.execute(f"""
     create or replace temp table rows as
@@ -160,8 +158,7 @@ def _rows(con: Any) -> None:
                 printf('shapes differ: %s vs %s', shape_a::varchar, shape_b::varchar)
            when hash_a is not null and hash_a = hash_b then 'identical (md5)'
            when nonfinite_a and nonfinite_b and err = 0 then 'NaN/Inf identical in both'
-           when err <= tol_pass then printf('agrees: error %.1e within %s tolerance %.0e', err,
-                coalesce(dtype_a, dtype_b, '?'), tol_pass)
+           when err <= tol_pass then 'agrees within the ' || coalesce(dtype_a, dtype_b, '?') || ' tolerance'
            else printf('%s differs: error %.2e > %.0e (%s)%s',
                 case greatest(abs(coalesce(max_diff, 0)) / sref, abs(coalesce(min_diff, 0)) / sref,
                               abs(coalesce(mean_diff, 0)) / sref, abs(coalesce(norm_diff, 0)) / nref)
@@ -302,18 +299,16 @@ def _nodes(con: Any) -> None:
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end, null,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
       null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in B'
-    from a_g g cross join (values ('forward'), ('backward')) d(direction)
-    where g.grp not in (select grp_a from pairs) and g.grp not in (select grp from covered where side = 'a')
-      and g.grp not in (select grp from containers where side = 'a')
-      and (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
+    from a_g g join a_st st on st.grp = g.grp and st.state = 'unmatched'
+    cross join (values ('forward'), ('backward')) d(direction)
+    where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
     union all
     select null, case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end, g.kind, null, g.cls,
       null, g.parent_node, d.direction, 'unmatched', null,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
       null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in A'
-    from b_g g cross join (values ('forward'), ('backward')) d(direction)
-    where g.grp not in (select grp_b from pairs) and g.grp not in (select grp from covered where side = 'b')
-      and g.grp not in (select grp from containers where side = 'b')
-      and (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
+    from b_g g join b_st st on st.grp = g.grp and st.state = 'unmatched'
+    cross join (values ('forward'), ('backward')) d(direction)
+    where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
     """)

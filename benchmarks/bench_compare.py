@@ -1,0 +1,153 @@
+"""Benchmark ``probe compare`` against msprobe's compare and against a bare JSON parse.
+
+Generates synthetic dump pairs in msprobe's format (``indent=1`` as msprobe writes them,
+statistics task, PyTorch names: forward, backward and parameter-gradient entries of Linear
+modules) with N entries each, B being A with rounding-level noise and one perturbed layer,
+then times, side by side in one run:
+
+- the raw JSON parse of both files (``json.load``, what msprobe and we both start from);
+- our compare (``compare.api.compare``: parse, normalise, match, metrics, verdicts, localise);
+- msprobe's compare (``msprobe.pytorch.compare.pt_compare.pt_compare``, statistics mode) in the
+  venv given by ``--msprobe-python`` (default ``.venv-bench/bin/python``; skipped, saying so,
+  when msprobe is not installed there).
+
+It prints ``msprobe / ours`` (target ≥ 20) and ``ours / parse`` (target ≤ 2).
+
+    python benchmarks/bench_compare.py --entries 20000 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _tensor(r: random.Random, shape: list[int], scale: float, noise: float, rng_b: random.Random) -> dict:
+    mx, mn, mean, norm = r.random() * 3 * scale, -r.random() * 3 * scale, (r.random() - 0.5) * 0.1 * scale, \
+        (1 + r.random()) * 40 * scale
+
+    def jitter(v: float) -> float:
+        return v * (1 + noise * (rng_b.random() - 0.5)) if noise else v
+    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": shape, "Max": jitter(mx),
+            "Min": jitter(mn), "Mean": jitter(mean), "Norm": jitter(norm), "requires_grad": True}
+
+
+def make_dump(path: Path, n: int, side: str, seed: int = 0) -> None:
+    """Write a synthetic msprobe dump.json with ``n`` entries (and its construct.json)."""
+    r, rb = random.Random(seed), random.Random(seed + (1 if side == "b" else 0))
+    noise = 2e-7 if side == "b" else 0.0
+    data, construct = {}, {}
+    k = 0
+    while len(data) < n:
+        name = f"Module.layers.{k}.proj.Linear"
+        bad = side == "b" and k == 7
+        sc = 1.5 if bad else 1.0
+        data[f"{name}.forward.0"] = {
+            "input_args": [_tensor(r, [4, 64, 256], 1.0, noise, rb)], "input_kwargs": {},
+            "output": [_tensor(r, [4, 64, 256], sc, noise, rb)],
+            "parameters": {"weight": _tensor(r, [256, 256], sc, noise, rb),
+                           "bias": _tensor(r, [256], 1.0, noise, rb)}}
+        data[f"{name}.backward.0"] = {"input": [_tensor(r, [4, 64, 256], 1.0, noise, rb)],
+                                      "output": [_tensor(r, [4, 64, 256], 1.0, noise, rb)]}
+        data[f"{name}.parameters_grad.0"] = {"weight": [_tensor(r, [256, 256], 1.0, noise, rb)],
+                                             "bias": [_tensor(r, [256], 1.0, noise, rb)]}
+        construct[f"{name}.forward.0"] = None
+        construct[f"{name}.backward.0"] = None
+        k += 1
+    data = dict(list(data.items())[:n])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"task": "statistics", "level": "L0", "framework": "pytorch",
+                   "dump_data_dir": None, "data": data}, f, indent=1)
+    with open(path.parent / "construct.json", "w") as f:
+        json.dump(construct, f, indent=1)
+    with open(path.parent / "stack.json", "w") as f:
+        f.write("{}")
+
+
+_MSPROBE = r"""
+import sys, time, logging
+logging.disable(logging.CRITICAL)
+from msprobe.pytorch.compare.pt_compare import pt_compare
+t = time.perf_counter()
+pt_compare({"npu_path": sys.argv[1], "bench_path": sys.argv[2], "is_print_compare_log": False}, sys.argv[3])
+print("MSPROBE_SECONDS", time.perf_counter() - t)
+"""
+
+
+def time_msprobe(python: str, a: Path, b: Path, out: Path, timeout: float) -> float | None:
+    """Seconds msprobe's compare call takes (import excluded); None when unavailable."""
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        p = subprocess.run([python, "-c", _MSPROBE, str(a), str(b), str(out)], capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return float("inf")
+    for line in p.stdout.splitlines():
+        if line.startswith("MSPROBE_SECONDS"):
+            return float(line.split()[1])
+    print(f"  msprobe failed: {(p.stderr or p.stdout).strip().splitlines()[-1:]}")
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--entries", type=int, nargs="+", default=[20000, 100000])
+    ap.add_argument("--msprobe-python", default=str(ROOT / ".venv-bench" / "bin" / "python"))
+    ap.add_argument("--msprobe-timeout", type=float, default=1800)
+    ap.add_argument("--work", default=None, help="Folder for the generated dumps (default: a temp dir).")
+    args = ap.parse_args()
+
+    from compare.api import compare
+
+    have_msprobe = Path(args.msprobe_python).exists() and subprocess.run(
+        [args.msprobe_python, "-c", "import msprobe"], capture_output=True).returncode == 0
+    if not have_msprobe:
+        print(f"msprobe not installed at {args.msprobe_python}: skipping its side "
+              "(pip install mindstudio-probe into .venv-bench)")
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_compare_"))
+    ok = True
+    for n in args.entries:
+        a = work / f"n{n}" / "a" / "step0" / "rank0" / "dump.json"
+        b = work / f"n{n}" / "b" / "step0" / "rank0" / "dump.json"
+        if not a.exists():
+            make_dump(a, n, "a")
+            make_dump(b, n, "b")
+        size = (a.stat().st_size + b.stat().st_size) / 2**20
+        t = time.perf_counter()
+        for p in (a, b):
+            with open(p) as f:
+                json.load(f)
+        parse = time.perf_counter() - t
+        t = time.perf_counter()
+        r = compare(str(a), str(b))
+        ours = time.perf_counter() - t
+        fd = r.summary["first_divergence"]
+        print(f"{n} entries ({size:.0f} MiB of JSON): parse {parse:.2f}s, ours {ours:.2f}s "
+              f"(rows {r.rows.num_rows}, verdicts {r.summary['verdicts']}, first divergence "
+              f"{fd['a'] if fd else None})")
+        ratio_parse = ours / parse
+        print(f"  ours / parse   = {ratio_parse:.2f}  (target <= 2)")
+        ok &= ratio_parse <= 2
+        if have_msprobe:
+            ms = time_msprobe(args.msprobe_python, a, b, work / f"n{n}" / "msprobe_out", args.msprobe_timeout)
+            if ms is not None:
+                print(f"  msprobe {ms:.2f}s; msprobe / ours = {ms / ours:.1f}  (target >= 20)")
+                ok &= ms / ours >= 20
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())

@@ -42,23 +42,26 @@ class OTelSink:
     def open(self, meta: Any) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
         self.meta = meta
         resource = Resource.create({"service.name": self.service_name, "probe.run": str(meta.run),
                                     "probe.rank": int(meta.rank),
                                     "probe.world_size": int(meta.world_size)})
         self.provider = TracerProvider(resource=resource)
-        proc = SimpleSpanProcessor if self.processor == "simple" else BatchSpanProcessor
-        self.provider.add_span_processor(proc(self.exporter))
         self.tracer = self.provider.get_tracer("probe.profiler")
 
     def write(self, events: Sequence[Any]) -> None:
         self.events.extend(events)
 
     def close(self) -> None:
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
         if self.provider is None:
             return
+        if self.processor == "simple":
+            self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        else:   # every span is made here at once: the queue holds them all, none is dropped
+            self.provider.add_span_processor(BatchSpanProcessor(
+                self.exporter, max_queue_size=max(2048, len(self.events) + 1), max_export_batch_size=512))
         self._export(sorted(self.events, key=lambda e: (e.start_ns, -(e.end_ns - e.start_ns))))
         self.events = []
         self.provider.force_flush()

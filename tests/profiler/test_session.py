@@ -153,3 +153,11 @@ class _Collect:
 
     def close(self):
         self.events.sort(key=lambda e: e.start_ns)
+
+
+def test_otel_batch_export_of_many_spans_drops_none():
+    exporter = InMemorySpanExporter()
+    with Session(None, otel_exporter=exporter):          # the default batch span processor
+        for i in range(5000):
+            mstx.range_end(mstx.range_start(f"r{i}"))
+    assert len(exporter.get_finished_spans()) == 5000

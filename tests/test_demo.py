@@ -1,0 +1,24 @@
+"""``probe demo --no-serve``: the main job end to end finds the planted slow rank and fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_probe
+
+
+@pytest.mark.slow
+def test_demo_finds_the_slow_rank_and_the_planted_weight_fault(tmp_path):
+    out = tmp_path / "demo"
+    result = run_probe("demo", "--no-serve", "--max-steps", "14", "--out", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "straggler rank(s): 1" in result.stdout
+    summary = json.loads((out / "compare" / "summary.json").read_text())
+    assert summary["unmatched_a"] == 0 and summary["unmatched_b"] == 0
+    assert "decoder.layers.1.mlp.linear_fc2" in summary["first_divergence"]["b"]
+    assert summary["first_nan"] is None
+    trace = json.loads((out / "profile" / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert {e.get("pid") for e in events if e.get("ph") == "X"} >= {0, 1}

@@ -104,8 +104,9 @@ def to_trace_events(events: Iterable[Any], pid: int, thread_names: dict[int, str
 class ChromeTraceSink:
     """Collects one rank's events and writes ``path`` (a Chrome trace fragment) on close.
 
-    ``extra_events`` (Chrome trace dicts, e.g. torch.profiler's op events already on this
-    rank's clock) can be appended with :meth:`add_raw` before close.
+    Chrome trace dicts already on this rank's clock (torch.profiler's op events) can be appended
+    with :meth:`add_raw`, and counter points (per-step loss, MFU) with :meth:`add_counters`,
+    before close.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -122,6 +123,12 @@ class ChromeTraceSink:
 
     def add_raw(self, events: Iterable[dict]) -> None:
         self.raw.extend(events)
+
+    def add_counters(self, points: Iterable[tuple[int, str, float]]) -> None:
+        """Counter tracks (``ph: C``) of this rank: (time ns, name, value) points, e.g. loss, MFU."""
+        pid = getattr(self.meta, "rank", 0)
+        self.raw.extend({"name": name, "ph": "C", "ts": t / 1000.0, "pid": pid, "tid": 0,
+                         "args": {name: value}} for t, name, value in points)
 
     def close(self) -> None:
         rank = getattr(self.meta, "rank", 0)

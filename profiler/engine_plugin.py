@@ -6,7 +6,8 @@
   callbacks (the monitor agent) and the store see them, as MindSpore's
   FlopsUtilizationCollector does, for any op.
 - :class:`ProfileCallback` runs a :class:`profiler.session.Session` over the selected steps of
-  every rank (clocks aligned at start) and includes a FlopsCallback.
+  every rank (clocks aligned at start), includes a FlopsCallback, and puts the step metrics
+  in :data:`COUNTERS` on counter tracks of the trace.
 
 Use them through :class:`~engine_adapter.bundled.callbacks.PluginSpec`::
 
@@ -20,6 +21,10 @@ import sys
 from typing import Any, Iterable
 
 from engine_adapter.bundled.callbacks import TrainCallback, TrainContext
+
+
+#: Step metrics shown as counter tracks in the trace.
+COUNTERS = ("loss", "step_time_ms", "tokens_per_s", "grad_norm", "mfu", "hfu")
 
 
 class FlopsCallback(TrainCallback):
@@ -131,6 +136,9 @@ class ProfileCallback(TrainCallback):
         if self.flops is not None:
             self.flops.on_step_end(ctx, step, metrics)
         if self.session is not None:
+            for name in COUNTERS:
+                if isinstance(metrics.get(name), (int, float)):
+                    self.session.counter(name, metrics[name])
             self.session.step(step + 1)
 
     def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:

@@ -125,6 +125,7 @@ class Session:
         self._undo: list[Any] = []
         self._torch_prof: Any = None
         self._torch_events: list[dict] = []
+        self._counters: list[tuple[int, str, float]] = []
         self._last_step_ns = 0
         self._steps_seen: set[int] = set()
         self._started = False
@@ -166,6 +167,20 @@ class Session:
         self.current_step = self.current_step + 1 if next_step is None else int(next_step)
         self._enter(self.current_step, now)
 
+    def counter(self, name: str, value: float) -> None:
+        """Add a point to the counter track ``name`` (the trace shows it over time), when the
+        current step is recorded.
+
+        >>> s = Session(None, store=False)
+        >>> s.counter("loss", 2.5)          # not started: ignored
+        """
+        if self._started and self.state_of(self.current_step) == ACTIVE:
+            try:
+                self._counters.append((time.perf_counter_ns() + self.clock_offset_ns, str(name),
+                                       float(value)))
+            except (TypeError, ValueError):
+                pass
+
     def stop(self) -> SessionReport:
         """Stop recording, flush every sink, and return the :class:`SessionReport`."""
         if not self._started:
@@ -178,7 +193,9 @@ class Session:
         problems = self._recorder.stop()
         for sink in self._sinks:
             if hasattr(sink, "add_raw") and self._torch_events:
-                sink.add_raw(self._torch_events)
+                self._guard(sink, "add_raw", self._torch_events)
+            if hasattr(sink, "add_counters") and self._counters:
+                self._guard(sink, "add_counters", self._counters)
             self._guard(sink, "close")
         trace_path = next((str(s.path) for s in self._sinks if hasattr(s, "add_raw")), None)
         self.report = SessionReport(

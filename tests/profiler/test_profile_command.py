@@ -33,6 +33,12 @@ def test_two_rank_trace_is_one_valid_perfetto_json_with_a_track_per_rank(two_ran
              if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {0: "rank 0", 1: "rank 1"}
     assert "trace.json" in res.stdout
+    for rank in (0, 1):
+        loss = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["pid"] == rank
+                and e["name"] == "loss"]
+        mfu = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["pid"] == rank
+               and e["name"] == "mfu"]
+        assert len(loss) == len(mfu) == 2 and all(e["args"]["mfu"] > 0 for e in mfu)
 
 
 def test_each_rank_has_step_user_and_all_reduce_ranges_nested_and_in_order(two_rank_run):

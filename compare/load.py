@@ -81,10 +81,10 @@ def _load_store(root: Path) -> Dump:
     if rank is not None:
         cond.append(f"rank = {int(rank)}")
     where = (" where " + " and ".join(cond)) if cond else ""
-    tensors = con.sql(f"select * from tensors{where} order by seq").fetch_arrow_table()
+    tensors = con.sql(f"select * from tensors{where} order by seq").to_arrow_table()
     nwhere = f" where rank = {int(rank)}" if rank is not None else ""
     nodes = con.sql(f"select * from nodes{nwhere} qualify row_number() over "
-                    "(partition by node order by \"order\") = 1 order by \"order\"").fetch_arrow_table()
+                    "(partition by node order by \"order\") = 1 order by \"order\"").to_arrow_table()
     note = None
     if ranks[0] > 1 or ranks[1] > 1:
         note = f"{root}: store holds {ranks[1]} steps × {ranks[0]} ranks; comparing step {step} rank {rank}"

@@ -35,7 +35,7 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 _DEFAULT = (1e-4, 1e-3)
 _EXACT = (0.0, 0.0)
 #: Scales are floored at this share of the largest magnitude at the same node and direction.
-CONTEXT_FLOOR = 1e-3
+CONTEXT_FLOOR = 1e-2
 #: Severity order of verdicts (for "worst of").
 VERDICT_RANK = {"pass": 0, "unmatched": 0, "warning": 1, "error": 2}
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from profiler.recorder import EventBatch, Recorder, describe_problems, emit_complete
+from profiler.recorder import Event, EventBatch, Recorder, describe_problems, emit_complete
 from profiler.sinks import StoreSink, TraceMeta
 
 OFF, WARMUP, ACTIVE = "off", "warmup", "active"
@@ -191,9 +191,12 @@ class Session:
             undo()
         self._undo.clear()
         problems = self._recorder.stop()
+        torch_batch = self._torch_ops_batch() if self._torch_events else None
         for sink in self._sinks:
             if hasattr(sink, "add_raw") and self._torch_events:
                 self._guard(sink, "add_raw", self._torch_events)
+            elif torch_batch is not None and len(torch_batch):
+                self._guard(sink, "write", torch_batch)
             if hasattr(sink, "add_counters") and self._counters:
                 self._guard(sink, "add_counters", self._counters)
             self._guard(sink, "close")
@@ -352,6 +355,32 @@ class Session:
         finally:
             os.unlink(path)
         self._torch_events.extend(_torch_trace_on_our_clock(data, self.rank, self.meta))
+
+
+    def _torch_ops_batch(self) -> EventBatch:
+        """torch.profiler's ops as event records (domain ``torch.<category>``; device kernels
+        have kind ``kernel``), for the sinks other than the trace."""
+        import bisect
+
+        kernel_cats = {"kernel", "gpu_memcpy", "gpu_memset"}
+        rows = []
+        for ev in self._torch_events:
+            if ev.get("ph") != "X":
+                continue
+            start = int(round(ev["ts"] * 1000))
+            i = bisect.bisect_right(self._win_starts, start - self.clock_offset_ns) - 1
+            step = self._win_steps[i] if i >= 0 else None
+            if step is None:
+                continue
+            cat = str(ev.get("cat", "op"))
+            tid_text = str(ev.get("tid", "")).rsplit(" ", 1)[-1]    # "torch <tid>"
+            tid = int(tid_text) if tid_text.isdigit() else 0
+            rows.append(Event(f"torch.{cat}", str(ev.get("name", "")),
+                              "kernel" if cat in kernel_cats else "range", start,
+                              start + int(round(float(ev.get("dur", 0)) * 1000)), tid, tid,
+                              None, None, None, step))
+        self._steps_seen.update(r.step for r in rows)
+        return EventBatch.from_events(rows)
 
 
 def _torch_trace_on_our_clock(data: dict, rank: int, meta: TraceMeta) -> list[dict]:

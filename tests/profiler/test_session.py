@@ -127,7 +127,7 @@ def test_bad_schedule_is_refused_with_a_clear_message():
 
 def test_torch_profiler_op_activity_lands_in_the_same_trace_on_our_clock(tmp_path):
     x = torch.randn(32, 32)
-    with Session(tmp_path, store=False, torch_ops=True):
+    with Session(tmp_path, torch_ops=True):
         with mstx.range("matmuls", domain="user"):
             for _ in range(3):
                 x @ x
@@ -139,6 +139,9 @@ def test_torch_profiler_op_activity_lands_in_the_same_trace_on_our_clock(tmp_pat
     slack_us = 2000
     for mm in mms:
         assert ours["ts"] - slack_us <= mm["ts"] <= ours["ts"] + ours["dur"] + slack_us
+    rows = open_store(tmp_path).sql("""select domain, kind, step from events
+                                       where name = 'aten::mm'""").fetchall()
+    assert rows == [("torch.cpu_op", "range", 0)] * 3
 
 
 class _Collect:

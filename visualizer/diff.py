@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -125,6 +126,8 @@ class DiffGraph:
         self._worst: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._band: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._search_keys: dict[str, tuple[str, str]] | None = None
+        self._warm = threading.Event()
+        self._warm_lock = threading.Lock()
         self._order: list[tuple[str, str]] | None = None
 
     # -- construction ---------------------------------------------------------------------
@@ -250,6 +253,24 @@ class DiffGraph:
 
     # -- whole graph ------------------------------------------------------------------------
 
+    def warm(self) -> None:
+        """Compute every band, the worst band below every top-level node, the execution order
+        and the search index (what a UI may do in the background after its first paint)."""
+        with self._warm_lock:
+            if self._warm.is_set():
+                return
+            for side in SIDES if self.paired else ("a",):
+                for root in self.graph(side).roots():
+                    self.worst_below(side, root)
+            for side, n in self._in_order():
+                self.band(side, n)
+            self._search_index()
+            self._warm.set()
+
+    @property
+    def warmed(self) -> bool:
+        return self._warm.is_set()
+
     def _in_order(self) -> list[tuple[str, str]]:
         """Every node in execution order: side a, then the nodes of side b left unmatched."""
         if self._order is None:
@@ -288,15 +309,15 @@ class DiffGraph:
     def _summary_node(self, key: str) -> tuple[str, str] | None:
         v = self.summary.get(key)
         if isinstance(v, Mapping):
-            v = v.get("node_a") or v.get("node") or v.get("node_b")
+            named = [("a", v.get("a") or v.get("node_a")), ("b", v.get("b") or v.get("node_b"))]
         elif isinstance(v, (list, tuple)) and v:
-            v = v[0]
-        if not v:
-            return None
-        for side in SIDES:
+            named = [("a", v[0]), ("b", v[1] if len(v) > 1 else v[0])]
+        else:
+            named = [("a", v), ("b", v)]
+        for side, name in named:
             g = self.graphs[side]
-            if g is not None and v in g:
-                return side, str(v)
+            if name and g is not None and name in g:
+                return side, str(name)
         return None
 
     def filter(self, kinds: Iterable[str]) -> list[tuple[str, str]]:
@@ -318,10 +339,14 @@ class DiffGraph:
 
     def search(self, query: str) -> list[tuple[str, str]]:
         """Nodes whose name or label matches ``query`` (fuzzy, case-insensitive), execution order."""
+        keys = self._search_index()
+        return [keys[t] for t in find(query, keys)]
+
+    def _search_index(self) -> dict[str, tuple[str, str]]:
         if self._search_keys is None:
             self._search_keys = {f"{n} {self.graph(side).nodes[n].label}": (side, n)
                                  for side, n in self._in_order()}
-        return [self._search_keys[t] for t in find(query, self._search_keys)]
+        return self._search_keys
 
     def reveal(self, side: str, name: str) -> dict[str, list[str]]:
         """The nodes to expand on each side so that ``name`` and its counterpart are visible."""

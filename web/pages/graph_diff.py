@@ -9,9 +9,10 @@ numerics first go wrong. All numerics come from :mod:`visualizer`; this module o
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from visualizer import bands as B
 from visualizer.diff import DiffGraph, Detail
@@ -61,6 +62,7 @@ def layout(diff: DiffGraph | None) -> html.Div:
         dcc.Checklist(id="g-filter", options=[{"label": f" {k}", "value": k}
                                                for k in ("error", "warning", "unmatched", "nan")],
                       value=["error"] if paired else ["nan"], inline=True),
+        html.Div(id="g-filter-count", className="count"),
         html.Div(id="g-filter-list", className="filter-list"),
     ], className="sidebar")
     return html.Div([
@@ -70,12 +72,17 @@ def layout(diff: DiffGraph | None) -> html.Div:
                   html.Div(html.P("Select a node to see its statistics.", className="empty"),
                            id="g-detail", className="detail")], className="graph-body"),
         dcc.Store(id="g-state", data={"exp": {"a": [], "b": []}, "sel": None, "hit": -1}),
-        html.Div(id="g-scroll", style={"display": "none"}),
+        dcc.Store(id="g-click"), dcc.Store(id="g-rows-a"), dcc.Store(id="g-rows-b"),
+        dcc.Store(id="g-flt-items"),
+        html.Div(id="g-drawn-a", hidden=True), html.Div(id="g-drawn-b", hidden=True),
+        html.Div(id="g-drawn-flt", hidden=True),
     ], id="page-graph")
 
 
-def render_rows(diff: DiffGraph, side: str, expanded: set[str], sel: tuple[str, str] | None) -> list:
-    """The visible rows of one side: the roots and the children of every expanded node."""
+def render_rows(diff: DiffGraph, side: str, expanded: set[str], sel: tuple[str, str] | None) -> list[dict]:
+    """The visible rows of one side (the roots and the children of every expanded node), as the
+    compact records ``web/assets/tree.js`` draws: node, label, depth, classes, has children,
+    open, and the worst band hidden inside a collapsed node."""
     g = diff.graph(side)
     other = "b" if side == "a" else "a"
     selected = None
@@ -85,28 +92,19 @@ def render_rows(diff: DiffGraph, side: str, expanded: set[str], sel: tuple[str, 
     stack = [(n, 0) for n in reversed(g.roots())]
     while stack:
         name, depth = stack.pop()
-        node = g.nodes[name]
         open_ = name in expanded
         has_kids = g.has_children(name)
-        band = diff.band(side, name)
-        cls = f"row band-{band}"
+        cls = f"row band-{diff.band(side, name)}"
         if name == selected:
             cls += " sel"
         if diff.nonfinite(side, name):
             cls += " nan"
         hint = ""
-        if has_kids and not open_ and diff.paired:
+        if has_kids and not open_ and diff.paired and diff.warmed:
             worst = diff.worst_below(side, name)
-            if worst in (B.ERROR, B.WARNING):
-                hint = html.Span("●", className=f"hint hint-{worst}", title=f"{worst} inside")
-        toggle = html.Span("▾" if open_ else "▸", id={"type": "g-tog", "side": side, "node": name},
-                           className="tog", n_clicks=0) if has_kids else html.Span("", className="tog leaf")
-        rows.append(html.Div([
-            toggle,
-            html.Span(node.label, id={"type": "g-sel", "side": side, "node": name},
-                      className="lbl", n_clicks=0, title=name),
-            hint,
-        ], className=cls, style={"paddingLeft": f"{depth * 14 + 4}px"}, **{"data-node": name}))
+            hint = worst if worst in (B.ERROR, B.WARNING) else ""
+        rows.append({"n": name, "l": g.nodes[name].label, "d": depth, "c": cls, "k": int(has_kids),
+                     "o": int(open_), "h": hint})
         if open_:
             stack.extend((k, depth + 1) for k in reversed(g.children(name)))
     return rows
@@ -135,20 +133,26 @@ def _stats_table(d: Detail) -> html.Table:
     return html.Table([html.Thead(head), html.Tbody(body)], className="stats")
 
 
+#: Compare-row columns shown in the detail panel, in this order, when present.
+METRIC_COLUMNS = ("direction", "slot", "index", "dtype_a", "dtype_b", "max_rel", "min_rel", "mean_rel",
+                  "norm_rel", "err", "cosine", "max_abs_err", "max_rel_err", "rmse", "one_thousandth",
+                  "hash_match", "verdict", "reason")
+
+
 def _metrics_table(rows: list[dict]) -> html.Table | None:
+    """The compare result's per-tensor rows of the pair (its columns, or a ``metrics`` mapping)."""
     if not rows:
         return None
     flat = []
     for r in rows:
-        item = {k: r.get(k) for k in ("direction", "slot", "index", "verdict")}
-        metrics = r.get("metrics")
-        if isinstance(metrics, dict):
-            item.update(metrics)
-        item["reason"] = r.get("reason")
+        item = dict(r)
+        if isinstance(item.get("metrics"), dict):
+            item.update(item.pop("metrics"))
         flat.append(item)
-    cols = []
-    for item in flat:
-        cols += [k for k in item if k not in cols]
+    extra = [k for k in flat[0] if k not in METRIC_COLUMNS and isinstance(flat[0][k], (int, float))
+             and not k.endswith(("_a", "_b", "_diff"))]
+    cols = [c for c in (*METRIC_COLUMNS[:-2], *extra, *METRIC_COLUMNS[-2:])
+            if any(i.get(c) is not None for i in flat)]
     return html.Table([html.Thead(html.Tr([html.Th(c) for c in cols])),
                        html.Tbody([html.Tr([html.Td(_fmt(i.get(c))) for c in cols]) for i in flat])],
                       className="stats")
@@ -185,32 +189,30 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
     """Attach the page's callbacks to ``app``."""
     if diff is None:
         return
+    threading.Thread(target=diff.warm, name="probe-web-warm", daemon=True).start()
     sides = ("a", "b") if diff.paired else ("a",)
-    tree_outputs = [Output(f"g-tree-{s}", "children") for s in sides]
+    tree_outputs = [Output(f"g-rows-{s}", "data") for s in sides]
 
     @app.callback(
-        Output("g-state", "data"), *tree_outputs, Output("g-detail", "children"),
-        Output("g-hit", "children"),
-        Input({"type": "g-tog", "side": ALL, "node": ALL}, "n_clicks"),
-        Input({"type": "g-sel", "side": ALL, "node": ALL}, "n_clicks"),
-        Input({"type": "g-flt", "side": ALL, "node": ALL}, "n_clicks"),
+        Output("g-state", "data"), Output("g-detail", "children"), Output("g-hit", "children"),
+        Input("g-click", "data"),
         Input("g-prev", "n_clicks"), Input("g-next", "n_clicks"), Input("g-search", "value"),
         Input("g-jump", "n_clicks"), Input("g-jump-nan", "n_clicks"),
         State("g-state", "data"),
+        prevent_initial_call=True,
     )
-    def on_event(_tog, _sel, _flt, _prev, _next, query, _jump, _jnan, state):
+    def on_event(click, _prev, _next, query, _jump, _jnan, state):
         state = state or {"exp": {"a": [], "b": []}, "sel": None, "hit": -1}
         exp = {s: list(state["exp"].get(s, [])) for s in ("a", "b")}
         sel = tuple(state["sel"]) if state.get("sel") else None
         hit_text = no_update
         trig = ctx.triggered_id
-        value = ctx.triggered[0].get("value") if ctx.triggered else None
         target = None
-        if isinstance(trig, dict):
-            if not value:
-                return (no_update,) * (len(sides) + 3)
-            side, name = trig["side"], trig["node"]
-            if trig["type"] == "g-tog":
+        if trig == "g-click":
+            side, name = click.get("side"), click.get("node")
+            if side not in sides or name not in diff.graph(side):
+                return no_update, no_update, no_update
+            if click.get("act") == "toggle":
                 twin = diff.counterpart(side, name) if diff.paired else None
                 other = "b" if side == "a" else "a"
                 if name in exp[side]:
@@ -250,25 +252,30 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
             for s, names in diff.reveal(*target).items():
                 exp[s] = list(dict.fromkeys(exp[s] + names))
         state.update(exp=exp, sel=list(sel) if sel else None)
-        trees = [render_rows(diff, s, set(exp[s]), sel) for s in sides]
-        detail = render_detail(diff, *sel) if sel else no_update
-        return (state, *trees, detail, hit_text)
+        detail = render_detail(diff, *sel) if sel and target is not None else no_update
+        return state, detail, hit_text
 
-    @app.callback(Output("g-filter-list", "children"), Input("g-filter", "value"))
+    @app.callback(*tree_outputs, Input("g-state", "data"))
+    def on_state(state):
+        state = state or {}
+        exp = state.get("exp") or {}
+        sel = tuple(state["sel"]) if state.get("sel") else None
+        trees = [render_rows(diff, s, set(exp.get(s, [])), sel) for s in sides]
+        return trees if len(trees) > 1 else trees[0]
+
+    @app.callback(Output("g-flt-items", "data"), Output("g-filter-count", "children"),
+                  Input("g-filter", "value"))
     def on_filter(kinds):
+        diff.warm()
         found = diff.filter(kinds or [])
-        items = []
-        for side, name in found[:FILTER_CAP]:
-            node = diff.graph(side).nodes[name]
-            band = diff.band(side, name)
-            items.append(html.Div(f"{SIDE_TITLE[side]} · {node.label}",
-                                  id={"type": "g-flt", "side": side, "node": name}, n_clicks=0,
-                                  className=f"flt band-{band}", title=name))
+        items = [{"s": side, "n": name, "l": f"{SIDE_TITLE[side]} · {diff.graph(side).nodes[name].label}",
+                  "c": f"flt band-{diff.band(side, name)}"} for side, name in found[:FILTER_CAP]]
         note = f"{len(found)} node(s)" + (f", first {FILTER_CAP} shown" if len(found) > FILTER_CAP else "")
-        return [html.Div(note, className="count", id="g-filter-count"), *items]
+        return items, note
 
     @app.callback(Output("g-summary", "children"), Input("g-summary", "id"))
     def on_summary(_):
+        diff.warm()
         s = diff.summary
         parts = []
         if diff.paired:
@@ -283,19 +290,10 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
         parts.append(f"first NaN: {first_nan[1] if first_nan else 'none'}")
         return " · ".join(parts)
 
+    for side in sides:
+        app.clientside_callback(
+            f"function(rows) {{ return window.probeRenderTree('g-tree-{side}', '{side}', rows); }}",
+            Output(f"g-drawn-{side}", "children"), Input(f"g-rows-{side}", "data"))
     app.clientside_callback(
-        """function(a, b) {
-            setTimeout(function() {
-                document.querySelectorAll('.tree .row.sel').forEach(function(el) {
-                    var box = el.closest('.tree');
-                    var top = el.offsetTop, h = el.offsetHeight;
-                    if (top < box.scrollTop || top + h > box.scrollTop + box.clientHeight) {
-                        box.scrollTop = Math.max(0, top - box.clientHeight / 3);
-                    }
-                });
-            }, 0);
-            return '';
-        }""",
-        Output("g-scroll", "children"), *[Input(f"g-tree-{s}", "children") for s in ("a", "b")]
-        if diff.paired else [Input("g-tree-a", "children"), Input("g-tree-a", "id")],
-    )
+        "function(items) { return window.probeRenderList('g-filter-list', items); }",
+        Output("g-drawn-flt", "children"), Input("g-flt-items", "data"))

@@ -23,8 +23,7 @@ CHARTS = [
     ("l-step-time", "Step time per rank", ("step_time_ms",), "ms"),
     ("l-throughput", "Throughput per rank", ("tokens_per_s",), "tokens/s"),
     ("l-mfu", "MFU per rank", ("mfu", "hfu"), "fraction of peak"),
-    ("l-memory", "Memory per rank", ("device_mem_allocated_mb", "mem_allocated_mb", "device_memory_mb",
-                                     "memory_mb", "host_rss_mb", "rss_mb"), "MB"),
+    ("l-memory", "Memory per rank", ("device_mem_mb", "proc_rss_mb"), "MB"),
     ("l-comm", "Communication share per rank", ("comm_share",), "comm time / step time"),
 ]
 

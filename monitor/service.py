@@ -146,7 +146,8 @@ class MonitorService(pb_grpc.MonitorServicer):
     def __init__(self, store_path: str | os.PathLike = "monitor.duckdb", host: str = "127.0.0.1",
                  port: int = 50051, token: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, trace_on_alert: dict[str, int] | None = None,
-                 detect_interval_s: float = 0.25, max_workers: int = 512) -> None:
+                 detect_interval_s: float = 0.25, max_workers: int = 512,
+                 lost_after_s: float = LOST_AFTER_S) -> None:
         auth.check_bind(host, token)
         self.host, self.port, self.token = host, port, token
         self._creds = auth.server_credentials(tls_cert, tls_key)
@@ -154,6 +155,7 @@ class MonitorService(pb_grpc.MonitorServicer):
         self.trace_on_alert = dict(trace_on_alert or {})
         self.detect_interval_s = detect_interval_s
         self.max_workers = max_workers
+        self.lost_after_s = lost_after_s
         self._ranks: dict[tuple[str, int], RankState] = {}
         self._ranks_lock = threading.Lock()
         self._undelivered: dict[tuple[str, int], list[pb.Command]] = {}
@@ -385,9 +387,9 @@ class MonitorService(pb_grpc.MonitorServicer):
             age = now - last_seen if last_seen else None
             if st is not None and st.final:
                 health = "finished"
-            elif age is None or age > LOST_AFTER_S:
+            elif age is None or age > self.lost_after_s:
                 health = "lost"
-            elif age > STALE_AFTER_S:
+            elif age > min(STALE_AFTER_S, self.lost_after_s / 2):
                 health = "stale"
             else:
                 health = "ok"
@@ -577,7 +579,7 @@ class MonitorService(pb_grpc.MonitorServicer):
             states = list(self._ranks.values())
         for st in states:
             if (not st.final and not st.lost_alerted and st.last_seen
-                    and now - st.last_seen > LOST_AFTER_S):
+                    and now - st.last_seen > self.lost_after_s):
                 st.lost_alerted = True
                 raised.append(self._raise({
                     "kind": "rank_lost", "job": st.job, "rank": st.rank, "step": st.last_step,
@@ -589,7 +591,7 @@ class MonitorService(pb_grpc.MonitorServicer):
         self._dirty.difference_update(jobs)
         for job in jobs:
             live = [s for s in states if s.job == job and s.last_step >= 0
-                    and (s.final or now - s.last_seen <= LOST_AFTER_S)]
+                    and (s.final or now - s.last_seen <= self.lost_after_s)]
             if not live:
                 continue
             running = [s.last_step for s in live if not s.final]

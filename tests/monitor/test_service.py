@@ -163,3 +163,45 @@ def test_trace_request_for_an_unknown_job_says_so(service):
         MonitorClient(service.address).request_trace("nope", steps="3-4")
     with pytest.raises(ProbeError, match="FIRST-LAST"):
         MonitorClient(service.address).request_trace("nope", steps="5-2")
+
+
+def test_a_rank_that_stops_sending_turns_lost_and_raises_an_alert(tmp_path):
+    svc = MonitorService(tmp_path / "m.duckdb", port=0, detect_interval_s=0.05, lost_after_s=0.6)
+    svc.start()
+    try:
+        channel = grpc.insecure_channel(svc.address)
+        stub = pb_grpc.MonitorStub(channel)
+        stub.Register(pb.RegisterRequest(job="j", rank=0, world_size=1, agent_id="agent-a", pid=42))
+        stub.Push(batch(1, [0, 1]))
+        alert = wait_for(lambda: svc.store.alerts(kind="rank_lost").to_pylist(), timeout=10,
+                         what="rank_lost")[0]
+        assert (alert["rank"], alert["step"]) == (0, 1)
+        doc = MonitorClient(svc.address).status()
+        assert doc["jobs"][0]["ranks"][0]["health"] == "lost"
+        assert doc["jobs"][0]["health"] == "degraded"
+        channel.close()
+    finally:
+        svc.stop(grace=0)
+
+
+def test_tls_with_a_token_serves_clients_that_trust_the_certificate(tmp_path):
+    import shutil
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    svc = MonitorService(tmp_path / "m.duckdb", port=0, token="t0k", tls_cert=str(cert),
+                         tls_key=str(key))
+    svc.start()
+    try:
+        doc = MonitorClient(svc.address, token="t0k", ca=str(cert)).status()
+        assert doc["service"]["tls"] is True and doc["service"]["auth"] is True
+        with pytest.raises(ProbeError):
+            MonitorClient(svc.address, token="t0k", timeout=2).status()     # plaintext client
+    finally:
+        svc.stop(grace=0)

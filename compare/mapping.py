@@ -128,7 +128,7 @@ def _layer(doc: dict, ga: list[tuple], gb: list[tuple]) -> list[tuple[str, str]]
                     break
             new.append(name)
             i += step
-            scope_type = cls_of.get(".".join(parts[:i]), "")
+            scope_type = cls_of.get(".".join(parts[:i]), parts[i - 1])
         b = b_mod.get((".".join(new), g[5] or 0))
         if b is not None and new != parts:
             pairs.append((g[0], b))

@@ -95,7 +95,8 @@ def emit_complete(name: str, domain: str, start_ns: int, end_ns: int, payload: d
     """Record a finished range measured by a built-in wrapper (no pairing needed).
 
     Does nothing when no session records; used for communication calls, optimizer steps,
-    dataloader fetches and checkpoint saves.
+    dataloader fetches and checkpoint saves. These go to one list shared by all threads (they
+    carry their thread id), drained and bounded like the per-thread buffers.
     """
     if mstx._active:
         mstx._complete.append((start_ns, end_ns, name, domain, payload, threading.get_ident()))
@@ -363,6 +364,9 @@ class Recorder:
         if n:
             items = complete[:n]
             del complete[:n]
+            if n > self.max_buffer:
+                self.problems["dropped_events"] += n - self.max_buffer
+                items = items[:self.max_buffer]
             for t0, t1, name, domain, payload, tid in items:
                 rows.add(domain, name, t0, t1, tid, tid, 0, payload)
         if final:

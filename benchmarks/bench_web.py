@@ -24,7 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "web"))
 
 TARGETS_MS = {"first paint": 1500.0, "expand 100 children": 200.0, "search hit": 200.0}
 
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from selenium.webdriver.common.by import By
 
-    from conftest import CHROMEDRIVER, CHROMIUM, new_driver, quit_driver, wait_for
+    from tests.web.conftest import CHROMEDRIVER, CHROMIUM, new_driver, quit_driver, wait_for
     from web.app import ServerThread, create_app
 
     if not (CHROMIUM and CHROMEDRIVER):

@@ -8,7 +8,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
-from conftest import wait_for
+from tests.web.conftest import wait_for
 from visualizer.diff import DiffGraph, NodePair
 from visualizer.graph import Graph
 from visualizer.synthetic import write_dump_pair

@@ -1,0 +1,62 @@
+"""The dashboard without a browser: construction, bad input, and the data behind the pages."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectors.store import StoreWriter
+from probe.errors import ProbeError
+from tests.conftest import run_probe
+from web.app import create_app
+from web.pages.live import LiveSource, series
+from web.pages.query import quick_chart, run_sql
+
+
+def _store(tmp_path, steps=3):
+    w = StoreWriter(tmp_path, rank=0, run="j")
+    for step in range(steps):
+        w.write_rows("metric", [{"time_ns": step, "job": "j", "rank": 0, "step": step, "name": n, "value": v}
+                                for n, v in (("step_time_ms", 50.0), ("comm_time_ms", 10.0), ("loss", 2.0))])
+        w.end_step(step)
+    w.close()
+    return tmp_path
+
+
+def test_app_builds_every_page_with_and_without_data(tmp_path, msprobe_data):
+    app = create_app(dump_a=msprobe_data / "torch_llama_mix", store_dirs=[str(_store(tmp_path))])
+    assert app.probe_diff is not None and not app.probe_diff.paired
+    assert create_app().probe_diff is None
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    with pytest.raises(ProbeError, match="no such dump"):
+        create_app(dump_a=tmp_path / "nope")
+    with pytest.raises(ProbeError, match="no such run directory"):
+        create_app(store_dirs=[str(tmp_path / "nope")])
+    with pytest.raises(ProbeError, match="no such trace file"):
+        create_app(trace_file=tmp_path / "trace.json")
+
+
+def test_query_runs_sql_over_the_store_and_reports_sql_errors(tmp_path):
+    cols, rows = run_sql(str(_store(tmp_path)), "select step, step_time_ms from steps order by step")
+    assert cols == ["step", "step_time_ms"] and rows == [(0, 50.0), (1, 50.0), (2, 50.0)]
+    assert len(quick_chart(cols, rows).data) == 1
+    with pytest.raises(ProbeError, match="SQL error"):
+        run_sql(str(tmp_path), "select nope from steps")
+
+
+def test_live_source_reads_the_store_and_derives_the_communication_share(tmp_path):
+    data = series(LiveSource(store_dirs=(str(_store(tmp_path)),)).metrics())
+    assert data["step_time_ms"][0] == {0: 50.0, 1: 50.0, 2: 50.0}
+    assert data["comm_share"][0][2] == pytest.approx(0.2)
+
+
+def test_trace_requests_without_a_monitor_say_how_to_start_one():
+    with pytest.raises(ProbeError, match="--monitor"):
+        LiveSource(store_dirs=("x",)).request_trace([0], 1, 2)
+
+
+def test_probe_web_rejects_a_missing_dump_in_one_line(tmp_path):
+    r = run_probe("web", "--dump", str(tmp_path / "missing"), "--port", "0", timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "no such dump" in r.stderr

@@ -105,10 +105,10 @@ def test_live_page_refreshes_while_a_job_writes_its_store(browser, serve_app, sh
     browser.get(serve_app(app) + "/live")
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-step-time .js-plotly-plot"), timeout=60,
              what="the live page")
-    writer = threading.Thread(target=write_steps, args=(tmp_path,), kwargs=dict(steps=8, delay=0.6, slow_rank=1))
+    writer = threading.Thread(target=write_steps, args=(tmp_path,), kwargs=dict(steps=8, delay=1.0, slow_rank=1))
     writer.start()
     seen = set()
-    wait_for(lambda: seen.add(points(browser, "l-step-time")) or max(seen) == 16, timeout=30,
+    wait_for(lambda: seen.add(points(browser, "l-step-time")) or max(seen) == 16, timeout=60,
              what="the chart to grow to 8 steps × 2 ranks")
     writer.join()
     assert len({n for n in seen if n > 0}) >= 3     # it grew over several refreshes while the job ran

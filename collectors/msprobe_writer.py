@@ -74,20 +74,22 @@ def contained_path(folder: str | os.PathLike, name: str, suffix: str = "") -> Pa
 
 def _atomic_json(path: Path, obj: Any, indent: int | None) -> None:
     tmp = path.with_name("." + path.name + ".tmp")
+    text = json.dumps(obj, indent=indent, ensure_ascii=False)   # one shot: the C encoder
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=indent, ensure_ascii=False)
+        f.write(text)
     os.replace(tmp, path)
 
 
 def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[str, Any],
                construct: Mapping[str, str | None], stacks: Mapping[str, list],
                task: str, level: str, framework: str, dump_data_dir: str | None = None,
-               indent: int | None = 1) -> Path:
+               indent: int | None = None) -> Path:
     """Write the three msprobe files of one step and rank; returns their folder.
 
     ``level`` is ours (``module``/``api``/``mix``) or msprobe's (``L0``/``L1``/``mix``);
     ``framework`` is ``pytorch`` or ``mindspore``. ``stacks`` maps a name to its list of
-    frame lines; names with the same frames are grouped as msprobe groups them.
+    frame lines; names with the same frames are grouped as msprobe groups them. ``indent=None``
+    (the default) writes compact JSON with the C encoder; readers see the same document.
     """
     folder = step_dir(out, step, rank)
     header = {

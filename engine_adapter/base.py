@@ -62,6 +62,14 @@ class StatsBackend(ABC):
     def describe(self, t: Any) -> TensorMeta:
         """Type, dtype, shape, numel, requires_grad and statistics kind of ``t``."""
 
+    def identity(self, t: Any) -> Any:
+        """A key equal for two references to the same unchanged tensor (None: no reuse).
+
+        Within a step the recorder reuses the statistics of a tensor it has already seen with
+        the same key: a module's output that is the next module's input is reduced once.
+        """
+        return None
+
     @abstractmethod
     def reduce(self, t: Any, kind: str) -> Any:
         """Start the statistics of ``t`` on its device; returns a handle for :meth:`gather`."""

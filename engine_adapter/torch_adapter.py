@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -31,13 +32,10 @@ from engine_adapter.base import EngineAdapter, HookSink, StatsBackend
 from engine_adapter.torch_stats import TorchStats
 
 
-class _Guard:
-    """Set while dump code runs, so the API mode does not record the dump's own ops."""
+class _Guard(threading.local):
+    """Set while dump code runs, so the API wrappers do not record the dump's own ops (per thread)."""
 
-    __slots__ = ("depth",)
-
-    def __init__(self) -> None:
-        self.depth = 0
+    depth = 0
 
 
 def _is_compiled(module: torch.nn.Module) -> bool:

@@ -1,11 +1,16 @@
 """PyTorch tensor statistics: one stacked reduction per tensor, on its device, one gather per step.
 
-For a floating tensor the handle is a 6-vector ``[max, min, sum, sumsq, nan_count, inf_count]``
-computed where the tensor lives (``aminmax`` is one pass, the sum of squares a dot product);
-nothing is copied to the host until :meth:`TorchStats.gather` stacks every handle of the step
-and reads it with one ``tolist()`` per device. On a CPU the NaN/Inf counts are only computed
-when the sum is not finite (a CPU has nothing to synchronise with, and counting is the
-slowest pass); on a GPU they are part of the same stacked reduction.
+For a floating tensor the statistics are ``[max, min, sum, sumsq, nan_count, inf_count]``,
+computed where the tensor lives:
+
+- on an accelerator, one stacked reduction per tensor (``aminmax``, ``sum``, a dot product for
+  the sum of squares, NaN and Inf counts) left on the device as a handle; nothing reaches the
+  host until :meth:`TorchStats.gather` stacks every handle of the step and reads it with one
+  ``tolist()`` per device: no host-device synchronisation per tensor;
+- on the CPU the tensor already is on the host: the same numbers are read through a zero-copy
+  NumPy view (SIMD ``max``/``min``, BLAS dot) plus one ``torch.sum``, and the NaN/Inf counts
+  are only computed when the sum is not finite (counting is the slowest pass). The handle is
+  then the finished list.
 
 >>> import torch
 >>> s = TorchStats()
@@ -20,6 +25,7 @@ import math
 import zlib
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend, TensorMeta
@@ -60,34 +66,34 @@ class TorchStats(StatsBackend):
         return TensorMeta("torch.Tensor", _dtype_str(dtype), tuple(t.shape), numel,
                           bool(t.requires_grad), kind)
 
-    def reduce(self, t: torch.Tensor, kind: str) -> torch.Tensor | None:
+    def identity(self, t: torch.Tensor) -> tuple[int, int]:
+        return id(t), t._version
+
+    def reduce(self, t: torch.Tensor, kind: str) -> torch.Tensor | list[float] | None:
         if kind == OPAQUE:
             return None
+        x = t.detach()
+        if x.is_cpu:
+            return _reduce_host(x, kind)
         with torch.no_grad():
-            x = t.detach()
-            if x.dim() != 1:
-                x = x.reshape(-1)
+            x = x.reshape(-1)
             if kind == INTEGER:
                 mn, mx = torch.aminmax(x)
                 return torch.stack([mx, mn]).to(torch.float64)
             if x.dtype not in _NATIVE:
                 x = x.float()
             mn, mx = torch.aminmax(x)
-            s = x.sum()
-            q = torch.dot(x, x)
-            if x.is_cpu:
-                if math.isfinite(s.item()):
-                    zero = s.new_zeros(())
-                    return torch.stack([mx, mn, s, q, zero, zero])
-            return torch.stack([mx, mn, s, q, torch.isnan(x).sum().to(x.dtype),
+            return torch.stack([mx, mn, x.sum(), torch.dot(x, x), torch.isnan(x).sum().to(x.dtype),
                                 torch.isinf(x).sum().to(x.dtype)])
 
-    def gather(self, handles: Sequence[torch.Tensor | None]) -> list[list[float] | None]:
+    def gather(self, handles: Sequence[Any]) -> list[list[float] | None]:
         by_device: dict[torch.device, list[int]] = {}
-        for i, h in enumerate(handles):
-            if h is not None:
-                by_device.setdefault(h.device, []).append(i)
         out: list[list[float] | None] = [None] * len(handles)
+        for i, h in enumerate(handles):
+            if isinstance(h, list):
+                out[i] = h
+            elif h is not None:
+                by_device.setdefault(h.device, []).append(i)
         for idx in by_device.values():
             floats = [i for i in idx if handles[i].numel() == 6]
             ints = [i for i in idx if handles[i].numel() != 6]
@@ -121,6 +127,22 @@ class TorchStats(StatsBackend):
         if isinstance(x, torch.Size):
             return "torch.Size"
         return None
+
+
+def _reduce_host(x: torch.Tensor, kind: str) -> list[float]:
+    """Statistics of a CPU tensor, read through a zero-copy NumPy view."""
+    if kind == FLOAT and x.dtype not in _NATIVE:
+        x = x.float()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    a = x.numpy().reshape(-1)
+    if kind == INTEGER:
+        return [float(a.max()), float(a.min())]
+    s = float(x.sum())
+    if math.isfinite(s):
+        return [float(a.max()), float(a.min()), s, float(np.dot(a, a)), 0.0, 0.0]
+    return [float(a.max()), float(a.min()), s, float(np.dot(a, a)),
+            float(np.count_nonzero(np.isnan(a))), float(np.count_nonzero(np.isinf(a)))]
 
 
 def _numpy_ok(dtype: torch.dtype) -> bool:

@@ -25,6 +25,7 @@ or, step by step::
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from typing import Any, Sequence
@@ -92,6 +93,7 @@ class DumpSession:
             self._attach()
         if self.first_step is not None:
             self.recorder.begin_step(self.first_step)
+        atexit.register(self.stop)      # a script that forgets stop() still gets its last step
         return self
 
     def _attach(self) -> None:
@@ -151,6 +153,9 @@ class DumpSession:
             rec.end_step()
         if self.adapter is not None and not self._detached:
             self._detach()
+        if rec is not None:
+            rec.drain()
+        atexit.unregister(self.stop)
         if self.store is not None and self._own_store:
             try:
                 self.store.close()

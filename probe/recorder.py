@@ -21,9 +21,12 @@ import json
 import linecache
 import math
 import os
+import queue
 import re
 import sys
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -101,6 +104,9 @@ class Recorder:
         self._want_files = config.task == "tensor"
         self._errors_reported: set[str] = set()
         self._include_cache: dict[str, bool] = {}
+        self._stack_cache: dict[str, tuple] = {}
+        self._formatted_stacks: dict[tuple, list[str]] = {}
+        self._writer: _Writer | None = None
         self.step = -1
         self.active = False
         self.steps_written: list[int] = []
@@ -149,6 +155,7 @@ class Recorder:
         self.param_grads: dict[int, dict] = {}
         self.api_counts: dict[str, int] = {}
         self.seq = 0
+        self._seen: dict[Any, tuple] = {}
 
     # ----------------------------------------------------------------- filters
     def include(self, base: str) -> bool:
@@ -210,12 +217,21 @@ class Recorder:
         if meta.requires_grad is not None:
             entry["requires_grad"] = meta.requires_grad
         handle_index = -1
-        if meta.kind != "none":
-            self.handles.append(self.stats.reduce(t, meta.kind))
-            handle_index = len(self.handles) - 1
         digest = file_name = None
-        if self._want_hash:
-            digest = entry["md5"] = self.stats.digest(t)
+        key = self.stats.identity(t)
+        seen = self._seen.get(key) if key is not None else None
+        if seen is not None and seen[0]() is t:
+            handle_index, digest = seen[1], seen[2]
+        else:
+            if meta.kind != "none":
+                self.handles.append(self.stats.reduce(t, meta.kind))
+                handle_index = len(self.handles) - 1
+            if self._want_hash:
+                digest = self.stats.digest(t)
+            if key is not None:
+                self._seen[key] = (weakref.ref(t), handle_index, digest)
+        if digest is not None:
+            entry["md5"] = digest
         if self._want_files:
             file_name = self._save_tensor(t, f"{node}.{slot}.{index}")
             entry["data_name"] = file_name
@@ -242,6 +258,10 @@ class Recorder:
     def _capture_stack(self, name: str) -> None:
         if not self.config.stack:
             return
+        cached = self._stack_cache.get(name)
+        if cached is not None:       # the same call of the same module/API: captured once per run
+            self.stacks[name] = cached
+            return
         frames = []
         f = sys._getframe(2)
         while f is not None:
@@ -249,7 +269,7 @@ class Recorder:
             if not code.co_filename.startswith(_OWN_FILES):
                 frames.append((code.co_filename, f.f_lineno, code.co_name))
             f = f.f_back
-        self.stacks[name] = tuple(frames)
+        self.stacks[name] = self._stack_cache[name] = tuple(frames)
 
     # ----------------------------------------------------------------- modules
     def module_forward_pre(self, base: str, module_key: int, args: tuple, kwargs: dict) -> str | None:
@@ -415,11 +435,27 @@ class Recorder:
 
     # ----------------------------------------------------------------- writing
     def _flush(self) -> None:
+        """Close the step on the hot path; the gather and all file writing go to the writer thread."""
         for key, pending in list(self.param_grads.items()):
             self._emit_param_grads(pending["base"], key, complete_only=False)
-        values = self.stats.gather(self.handles) if self.handles else []
-        rows = self.rows
-        for leaf in self.leaves:
+        for name, entry in self.open_entries.items():   # calls that never returned (an exception)
+            entry["output"] = []
+            self.data[name] = entry
+        batch = _StepBatch(self.step, self.data, self.construct, self.node_info, self.stacks,
+                           self.leaves, self.handles, self.rows)
+        if self._writer is None:
+            self._writer = _Writer(self)
+        self._writer.submit(batch)
+
+    def drain(self) -> None:
+        """Wait until every finished step is on disk."""
+        if self._writer is not None:
+            self._writer.drain()
+
+    def _write_batch(self, b: "_StepBatch") -> None:
+        values = self.stats.gather(b.handles) if b.handles else []
+        rows = b.rows
+        for leaf in b.leaves:
             if leaf.handle_index < 0:
                 continue
             v = values[leaf.handle_index]
@@ -436,32 +472,35 @@ class Recorder:
                 mx, mn = int(v[0]), int(v[1])
                 e["Max"], e["Min"] = mx, mn
                 r[9:15] = [float(mx), float(mn), None, None, 0, 0]
-        for name, entry in self.open_entries.items():   # calls that never returned (an exception)
-            entry["output"] = []
-            self.data[name] = entry
-        stacks = {name: _format_frames(frames) for name, frames in self.stacks.items()}
+        formatted = self._formatted_stacks
+        stacks = {}
+        for name, frames in b.stacks.items():
+            text = formatted.get(frames)
+            if text is None:
+                text = formatted[frames] = _format_frames(frames)
+            stacks[name] = text
         dump_data_dir = None
         if self._want_files:
-            dump_data_dir = str(msprobe_writer.step_dir(self.config.out, self.step, self.rank) / "dump_tensor_data")
-        msprobe_writer.write_step(self.config.out, step=self.step, rank=self.rank, data=self.data,
-                                  construct=self.construct, stacks=stacks, task=self.config.task,
+            dump_data_dir = str(msprobe_writer.step_dir(self.config.out, b.step, self.rank) / "dump_tensor_data")
+        msprobe_writer.write_step(self.config.out, step=b.step, rank=self.rank, data=b.data,
+                                  construct=b.construct, stacks=stacks, task=self.config.task,
                                   level=self.config.level, framework=self.adapter.framework,
                                   dump_data_dir=dump_data_dir)
-        self.steps_written.append(self.step)
-        self.entries_written += len(self.data)
+        self.steps_written.append(b.step)
+        self.entries_written += len(b.data)
         if self.store is not None:
-            self._write_store(stacks)
+            self._write_store(b, stacks)
 
-    def _write_store(self, stacks: dict[str, list[str]]) -> None:
+    def _write_store(self, b: "_StepBatch", stacks: dict[str, list[str]]) -> None:
         from collectors.records import table_from_columns
 
         names = ["seq", "node", "node_kind", "direction", "slot", "index", "dtype", "shape", "numel",
                  "max", "min", "mean", "l2norm", "nan_count", "inf_count", "hash", "tensor_file",
                  "requires_grad", "value"]
-        n = len(self.rows)
-        cols: dict[str, list] = {k: list(c) for k, c in zip(names, zip(*self.rows))} if n else {k: [] for k in names}
+        n = len(b.rows)
+        cols: dict[str, list] = {k: list(c) for k, c in zip(names, zip(*b.rows))} if n else {k: [] for k in names}
         now = time.time_ns()
-        cols.update(run=[self.run] * n, rank=[self.rank] * n, step=[self.step] * n, host_ts_ns=[now] * n)
+        cols.update(run=[self.run] * n, rank=[self.rank] * n, step=[b.step] * n, host_ts_ns=[now] * n)
         self.store.write("tensor", table_from_columns("tensor", cols))
         stack_ids = {}
         for gid, (group, _) in msprobe_writer.group_stacks(stacks).items():
@@ -469,8 +508,8 @@ class Recorder:
                 stack_ids[name] = gid
         depth: dict[str, int] = {}
         node_rows = {k: [] for k in ("node", "parent", "class_name", "depth", "order", "stack_ref")}
-        for name, (kind, cls, order) in self.node_info.items():
-            parent = self.construct.get(name)
+        for name, (kind, cls, order) in b.node_info.items():
+            parent = b.construct.get(name)
             d = depth.get(parent, -1) + 1 if parent else 0
             depth[name] = d
             node_rows["node"].append(name)
@@ -482,7 +521,53 @@ class Recorder:
         m = len(node_rows["node"])
         node_rows.update(run=[self.run] * m, rank=[self.rank] * m)
         self.store.write("node", table_from_columns("node", node_rows))
-        self.store.end_step(self.step)
+        self.store.end_step(b.step)
+
+
+@dataclass
+class _StepBatch:
+    """Everything one finished step hands to the writer thread."""
+
+    step: int
+    data: dict
+    construct: dict
+    node_info: dict
+    stacks: dict
+    leaves: list
+    handles: list
+    rows: list
+
+
+class _Writer:
+    """One background thread that gathers statistics and writes files, a step at a time.
+
+    The queue holds at most two steps: when the disk is slower than training, the training
+    thread waits at the end of a step instead of holding unbounded memory.
+    """
+
+    def __init__(self, recorder: "Recorder") -> None:
+        self.recorder = recorder
+        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.thread = threading.Thread(target=self._run, name="probe-dump-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, batch: _StepBatch) -> None:
+        self.queue.put(batch)
+
+    def drain(self) -> None:
+        self.queue.join()
+
+    def _run(self) -> None:
+        rec = self.recorder
+        with rec.adapter.suspended():
+            while True:
+                batch = self.queue.get()
+                try:
+                    rec._write_batch(batch)
+                except Exception as e:  # noqa: BLE001 - never kill training
+                    rec.report_error(f"writing step {batch.step}", e)
+                finally:
+                    self.queue.task_done()
 
 
 def _plain(v: Any) -> Any:

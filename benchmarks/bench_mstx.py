@@ -70,7 +70,13 @@ def loops() -> dict[str, Callable[[int], None]]:
         for _ in range(n):
             mark("tick")
 
-    return {"empty": empty, "mstx_pair": mstx_pair, "mstx_mark": mstx_mark}
+    def mstx_with(n: int) -> None:
+        rng = mstx.range
+        for _ in range(n):
+            with rng("step"):
+                pass
+
+    return {"empty": empty, "mstx_pair": mstx_pair, "mstx_mark": mstx_mark, "mstx_with": mstx_with}
 
 
 def nvtx_loops() -> dict[str, Callable[[int], None]] | None:
@@ -90,7 +96,13 @@ def nvtx_loops() -> dict[str, Callable[[int], None]] | None:
         for _ in range(n):
             m("tick")
 
-    return {"nvtx_pair": pair, "nvtx_mark": mark}
+    def annotate(n: int) -> None:
+        a = nvtx.annotate
+        for _ in range(n):
+            with a("step"):
+                pass
+
+    return {"nvtx_pair": pair, "nvtx_mark": mark, "nvtx_with": annotate}
 
 
 def torch_loops() -> dict[str, Callable[[int], None]]:
@@ -137,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     results["empty loop"] = best_of(base["empty"], n, repeat)
     results["mstx pair, no session"] = best_of(base["mstx_pair"], n, repeat)
     results["mstx mark, no session"] = best_of(base["mstx_mark"], n, repeat)
+    results["mstx `with range()`, no session"] = best_of(base["mstx_with"], n, repeat)
 
     class Count:
         events = 0
@@ -156,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
         results["mstx pair, recording"] = best_of(base["mstx_pair"], n, repeat, batch)
         results["mstx mark, recording"] = best_of(base["mstx_mark"], n, repeat, batch)
+        results["mstx `with range()`, recording"] = best_of(base["mstx_with"], n, repeat, batch)
     stage_us = stage["s"] / max(Count.events, 1) * 1e6
     recorded = Count.events
     dropped = s.report.problems.get("dropped_events", 0)
@@ -182,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if nv:
         results["nvtx pair, no tool"] = best_of(nv["nvtx_pair"], n, repeat)
         results["nvtx mark, no tool"] = best_of(nv["nvtx_mark"], n, repeat)
+        results["nvtx `with annotate()`, no tool"] = best_of(nv["nvtx_with"], n, repeat)
     if "torch_cuda_nvtx_pair" in tl:
         results["torch.cuda.nvtx pair"] = best_of(tl["torch_cuda_nvtx_pair"], n, repeat)
 

@@ -35,6 +35,7 @@ import functools
 import itertools
 import threading
 import time
+from threading import get_ident
 from typing import Any, Callable
 
 __all__ = ["mark", "range_start", "range_end", "range", "domain", "Domain", "is_recording"]
@@ -147,6 +148,9 @@ def _stream_event(stream: Any) -> Any:
 class range:  # noqa: N801 - mirrors mstx/nvtx naming; shadows the builtin only inside this module
     """A range as a context manager or a decorator.
 
+    One instance may be entered by several threads at once, or nested: each thread closes the
+    range it opened last.
+
     >>> with range("eval", domain="engine"):
     ...     pass
     >>> @range("step")
@@ -154,21 +158,39 @@ class range:  # noqa: N801 - mirrors mstx/nvtx naming; shadows the builtin only 
     ...     pass
     """
 
-    __slots__ = ("message", "stream", "domain", "_ids")
+    __slots__ = ("message", "stream", "domain", "_tid", "_rid", "_more")
 
     def __init__(self, message: Any, stream: Any = None, domain: str = "default") -> None:
         self.message = message
         self.stream = stream
         self.domain = domain
-        self._ids: list[int] = []
+        self._tid = 0                                  # the usual case: one entry at a time
+        self._rid = 0
+        self._more: dict[int, list[int]] | None = None    # nested or concurrent entries
 
     def __enter__(self) -> "range":
-        self._ids.append(range_start(self.message, self.stream, self.domain))
+        if _active:
+            rid = range_start(self.message, self.stream, self.domain)
+            if not self._rid:
+                self._tid = get_ident()
+                self._rid = rid
+            else:
+                if self._more is None:
+                    self._more = {}
+                self._more.setdefault(get_ident(), []).append(rid)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._ids:
-            range_end(self._ids.pop(), self.domain)
+        if self._rid or self._more:
+            tid = get_ident()
+            if self._more:
+                ids = self._more.get(tid)
+                if ids:
+                    range_end(ids.pop(), self.domain)
+                    return
+            if self._tid == tid:
+                range_end(self._rid, self.domain)
+                self._rid = 0
 
     def __call__(self, func: Callable) -> Callable:
         message, stream, dom = self.message, self.stream, self.domain

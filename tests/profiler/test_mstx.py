@@ -172,3 +172,30 @@ def test_a_forked_child_does_not_record_into_a_buffer_nobody_drains():
     assert os.read(r, 1) == b"1"
     assert mstx.is_recording()
     rec.stop()
+
+
+def test_one_range_object_used_nested_and_from_threads_closes_the_right_ranges():
+    shared = mstx.range("shared", domain="user")
+    ready = threading.Barrier(2)
+
+    def worker():
+        with shared:
+            ready.wait()
+            ready.wait()
+
+    def body():
+        t = threading.Thread(target=worker)
+        with shared:
+            t.start()
+            ready.wait()          # both threads inside the same object
+            with shared:          # and nested on this thread
+                pass
+        ready.wait()
+        t.join()
+
+    got, problems = record(body)
+    assert len(got) == 3 and all(e.thread == e.end_thread for e in got)
+    inner = min(got, key=lambda e: e.end_ns - e.start_ns)
+    outer = next(e for e in got if e.thread == inner.thread and e is not inner)
+    assert outer.start_ns < inner.start_ns <= inner.end_ns < outer.end_ns
+    assert not problems

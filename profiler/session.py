@@ -2,7 +2,8 @@
 
 A :class:`Session` switches :mod:`profiler.mstx` on, adds the built-in ranges (every
 ``torch.distributed`` collective and point-to-point call in domain ``communication``;
-dataloader fetches in domain ``dataloader``; ``torch.save`` in domain ``checkpoint``; optionally
+dataloader fetches in domain ``dataloader``; ``torch.save`` and (when loaded)
+``torch.distributed.checkpoint.save`` in domain ``checkpoint``; optionally
 one ``step N`` range per optimizer step in domain ``step``), and sends finished events to its
 sinks: the Arrow record store, a Chrome/Perfetto trace fragment ``OUT/trace/rank<R>.json``,
 OpenTelemetry spans, or any object with ``open/write/close``.
@@ -300,6 +301,9 @@ class Session:
             self._patch(dl._BaseDataLoaderIter, "__next__", "dataloader", "fetch")
         if self.checkpoint:
             self._patch(torch, "save", "checkpoint", "torch.save")
+            dcp = sys.modules.get("torch.distributed.checkpoint")
+            if dcp is not None and hasattr(dcp, "save"):
+                self._patch(dcp, "save", "checkpoint", "torch.distributed.checkpoint.save")
 
     def _patch(self, owner: Any, attr: str, domain: str, name: str) -> None:
         orig = getattr(owner, attr)

@@ -26,6 +26,14 @@ from visualizer.search import find
 
 SIDES = ("a", "b")
 FILTERS = ("error", "warning", "unmatched", "nan")
+#: Match methods that pair a node with a stand-in (its nearest matched ancestor, a container)
+#: rather than its own counterpart: the node is drawn unmatched, the stand-in still syncs.
+PROXY_METHODS = frozenset({"ancestor", "container", "unmatched"})
+
+
+def _rank(p: "NodePair") -> int:
+    """Which of several pairs of one node is its own: a direct match over a stand-in."""
+    return 0 if p.match_method in PROXY_METHODS else 1
 
 
 @dataclass
@@ -117,10 +125,11 @@ class DiffGraph:
         self.summary: dict[str, Any] = dict(summary or {})
         self._pair: dict[str, dict[str, NodePair]] = {"a": {}, "b": {}}
         for p in pairs:
-            if p.node_a and p.node_a in graph_a:
-                self._pair["a"][p.node_a] = p
-            if p.node_b and graph_b is not None and p.node_b in graph_b:
-                self._pair["b"][p.node_b] = p
+            for side, name, g in (("a", p.node_a, graph_a), ("b", p.node_b, graph_b)):
+                if name and g is not None and name in g:
+                    held = self._pair[side].get(name)
+                    if held is None or _rank(p) > _rank(held):
+                        self._pair[side][name] = p
         self._rows = list(rows)
         self._rows_by: dict[tuple[str | None, str | None], list[dict]] | None = None
         self._worst: dict[str, dict[str, str]] = {"a": {}, "b": {}}
@@ -190,6 +199,11 @@ class DiffGraph:
     def pair(self, side: str, name: str) -> NodePair | None:
         return self._pair[side].get(name)
 
+    def _direct(self, side: str, name: str) -> NodePair | None:
+        """The node's pair with its own counterpart (not a stand-in), if any."""
+        p = self._pair[side].get(name)
+        return p if p and p.node_a and p.node_b and p.match_method not in PROXY_METHODS else None
+
     def counterpart(self, side: str, name: str) -> str | None:
         """The matched node on the other side, if any."""
         p = self._pair[side].get(name)
@@ -200,7 +214,7 @@ class DiffGraph:
     def score(self, side: str, name: str) -> float | None:
         """The pair's precision score: the compare result's, else computed from the statistics."""
         p = self._pair[side].get(name)
-        if p is None or not (p.node_a and p.node_b):
+        if p is None or not (p.node_a and p.node_b) or p.match_method in PROXY_METHODS:
             return None
         self.band(side, name)
         return p.score
@@ -213,7 +227,7 @@ class DiffGraph:
         result = B.NONE
         if self.paired:
             p = self._pair[side].get(name)
-            if p is None or not (p.node_a and p.node_b):
+            if p is None or not (p.node_a and p.node_b) or p.match_method in PROXY_METHODS:
                 has_data = name in self.graph(side).raw.data
                 result = B.UNMATCHED if has_data or p is not None else B.NONE
             else:
@@ -276,7 +290,7 @@ class DiffGraph:
         if self._order is None:
             out = [("a", n) for n in self.graph("a").walk()]
             if self.paired:
-                out += [("b", n) for n in self.graph("b").walk() if self.counterpart("b", n) is None]
+                out += [("b", n) for n in self.graph("b").walk() if self._direct("b", n) is None]
             self._order = out
         return self._order
 

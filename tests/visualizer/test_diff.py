@@ -104,3 +104,17 @@ def test_single_dump_has_no_bands_but_finds_nan(tmp_path):
     d = DiffGraph(Graph.load(b))
     assert d.band("a", d.graph("a").roots()[0]) == "none"
     assert d.first_divergence() is None and d.first_nan()[0] == "a"
+
+
+def test_a_node_compared_only_at_its_ancestor_is_unmatched_but_still_syncs(diff):
+    ga, gb = diff.graph("a"), diff.graph("b")
+    mlp, lin = "Module.layers.1.mlp.MLP.forward.0", ga.children("Module.layers.1.mlp.MLP.forward.0")[0]
+    pairs = [NodePair(lin, mlp, "ancestor", "pass", None, "compared at the nearest matched ancestor"),
+             NodePair(mlp, "Module.layers.0.mlp.MLP.forward.0", "ancestor"),
+             NodePair(mlp, mlp, "structure", "pass", 0.1),
+             NodePair(None, lin, "unmatched")]
+    d = DiffGraph(ga, gb, pairs)
+    assert d.band("a", mlp) == "pass" and d.counterpart("a", mlp) == mlp     # the direct pair wins
+    assert d.band("a", lin) == "unmatched" and d.counterpart("a", lin) == mlp
+    assert d.detail("a", lin).reason == "compared at the nearest matched ancestor"
+    assert ("b", lin) in d.filter(["unmatched"])

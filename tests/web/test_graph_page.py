@@ -121,3 +121,30 @@ def test_single_dump_page_shows_one_tree_and_finds_nan(browser, serve_app, shot,
     assert "nan" in row(browser, "a", node).get_attribute("class").split()
     assert "NaN/Inf" in browser.find_element(By.ID, "g-detail").text
     shot("graph_single_nan")
+
+
+@pytest.mark.slow
+def test_planted_fault_in_the_bundled_engine_is_red_and_jumped_to(browser, serve_app, shot, tmp_path):
+    from tests.conftest import run_probe
+
+    common = ["dump", "--level", "module", "--preset", "tiny", "--seed", "0", "--steps", "0", "--max-steps", "1"]
+    fault = "scale:decoder.layers.1.mlp.linear_fc2.weight:3"
+    for args in (["--engine", "reference", "--out", str(tmp_path / "ref")],
+                 ["--engine", "fused", "--fault", fault, "--out", str(tmp_path / "fused")]):
+        r = run_probe(*common, *args)
+        assert r.returncode == 0, r.stderr
+    r = run_probe("compare", str(tmp_path / "ref"), str(tmp_path / "fused"), "--out", str(tmp_path / "cmp"))
+    assert r.returncode in (0, 1), r.stderr
+    app = create_app(dump_a=tmp_path / "ref", dump_b=tmp_path / "fused", compare_dir=tmp_path / "cmp")
+    browser.get(serve_app(app) + "/")
+    wait_for(lambda: rows(browser, "a") and rows(browser, "b"), timeout=60, what="both trees")
+    browser.find_element(By.ID, "g-jump").click()
+    faulty = "Module.layers.1.mlp.down_proj.Linear.forward.0"
+    wait_for(lambda: selected(browser, "a") == faulty, what="jump lands on the faulty module")
+    assert "band-error" in row(browser, "a", faulty).get_attribute("class")
+    assert selected(browser, "b") == "Module.decoder.layers.1.mlp.linear_fc2.Linear.forward.0"
+    assert "band-error" in row(browser, "b", selected(browser, "b")).get_attribute("class")
+    detail = browser.find_element(By.ID, "g-detail").text
+    assert "matched by structure" in detail and "norm_rel" in detail
+    time.sleep(0.2)
+    shot("graph_diff_bundled_engine")

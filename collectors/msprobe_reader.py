@@ -234,6 +234,14 @@ class _Flat:
             self._add(seq, node, slot, prefix, {"type": obj.get("type")} if isinstance(obj, dict)
                       else _EMPTY, json.dumps(val, default=str))
 
+    def table(self) -> pa.Table:
+        """The flattened tensors as a table: seq, slot, index, stats (struct), value."""
+        return pa.table({"seq": pa.array(self.seq, type=pa.int64()),
+                         "slot": pa.array(self.slot, type=pa.string()),
+                         "index": pa.array(self.index, type=pa.string()),
+                         "stats": _stats_array(self.items),
+                         "value": pa.array(self.value, type=pa.string())})
+
     def _add(self, seq: int, node: str, slot: str, index: str, item: dict, value: str | None) -> None:
         self.seq.append(seq)
         self.node.append(node)
@@ -241,6 +249,91 @@ class _Flat:
         self.index.append(index)
         self.items.append(item)
         self.value.append(value)
+
+
+_ENTRY_TYPE = pa.struct([
+    ("input_args", pa.list_(_STAT_TYPE)), ("input_kwargs", pa.map_(pa.string(), _STAT_TYPE)),
+    ("output", pa.list_(_STAT_TYPE)), ("parameters", pa.map_(pa.string(), _STAT_TYPE)),
+    ("input", pa.list_(_STAT_TYPE)),
+])
+_PGRAD_TYPE = pa.map_(pa.string(), pa.list_(_STAT_TYPE))
+_FAST_SLOTS = (("input_args", "input"), ("input_kwargs", "kwarg"), ("output", "output"),
+               ("parameters", "parameter"), ("input", "input"))
+
+
+def _flatten_fast(names: list[str], values: list) -> pa.Table | None:
+    """The common layout (flat lists and dicts of tensors) converted in C++ by Arrow.
+
+    Returns None when a dump holds anything else (nested outputs, non-tensor arguments, odd
+    values), which the Python walk (:func:`_flatten`) then reads.
+    """
+    import numpy as np
+
+    fwd_i, pg_i = [], []
+    for i, name in enumerate(names):
+        (pg_i if ".parameters_grad" in name else fwd_i).append(i)
+    try:
+        ent = pa.array([values[i] for i in fwd_i], type=_ENTRY_TYPE)
+        pg = pa.array([values[i] for i in pg_i], type=_PGRAD_TYPE)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+            OverflowError, ValueError):
+        return None
+    parts = []
+
+    def part(seqs: "np.ndarray", offsets: "np.ndarray", slot: str, index: pa.Array, stats: pa.Array) -> None:
+        parents = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+        parts.append(pa.table({"seq": pa.array(seqs[parents], type=pa.int64()),
+                               "slot": pa.array([slot] * len(stats), type=pa.string()),
+                               "index": index, "stats": stats}))
+    fwd = np.asarray(fwd_i, dtype=np.int64)
+    for field_name, slot in _FAST_SLOTS:
+        col = ent.field(field_name)
+        offsets = col.offsets.to_numpy(zero_copy_only=False)
+        if offsets[0] != 0:
+            return None
+        if isinstance(col, pa.MapArray):
+            part(fwd, offsets, slot, col.keys, col.items)
+        else:
+            flat = col.flatten()
+            parents = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+            pos = np.arange(len(flat)) - offsets[:-1][parents]
+            part(fwd, offsets, slot, pa.array(pos.astype(str), type=pa.string()), flat)
+    if len(pg):
+        offsets = pg.offsets.to_numpy(zero_copy_only=False)
+        lists = pg.items
+        if offsets[0] != 0 or pa.compute.any(pa.compute.not_equal(pa.compute.list_value_length(lists), 1)).as_py():
+            return None
+        part(np.asarray(pg_i, dtype=np.int64), offsets, "parameter_grad", pg.keys, lists.flatten())
+    table = pa.concat_tables(parts) if parts else pa.table({"seq": pa.array([], pa.int64())})
+    stats = table.column("stats").combine_chunks()
+    valid = stats.is_valid()
+    if stats.null_count:
+        table = table.filter(valid)
+        stats = table.column("stats").combine_chunks()
+    if pa.compute.any(pa.compute.and_(pa.compute.is_null(stats.field("dtype")),
+                                      pa.compute.is_valid(stats.field("type")))).as_py():
+        return None
+    order = pa.compute.sort_indices(table, sort_keys=[("seq", "ascending")])
+    table = table.take(order)
+    return table.append_column("value", pa.nulls(table.num_rows, type=pa.string()))
+
+
+def _numel(shape: pa.Array) -> pa.Array:
+    """Product of each shape (``[]`` → 1, null → null), vectorised."""
+    import numpy as np
+
+    if isinstance(shape, pa.ChunkedArray):
+        shape = shape.combine_chunks()
+    n = len(shape)
+    offsets = shape.offsets.to_numpy(zero_copy_only=False)
+    vals = shape.flatten().fill_null(1).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = np.diff(offsets)
+    out = np.ones(n, dtype=np.int64)
+    nonempty = lengths > 0
+    if nonempty.any():
+        starts = (offsets[:-1] - offsets[0])[nonempty]
+        out[nonempty] = np.multiply.reduceat(vals, starts)
+    return pa.array(out, type=pa.int64(), mask=shape.is_null().to_numpy(zero_copy_only=False))
 
 
 def _flatten(data: dict, path: Path) -> _Flat:
@@ -316,6 +409,27 @@ def _stack_refs(stack: Any) -> dict[str, str]:
     return refs
 
 
+def _depths(construct: dict) -> dict[str, int]:
+    """Depth of every node of construct.json (roots 0), following parent links once each."""
+    memo: dict[str, int] = {}
+    for start, parent in construct.items():
+        if start in memo:
+            continue
+        if parent is None:
+            memo[start] = 0
+            continue
+        chain = [start]
+        cur = parent
+        while isinstance(cur, str) and cur not in memo and len(chain) < 10_000:
+            chain.append(cur)
+            cur = construct.get(cur)
+        base = memo.get(cur, -1) if isinstance(cur, str) else -1
+        for node in reversed(chain):
+            base += 1
+            memo[node] = base
+    return memo
+
+
 def _node_table(names: list[str], classes: list[str], construct: dict,
                 stack_refs: dict[str, str], run: str, rank: int | None) -> pa.Table:
     all_names = list(names)
@@ -325,24 +439,11 @@ def _node_table(names: list[str], classes: list[str], construct: dict,
     if extra:
         all_names += extra
         cls += _classify(extra).column("cls").to_pylist()
-    depth_memo: dict[str, int] = {}
-
-    def depth(n: str) -> int:
-        chain = []
-        cur: Any = n
-        while isinstance(cur, str) and cur not in depth_memo and len(chain) < 10_000:
-            chain.append(cur)
-            cur = construct.get(cur)
-        base = depth_memo.get(cur, -1) if isinstance(cur, str) else -1
-        for c in reversed(chain):
-            base += 1
-            depth_memo[c] = base
-        return depth_memo[n]
-
+    depth_of = _depths(construct)
     n = len(all_names)
     parents = [construct.get(x) for x in all_names] if construct else [None] * n
     parents = [p if isinstance(p, str) else None for p in parents]
-    depths = [depth(x) for x in all_names] if construct else [0] * n
+    depths = [depth_of.get(x, 0) for x in all_names] if construct else [0] * n
     return table_from_columns("node", {
         "run": [run] * n, "rank": [rank] * n, "node": all_names, "parent": parents,
         "class_name": cls, "depth": depths, "order": list(range(n)),
@@ -385,14 +486,15 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> Msprob
             stack_refs = {}
     step, rank = _step_rank(path.resolve())
     run = run if run is not None else str(path)
-    flat = _flatten(data, path)
     names = list(data)
+    flat = _flatten_fast(names, list(data.values())) or _flatten(data, path).table()
     info = _classify(names)
-    seq = pa.array(flat.seq, type=pa.int64())
-    stats = _stats_array(flat.items)
-    n = len(flat.seq)
+    seq = flat.column("seq")
+    stats = flat.column("stats").combine_chunks() if isinstance(flat.column("stats"), pa.ChunkedArray) \
+        else flat.column("stats")
+    n = flat.num_rows
     shape = stats.field("shape")
-    numel = pa.array([None if s is None else math.prod(s) for s in shape.to_pylist()], type=pa.int64())
+    numel = _numel(shape)
     files = stats.field("data_name")
     dump_dir = doc.get("dump_data_dir")
     if dump_dir and files.null_count < n:
@@ -404,14 +506,14 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> Msprob
     tensors = table_from_columns("tensor", {
         "run": pa.array([run] * n, type=pa.string()), "rank": pa.array([rank] * n, type=pa.int32()),
         "step": pa.array([step] * n, type=pa.int64()), "seq": seq,
-        "node": pa.array(flat.node, type=pa.string()),
+        "node": pa.array(names, type=pa.string()).take(seq),
         "node_kind": info.column("kind").take(seq), "direction": info.column("direction").take(seq),
-        "slot": pa.array(flat.slot, type=pa.string()), "index": pa.array(flat.index, type=pa.string()),
+        "slot": flat.column("slot"), "index": flat.column("index"),
         "dtype": dtype, "shape": shape, "numel": numel,
         "max": stats.field("Max"), "min": stats.field("Min"), "mean": stats.field("Mean"),
         "l2norm": stats.field("Norm"), "hash": stats.field("md5"), "tensor_file": files,
         "requires_grad": stats.field("requires_grad"),
-        "value": pa.array(flat.value, type=pa.string()),
+        "value": flat.column("value"),
     })
     nodes = _node_table(names, info.column("cls").to_pylist(), construct, stack_refs, run, rank)
     return MsprobeDump(path=str(path), tensors=tensors, nodes=nodes,

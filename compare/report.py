@@ -52,18 +52,13 @@ def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
 
 def write_result(result: Any, out: Path) -> Path:
     """Write compare.csv, compare.parquet, nodes.parquet and summary.json; return ``out``."""
-    import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
     try:
         out.mkdir(parents=True, exist_ok=True)
         pq.write_table(result.rows, out / "compare.parquet")
         pq.write_table(result.nodes, out / "nodes.parquet")
-        flat = result.rows
-        for i, f in enumerate(flat.schema):
-            if str(f.type).startswith("list"):
-                flat = flat.set_column(i, f.name, _list_to_text(flat.column(i)))
-        pcsv.write_csv(flat, out / "compare.csv")
+        _write_csv(result.rows, out / "compare.csv")
         (out / "summary.json").write_text(json.dumps(_json_safe(result.summary), indent=1,
                                                      default=str, allow_nan=False) + "\n")
     except OSError as e:
@@ -82,12 +77,18 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def _list_to_text(col: Any) -> Any:
+def _write_csv(rows: Any, path: Path) -> None:
+    """CSV of the rows, list columns (shapes) as ``[2, 4]`` text; all vectorised in Arrow."""
     import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
 
-    values = col.to_pylist()
-    return pa.array([None if v is None else "[" + ", ".join(str(x) for x in v) + "]" for v in values],
-                    type=pa.string())
+    flat = rows
+    for i, f in enumerate(rows.schema):
+        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
+            text = pc.binary_join(pc.cast(rows.column(i), pa.list_(pa.string())), ", ")
+            flat = flat.set_column(i, f.name, pc.binary_join_element_wise("[", text, "]", ""))
+    pcsv.write_csv(flat, path)
 
 
 def _short(name: str | None, width: int = 70) -> str:

@@ -63,6 +63,8 @@ def test_rank_clocks_are_aligned_so_the_same_all_reduce_overlaps_on_both_tracks(
     trace = json.loads((out / "trace.json").read_text())
     offsets = trace["otherData"]["ranks"]
     assert set(offsets) == {"0", "1"} and offsets["0"]["clock_offset_ns"] == 0
+    # both ranks run on this host's one monotonic clock: what is measured is the method's error
+    assert abs(offsets["1"]["clock_offset_ns"]) < 2_000_000
     by_rank = [[e for e in slices_of(trace, r) if e["name"] == "all_reduce"] for r in (0, 1)]
     slack_us = 5_000
     for a, b in zip(*by_rank):

@@ -124,7 +124,8 @@ def _stats_table(d: Detail) -> html.Table:
         for label, t in (("A", a_by.get(key)), ("B", b_by.get(key))):
             if t is None:
                 continue
-            cells = [key[0], key[1], t.dtype or "", "×".join(map(str, t.shape)) if t.shape else "", label]
+            dtype = (t.dtype or "").removeprefix("torch.").removeprefix("mindspore.")
+            cells = [key[0], key[1], dtype, "×".join(map(str, t.shape)) if t.shape else "", label]
             if t.value is not None and t.max is None:
                 cells += [t.value, "", "", ""]
             else:
@@ -134,28 +135,30 @@ def _stats_table(d: Detail) -> html.Table:
 
 
 #: Compare-row columns shown in the detail panel, in this order, when present.
-METRIC_COLUMNS = ("direction", "slot", "index", "dtype_a", "dtype_b", "max_rel", "min_rel", "mean_rel",
-                  "norm_rel", "err", "cosine", "max_abs_err", "max_rel_err", "rmse", "one_thousandth",
-                  "hash_match", "verdict", "reason")
+METRIC_COLUMNS = ("direction", "slot", "index", "max_rel", "min_rel", "mean_rel", "norm_rel", "err", "cosine",
+                  "max_abs_err", "max_rel_err", "rmse", "one_thousandth", "hash_match", "verdict")
 
 
-def _metrics_table(rows: list[dict]) -> html.Table | None:
-    """The compare result's per-tensor rows of the pair (its columns, or a ``metrics`` mapping)."""
+def _metrics_table(rows: list[dict]) -> list:
+    """The compare result's per-tensor rows of the pair (its columns, or a ``metrics`` mapping),
+    then each row's reason."""
     if not rows:
-        return None
+        return []
     flat = []
     for r in rows:
         item = dict(r)
         if isinstance(item.get("metrics"), dict):
             item.update(item.pop("metrics"))
         flat.append(item)
-    extra = [k for k in flat[0] if k not in METRIC_COLUMNS and isinstance(flat[0][k], (int, float))
+    extra = [k for k in flat[0] if k not in METRIC_COLUMNS and isinstance(flat[0][k], float)
              and not k.endswith(("_a", "_b", "_diff"))]
-    cols = [c for c in (*METRIC_COLUMNS[:-2], *extra, *METRIC_COLUMNS[-2:])
+    cols = [c for c in (*METRIC_COLUMNS[:-1], *extra, METRIC_COLUMNS[-1])
             if any(i.get(c) is not None for i in flat)]
-    return html.Table([html.Thead(html.Tr([html.Th(c) for c in cols])),
-                       html.Tbody([html.Tr([html.Td(_fmt(i.get(c))) for c in cols]) for i in flat])],
-                      className="stats")
+    table = html.Table([html.Thead(html.Tr([html.Th(c) for c in cols])),
+                        html.Tbody([html.Tr([html.Td(_fmt(i.get(c))) for c in cols]) for i in flat])],
+                       className="stats")
+    reasons = [html.Li(f"{i.get('slot', '')} {i.get('index', '')}: {i['reason']}") for i in flat if i.get("reason")]
+    return [table, html.Ul(reasons, className="reasons")] if reasons else [table]
 
 
 def render_detail(diff: DiffGraph, side: str, name: str) -> list:
@@ -177,8 +180,8 @@ def render_detail(diff: DiffGraph, side: str, name: str) -> list:
         out.append(html.P(d.reason, className="reason"))
     out += [html.H4("Statistics"), _stats_table(d)]
     metrics = _metrics_table(d.metrics)
-    if metrics is not None:
-        out += [html.H4("Compare metrics"), metrics]
+    if metrics:
+        out += [html.H4("Compare metrics"), *metrics]
     for label, stack in (("A", d.stack_a), ("B", d.stack_b)):
         if stack:
             out += [html.H4(f"Stack {label}"), html.Pre("\n".join(stack), className="stack")]

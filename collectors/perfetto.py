@@ -1,7 +1,8 @@
 """Perfetto-loadable Chrome trace JSON: a per-rank sink and a merger (one process track per rank).
 
 Each rank's events become Chrome trace events in the process ``pid = rank`` ("rank R"), one
-thread track per Python thread, plus one track per CUDA device for device timestamps. Ranges
+thread track per Python thread, plus one track per CUDA device and stream for device
+timestamps. Ranges
 that nest on their thread are complete events (``ph: X``); a range that ends on another thread,
 or overlaps a sibling without nesting, becomes an async pair (``ph: b``/``e``) so the thread
 tracks stay strictly nested, which Perfetto's JSON importer requires. Timestamps are in
@@ -24,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-DEVICE_TID_BASE = 1_000_000   # device tracks: tid = base + device index
+DEVICE_TID_BASE = 1_000_000   # device tracks (one per device and stream) count up from here
 
 
 def to_trace_events(events: Iterable[Any], pid: int, thread_names: dict[int, str] | None = None,
@@ -42,7 +43,7 @@ def to_trace_events(events: Iterable[Any], pid: int, thread_names: dict[int, str
     out: list[dict] = []
     stacks: dict[int, list[int]] = {}        # tid -> end_ns of open complete events
     async_id = 0
-    device_tids: set[int] = set()
+    device_tids: dict[tuple[int, int], int] = {}     # (device, stream) -> track
     for e in events:
         args = {"domain": e.domain}
         if e.step is not None:
@@ -74,18 +75,24 @@ def to_trace_events(events: Iterable[Any], pid: int, thread_names: dict[int, str
             out.append({"name": e.name, "cat": e.domain, "ph": "e", "id": ident,
                         "ts": e.end_ns / 1000.0, "pid": pid, "tid": tid})
         if e.device_start_ns is not None and e.device_end_ns is not None:
-            dev = (e.payload or {}).get("device", 0) if isinstance(e.payload, dict) else 0
-            dtid = DEVICE_TID_BASE + int(dev)
-            device_tids.add(dtid)
+            payload = e.payload if isinstance(e.payload, dict) else {}
+            key = (payload.get("device", 0), payload.get("stream", 0))
+            dtid = device_tids.setdefault(key, DEVICE_TID_BASE + len(device_tids))
             dstack = stacks.setdefault(dtid, [])
             while dstack and dstack[-1] <= e.device_start_ns:
                 dstack.pop()
+            dts, ddur = e.device_start_ns / 1000.0, max(e.device_end_ns - e.device_start_ns, 0) / 1000.0
             if not dstack or e.device_end_ns <= dstack[-1]:
                 dstack.append(e.device_end_ns)
-                out.append({"name": e.name, "cat": e.domain, "ph": "X",
-                            "ts": e.device_start_ns / 1000.0,
-                            "dur": max(e.device_end_ns - e.device_start_ns, 0) / 1000.0,
+                out.append({"name": e.name, "cat": e.domain, "ph": "X", "ts": dts, "dur": ddur,
                             "pid": pid, "tid": dtid, "args": args})
+            else:
+                async_id += 1
+                ident = f"{pid}.{async_id}"
+                out.append({"name": e.name, "cat": e.domain, "ph": "b", "id": ident, "ts": dts,
+                            "pid": pid, "tid": dtid, "args": args})
+                out.append({"name": e.name, "cat": e.domain, "ph": "e", "id": ident,
+                            "ts": dts + ddur, "pid": pid, "tid": dtid})
     meta = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
              "args": {"name": process_name or f"rank {pid}"}},
             {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
@@ -95,9 +102,9 @@ def to_trace_events(events: Iterable[Any], pid: int, thread_names: dict[int, str
                      "args": {"name": thread_names.get(ident, f"thread {ident}")}})
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                      "args": {"sort_index": tid}})
-    for dtid in sorted(device_tids):
+    for (dev, stream), dtid in device_tids.items():
         meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": dtid,
-                     "args": {"name": f"device {dtid - DEVICE_TID_BASE}"}})
+                     "args": {"name": f"device {dev} stream {stream}"}})
     return meta + out
 
 

@@ -206,11 +206,11 @@ class _DeviceClock:
             self.refs[dev] = (ref, time.perf_counter_ns())
         ev = self.torch.cuda.Event(enable_timing=True)
         ev.record(stream)
-        return (dev, ev)
+        return (dev, ev, int(getattr(stream, "stream_id", 0)))
 
     def resolve(self, dev_ev: Any, block: bool) -> int | None:
         """Host-clock ns of a recorded device event; None while it has not completed."""
-        dev, ev = dev_ev
+        dev, ev, _ = dev_ev
         if not ev.query():
             if not block:
                 return None
@@ -533,7 +533,7 @@ class Recorder:
             row["device_start_ns"] = d0 + off if d0 is not None else None
             row["device_end_ns"] = d1 + off if d1 is not None else None
             if dev0 is not None:
-                row["payload"] = {**(row["payload"] or {}), "device": dev0[0]}
+                row["payload"] = {**(row["payload"] or {}), "device": dev0[0], "stream": dev0[2]}
             for k, v in cols.items():
                 v.append(row[k])
         self._pending_device = still

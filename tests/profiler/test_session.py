@@ -164,3 +164,21 @@ def test_otel_batch_export_of_many_spans_drops_none():
         for i in range(5000):
             mstx.range_end(mstx.range_start(f"r{i}"))
     assert len(exporter.get_finished_spans()) == 5000
+
+
+def test_device_times_get_one_track_per_device_and_stream_and_stay_valid_when_overlapping():
+    from collectors.perfetto import to_trace_events
+    from profiler.recorder import Event
+
+    def ev(name, t0, t1, d0, d1, stream):
+        return Event("user", name, "range", t0, t1, 1, 1, d0, d1, {"device": 0, "stream": stream}, 0)
+
+    events = [ev("a", 0, 10, 100, 300, 7), ev("b", 20, 30, 200, 400, 7),   # overlap on stream 7
+              ev("c", 40, 50, 150, 160, 9)]
+    trace = {"traceEvents": to_trace_events(events, pid=0, thread_names={1: "MainThread"})}
+    assert trace_problems(trace) == []
+    names = sorted(e["args"]["name"] for e in trace["traceEvents"]
+                   if e["ph"] == "M" and e["name"] == "thread_name")
+    assert names == ["MainThread", "device 0 stream 7", "device 0 stream 9"]
+    device = [e for e in trace["traceEvents"] if e["ph"] != "M" and e["tid"] >= 1_000_000]
+    assert sorted(e["ph"] for e in device) == ["X", "X", "b", "e"]

@@ -42,8 +42,9 @@ from torch.utils.flop_counter import bmm_flop, flop_registry
 
 aten = torch.ops.aten
 
-#: Dense peak TFLOP/s per device (by a substring of ``torch.cuda.get_device_name``) and dtype.
+#: Dense peak TFLOP/s per device (the first key found in ``torch.cuda.get_device_name``) and dtype.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0, "tf32": 378.0},
     "H200": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "tf32": 494.5},
     "H100": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "tf32": 494.5},
     "H800": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "tf32": 494.5},

@@ -31,7 +31,8 @@ class FlopsCallback(TrainCallback):
     """Adds ``flops``, ``hw_flops``, ``achieved_tflops``, ``mfu``, ``hfu`` to step metrics.
 
     ``peak_tflops``: the device's peak (per rank); without it a GPU's is looked up in
-    :data:`profiler.flops.PEAK_TFLOPS`, and a CPU gets FLOPs but no MFU/HFU.
+    :data:`profiler.flops.PEAK_TFLOPS` for the dtype most FLOPs ran in (so autocast counts as
+    its compute dtype), and a CPU gets FLOPs but no MFU/HFU.
     ``recount_every``: count again every N steps (shapes that change); 0 counts once.
     """
 
@@ -68,6 +69,10 @@ class FlopsCallback(TrainCallback):
             counter.__exit__(None, None, None)
             self.model_flops, self.hardware_flops = counter.model_flops, counter.hardware_flops
             self._counted_step = step
+            if self.peak_tflops is None and counter.main_dtype is not None:
+                from profiler.flops import peak_flops
+
+                self.peak = peak_flops(ctx.device, counter.main_dtype) or self.peak
         if self.model_flops is None:
             return
         seconds = metrics.get("step_time_ms", 0.0) / 1e3

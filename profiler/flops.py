@@ -94,10 +94,17 @@ class FlopCounter(TorchDispatchMode):
         self.model_flops = 0
         self.hardware_flops = 0
         self.by_op: Counter[str] = Counter()
+        self.by_dtype: Counter[torch.dtype] = Counter()
 
     def reset(self) -> None:
         self.model_flops = self.hardware_flops = 0
         self.by_op.clear()
+        self.by_dtype.clear()
+
+    @property
+    def main_dtype(self) -> torch.dtype | None:
+        """The dtype most FLOPs ran in (under autocast: the compute dtype, not the weights')."""
+        return self.by_dtype.most_common(1)[0][0] if self.by_dtype else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -108,6 +115,9 @@ class FlopCounter(TorchDispatchMode):
             flops = int(formula(*args, **kwargs, out_val=out))
             self.hardware_flops += flops
             self.by_op[str(packet)] += flops
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None:
+                self.by_dtype[first.dtype] += flops
             in_backward = torch._C._current_graph_task_id() != -1
             if in_backward and torch.is_grad_enabled():
                 pass                                  # recomputation (checkpointing)

@@ -76,3 +76,10 @@ def test_utilisation_and_peaks():
     assert utilisation(1.0, 1.0, None) is None
     assert peak_flops("cpu") is None
     assert peak_flops("cpu", peak_tflops=2) == 2e12
+
+
+def test_the_dtype_most_flops_ran_in_is_the_compute_dtype_under_autocast():
+    lin = torch.nn.Linear(32, 32)
+    with FlopCounter() as fc, torch.autocast("cpu", dtype=torch.bfloat16):
+        lin(torch.randn(4, 32))
+    assert lin.weight.dtype == torch.float32 and fc.main_dtype == torch.bfloat16

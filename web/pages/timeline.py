@@ -20,23 +20,25 @@ PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#f
 
 
 def figure(spans: list[Span]) -> go.Figure:
-    """Horizontal bars, one lane per rank and thread, one colour per category; zoom with the
-    mouse (drag a box, double-click to reset)."""
+    """Horizontal bars, one row per rank, thread and category (so nested ranges of different
+    domains do not hide each other), one colour per category; zoom with the mouse (drag a box,
+    double-click to reset)."""
     fig = go.Figure()
-    lanes = sorted({s.lane for s in spans})
+    row = {id(s): f"{s.lane} · {s.cat or 'other'}" for s in spans}
+    lanes = sorted(set(row.values()))
     cats: dict[str, list[Span]] = {}
     for s in spans:
         cats.setdefault(s.cat or "other", []).append(s)
     for i, (cat, group) in enumerate(sorted(cats.items())):
         fig.add_trace(go.Bar(
-            orientation="h", name=cat, y=[s.lane for s in group], base=[s.start_us / 1e3 for s in group],
+            orientation="h", name=cat, y=[row[id(s)] for s in group], base=[s.start_us / 1e3 for s in group],
             x=[max(s.dur_us / 1e3, 1e-3) for s in group], marker_color=PALETTE[i % len(PALETTE)],
             text=[s.name for s in group], textposition="inside", insidetextanchor="start",
             customdata=[[s.name, s.dur_us / 1e3, cat] for s in group],
             hovertemplate="%{customdata[0]}<br>%{customdata[2]}<br>start %{base:.3f} ms"
                           "<br>%{customdata[1]:.3f} ms<extra></extra>"))
-    fig.update_layout(barmode="overlay", height=max(300, 60 * len(lanes) + 120), template="plotly_white",
-                      margin=dict(l=160, r=10, t=30, b=40), xaxis_title="time (ms)",
+    fig.update_layout(barmode="overlay", height=max(300, 34 * len(lanes) + 120), template="plotly_white",
+                      margin=dict(l=230, r=10, t=30, b=40), xaxis_title="time (ms)",
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"), dragmode="zoom")
     fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1])
     return fig

@@ -129,7 +129,7 @@ class ProfileCallback(TrainCallback):
             return
         self.session = Session(
             ctx.out_dir, rank=ctx.rank, world_size=ctx.world_size, run=ctx.run, store=ctx.store,
-            trace=self.trace, otel_exporter=_exporter(self.otel), steps=self.steps,
+            trace=self.trace, otel_exporter=otel_exporter_from(self.otel), steps=self.steps,
             schedule=self.schedule, first_step=0, domains=self.domains,
             torch_ops=self.torch_ops, clock_offset_ns=offset).start()
 
@@ -155,8 +155,14 @@ class ProfileCallback(TrainCallback):
                 print(f"probe: profile {self.report.summary()}", file=sys.stderr, flush=True)
 
 
-def _exporter(otel: Any) -> Any:
-    """``"console"`` -> a ConsoleSpanExporter; an exporter object passes through; None -> None."""
+def otel_exporter_from(otel: Any) -> Any:
+    """The span exporter an ``otel`` option names.
+
+    ``"console"`` gives a ConsoleSpanExporter; an exporter object passes through; None stays None.
+
+    >>> otel_exporter_from(None) is None
+    True
+    """
     if otel is None or otel is False:
         return None
     if otel == "console":

@@ -115,7 +115,7 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
 
 def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
     from collectors.store import StoreWriter
-    from profiler.engine_plugin import _exporter
+    from profiler.engine_plugin import otel_exporter_from
     from profiler.session import Session
 
     path = Path(argv[0])
@@ -125,7 +125,8 @@ def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
 
     rank = int(os.environ.get("RANK", 0))
     store = StoreWriter(out, rank=rank, run=Path(out).name)
-    session = Session(out, rank=rank, store=store, trace=True, otel_exporter=_exporter(options["otel"]),
+    session = Session(out, rank=rank, store=store, trace=True,
+                      otel_exporter=otel_exporter_from(options["otel"]),
                       steps=options["steps"], schedule=options["schedule"],
                       torch_ops=options["torch_ops"], optimizer_steps=True)
     step_flops = None

@@ -8,18 +8,33 @@ on ranks 0 and 3 comes back covering exactly those steps while all 4 ranks keep 
 import json
 import os
 import threading
+import time
 
 import pytest
 
+from engine_adapter.bundled.callbacks import TrainCallback
 from monitor.client import MonitorClient
 
 from .conftest import ServeProcess, wait_for
 
-NPROC, STEPS, SLOW_RANK, TRACED = 4, 10, 2, [0, 3]
+NPROC, STEPS, SLOW_RANK, TRACED = 4, 9, 2, [0, 3]
+MIN_STEP_S = 0.3
+
+
+class Pacer(TrainCallback):
+    """Makes each step last at least MIN_STEP_S (outside the measured step time), so a fast
+    machine does not finish the run before the test has asked for its trace."""
+
+    def on_step_start(self, ctx, step):
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, ctx, step, metrics):
+        time.sleep(max(0.0, MIN_STEP_S - (time.perf_counter() - self.t0)))
 
 
 @pytest.fixture(scope="module")
 def monitored_run(tmp_path_factory):
+    from engine_adapter.bundled.callbacks import PluginSpec
     from engine_adapter.bundled.launch import run_training
     from engine_adapter.bundled.spec import RunSpec
 
@@ -28,6 +43,7 @@ def monitored_run(tmp_path_factory):
     client = MonitorClient(server.addr)
     spec = RunSpec(nproc=NPROC, preset="tiny", max_steps=STEPS, faults=(f"slow:{SLOW_RANK}:3",),
                    out_dir=str(tmp / "train"), quiet=True,
+                   plugins=(PluginSpec(f"{__name__}:Pacer"),),
                    extra_env=(("PROBE_MONITOR", server.addr), ("PROBE_MONITOR_JOB", "straggle"),
                               ("PROBE_MONITOR_SPOOL", str(tmp / "spool")),
                               ("OMP_NUM_THREADS", "1")))

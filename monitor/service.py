@@ -48,6 +48,8 @@ from probe.errors import ProbeError
 MAX_BATCH_POINTS = 65_536
 #: The largest message the service accepts (bytes).
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+#: The largest query answer sent in one reply (bytes).
+MAX_REPLY_BYTES = 60 * 1024 * 1024
 #: The largest trace file a rank may upload (bytes).
 MAX_TRACE_BYTES = 1 << 31
 MAX_NAME_LEN = 256
@@ -133,11 +135,17 @@ def decode_batch(batch: pb.MetricBatch) -> pa.Table:
     })
 
 
-def _ipc(table: pa.Table) -> pb.ArrowTable:
+def _ipc(table: pa.Table, context: grpc.ServicerContext) -> pb.ArrowTable:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
-    return pb.ArrowTable(ipc=sink.getvalue().to_pybytes())
+    data = sink.getvalue()
+    if data.size > MAX_REPLY_BYTES:
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"the answer has {table.num_rows} rows ({data.size / 2**20:.0f} MiB), over the "
+                      f"{MAX_REPLY_BYTES >> 20} MiB limit of one reply; narrow it with since_step, "
+                      "ranks, names or limit")
+    return pb.ArrowTable(ipc=data.to_pybytes())
 
 
 class MonitorService(pb_grpc.MonitorServicer):
@@ -429,14 +437,15 @@ class MonitorService(pb_grpc.MonitorServicer):
                 "alerts": alerts, "traces": traces}
 
     def Alerts(self, request: pb.AlertsRequest, context: grpc.ServicerContext) -> pb.ArrowTable:
-        return _ipc(self.store.alerts(request.job or None, request.since_id, request.kind or None))
+        return _ipc(self.store.alerts(request.job or None, request.since_id, request.kind or None),
+                    context)
 
     def Metrics(self, request: pb.MetricsRequest, context: grpc.ServicerContext) -> pb.ArrowTable:
         return _ipc(self.store.metrics(request.job or None, request.since_step, list(request.ranks),
-                                       list(request.names), request.pivot, request.limit))
+                                       list(request.names), request.pivot, request.limit), context)
 
     def Traces(self, request: pb.TracesRequest, context: grpc.ServicerContext) -> pb.ArrowTable:
-        return _ipc(self.store.traces(request.job or None, request.trace_id or None))
+        return _ipc(self.store.traces(request.job or None, request.trace_id or None), context)
 
     def RequestTrace(self, request: pb.TraceRequest, context: grpc.ServicerContext) -> pb.TraceReply:
         _check_name(request.job, "job", context)

@@ -56,3 +56,30 @@ def test_sigkill_and_restart_on_the_same_store_keeps_every_point_exactly_once(tm
     assert doubled == [] and missing == []
     assert len(rows) == 2 * STEPS * len(METRICS) == sum(a.stats["points"] for a in agents)
     assert all(not a.spool.exists() for a in agents)
+
+
+def test_a_frozen_service_never_slows_recording_and_loses_nothing(tmp_path, serve):
+    import signal
+
+    server = serve()
+    agent = MonitorAgent(server.addr, "frozen", 0, 1, spool_path=tmp_path / "f.spool",
+                         flush_interval_s=0.01, sample_host=False, push_timeout_s=0.5).start()
+    for step in range(50):
+        agent.record(step, {"loss": float(step)})
+    wait_for(lambda: agent.stats["acked_points"] == 50, what="first acks")
+    server.proc.send_signal(signal.SIGSTOP)              # a consumer that stops reading
+    try:
+        worst = 0.0
+        for step in range(50, 2050):
+            t0 = time.perf_counter()
+            agent.record(step, {"loss": float(step)})
+            worst = max(worst, time.perf_counter() - t0)
+            if step % 100 == 0:
+                time.sleep(0.05)
+        wait_for(lambda: agent.spool.exists(), timeout=20, what="spooling while frozen")
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    agent.close(timeout=60)
+    assert worst < 0.05
+    steps = MonitorClient(server.addr).metrics("frozen").column("step").to_pylist()
+    assert sorted(steps) == list(range(2050))

@@ -205,3 +205,29 @@ def test_tls_with_a_token_serves_clients_that_trust_the_certificate(tmp_path):
             MonitorClient(svc.address, token="t0k", timeout=2).status()     # plaintext client
     finally:
         svc.stop(grace=0)
+
+
+def test_watchers_get_alerts_as_they_are_raised(service, stub):
+    import threading
+
+    events = []
+    client = MonitorClient(service.address)
+
+    def watch():
+        for event in client.watch("j", timeout=20):
+            events.append(event)
+            if event["type"] == "alert":
+                return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    wait_for(lambda: events, what="the hello event")
+    stub.Register(pb.RegisterRequest(job="j", rank=0, world_size=1, agent_id="agent-a"))
+    nan = pb.MetricBatch(job="j", rank=0, agent_id="agent-a", seq=1, names=["loss"],
+                         name_index=np.int32([0]).tobytes(), steps=np.int64([3]).tobytes(),
+                         time_ns=np.int64([1]).tobytes(), values=np.float64([np.nan]).tobytes())
+    stub.Push(nan)
+    watcher.join(20)
+    alert = events[-1]
+    assert alert["type"] == "alert" and (alert["kind"], alert["rank"], alert["step"]) == ("nonfinite", 0, 3)
+    assert "loss = nan" in alert["message"]

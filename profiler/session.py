@@ -99,7 +99,8 @@ class Session:
                  domains: Iterable[str] | None = None, comm: bool = True,
                  optimizer_steps: bool = False, dataloader: bool = True, checkpoint: bool = True,
                  torch_ops: bool = False, align_clocks: bool = False,
-                 clock_offset_ns: int | None = None, interval_s: float = 0.05) -> None:
+                 clock_offset_ns: int | None = None, align_on_init: bool = True,
+                 interval_s: float = 0.05) -> None:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.run = run or (self.out_dir.name if self.out_dir is not None else "run")
@@ -116,6 +117,7 @@ class Session:
         self.torch_ops = torch_ops
         self.align_clocks = align_clocks and clock_offset_ns is None
         self.clock_offset_ns = int(clock_offset_ns or 0)
+        self.align_on_init = align_on_init and clock_offset_ns is None
         self.report: SessionReport | None = None
         self._win_steps: list[int | None] = []    # step of each window (None: not kept), append-only
         self._win_starts: list[int] = []          # its start (ns); appended after its step
@@ -304,6 +306,45 @@ class Session:
             dcp = sys.modules.get("torch.distributed.checkpoint")
             if dcp is not None and hasattr(dcp, "save"):
                 self._patch(dcp, "save", "checkpoint", "torch.distributed.checkpoint.save")
+        if self.align_on_init:
+            self._align_after_init(torch)
+
+    def _align_after_init(self, torch: Any) -> None:
+        """A script that creates its process group after the session started (``probe profile
+        -- script`` under torchrun): measure the clock offset right after
+        ``init_process_group``, which every rank calls together. Events drained before that
+        keep offset 0."""
+        import torch.distributed as dist
+
+        if not dist.is_available() or dist.is_initialized():
+            return
+        from torch.distributed import distributed_c10d as c10d
+
+        orig = c10d.init_process_group
+
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = orig(*args, **kwargs)
+            try:
+                self._set_offset(dist.get_rank(), dist.get_world_size())
+            except Exception as e:  # noqa: BLE001 - no alignment is better than a failed init
+                self._sink_errors[f"clock alignment: {type(e).__name__}: {e}"[:200]] += 1
+            return result
+
+        init_process_group.__wrapped__ = orig  # type: ignore[attr-defined]
+        for owner in (c10d, dist):
+            if getattr(owner, "init_process_group", None) is orig:
+                setattr(owner, "init_process_group", init_process_group)
+                self._undo.append(lambda owner=owner: setattr(owner, "init_process_group", orig))
+
+    def _set_offset(self, rank: int, world_size: int) -> None:
+        from profiler.clock import epoch_offset_ns, measure_offset
+
+        offset = measure_offset()
+        self.clock_offset_ns = offset
+        self._recorder.offset_ns = offset
+        self.meta.rank, self.meta.world_size = self.rank, self.world_size = rank, world_size
+        self.meta.clock_offset_ns = offset
+        self.meta.epoch_offset_ns = epoch_offset_ns() - offset
 
     def _patch(self, owner: Any, attr: str, domain: str, name: str) -> None:
         orig = getattr(owner, attr)

@@ -209,6 +209,18 @@ def _summarise(out: str) -> None:
         if fl is None:
             continue
         util = f", MFU {mfu:.2%}, HFU {hfu:.2%}" if mfu is not None else " (give --peak-tflops for MFU)"
-        click.echo(f"  rank {rank}: {fl / 1e9:.3f} GFLOP per step{util}")
+        click.echo(f"  rank {rank}: {_flops_text(fl)} per step{util}")
     click.echo(f"  query: probe query {out} \"select rank, step, domain, name, "
                "(host_end_ns - host_start_ns) / 1e3 as us from events order by host_start_ns\"")
+
+
+def _flops_text(flops: float) -> str:
+    """``1.23 GFLOP`` style text.
+
+    >>> _flops_text(2.5e6), _flops_text(3e12)
+    ('2.50 MFLOP', '3.00 TFLOP')
+    """
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.2f} {unit}"
+    return f"{flops:.0f} FLOP"

@@ -121,3 +121,42 @@ def test_bad_options_are_one_line_errors(tmp_path):
     assert res.returncode == 2 and "no such script" in res.stderr
     res = run_probe("profile", "--steps", "5", "--max-steps", "2", "--out", str(tmp_path))
     assert res.returncode == 2 and "--max-steps" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_script_under_torchrun_gives_one_trace_with_both_ranks_aligned_after_init(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        from profiler import mstx
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(16, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(3):
+            with mstx.range("compute", domain="user"):
+                model(torch.randn(8, 16)).sum().backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            opt.step()
+        dist.destroy_process_group()
+    """))
+    out = tmp_path / "out"
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(port), "-m", "probe.cli", "profile", "--steps", "1",
+                          "--out", str(out), "--", str(script)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace_problems(trace) == []
+    assert set(trace["otherData"]["ranks"]) == {"0", "1"}
+    for rank in (0, 1):
+        slices = slices_of(trace, rank)
+        (step,) = [e for e in slices if e["cat"] == "step"]
+        inner = [e["name"] for e in slices if e is not step and inside(e, step)]
+        assert inner == ["compute", "all_reduce", "all_reduce"]

@@ -548,6 +548,7 @@ class MonitorAgentCallback(TrainCallback):
         self._lock = threading.Lock()
         self._pending: list[tuple[str, int, int]] = []
         self._active: tuple[str, int, int, Any, str] | None = None
+        self._stop_requested = False
         self._cuda = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
@@ -573,6 +574,12 @@ class MonitorAgentCallback(TrainCallback):
                     start = self._current + 1
                     end = start + max(1, cmd.next_steps) - 1
                 self._pending.append((cmd.id, start, end))
+        elif cmd.kind == "stop_trace":
+            with self._lock:
+                self._pending = [p for p in self._pending if cmd.trace_id not in ("", p[0])]
+            active = self._active
+            if active is not None and cmd.trace_id in ("", active[0]):
+                self._stop_requested = True
         elif cmd.kind == "set_interval" and self.agent is not None and cmd.interval_s > 0:
             self.agent.flush_interval_s = cmd.interval_s
 
@@ -615,12 +622,16 @@ class MonitorAgentCallback(TrainCallback):
         if self._active is not None:
             if step >= self._active[2]:
                 self._stop_trace()
+            elif self._stop_requested:
+                self._stop_trace(last=step)
             else:
                 self._active[3].step()
 
-    def _stop_trace(self, error: str = "") -> None:
+    def _stop_trace(self, error: str = "", last: int | None = None) -> None:
         trace_id, start, end, session, out = self._active
         self._active = None
+        self._stop_requested = False
+        end = end if last is None else last
         try:
             session.stop()
             files = sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*")
@@ -636,7 +647,7 @@ class MonitorAgentCallback(TrainCallback):
             return
         if self._active is not None:
             self._stop_trace(error=f"training ended at step {self._current} before step "
-                                   f"{self._active[2]}")
+                                   f"{self._active[2]}", last=self._current)
         with self._lock:
             pending, self._pending = self._pending, []
         for trace_id, start, end in pending:

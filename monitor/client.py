@@ -26,6 +26,10 @@ steps=None, next_steps=None)``   (start, end) pair) or of the next ``next_steps`
 ``traces(job=None,               Arrow table of collected files: trace_id, job, rank, start_step,
 trace_id=None)``                 end_step, filename, path (on the service's machine), bytes,
                                  error, time_ns.
+``stop_trace(job, ranks=None,     End running deep traces after the current step (the ranks send
+trace_id=None)``                 what they recorded); returns {id, ranks, missing}.
+``set_interval(job, seconds,     Change how often the agents send batches.
+ranks=None)``
 ``wait_trace(trace_id, ranks,    Wait until every rank has sent its files (or an error).
 timeout)``
 ``fetch_trace(trace_id, rank,    Copy one rank's trace files from the service into ``out_dir``.
@@ -200,6 +204,26 @@ class MonitorClient:
                               next_steps=0 if rng else int(next_steps))
         reply = self._call("RequestTrace", req)
         return {"trace_id": reply.trace_id, "ranks": list(reply.ranks), "missing": list(reply.missing)}
+
+    def stop_trace(self, job: str, ranks: Sequence[int] | None = None,
+                   trace_id: str | None = None) -> dict[str, Any]:
+        """End running deep traces after the current step; the ranks send what they recorded."""
+        from monitor.proto import monitor_pb2 as pb
+
+        reply = self._call("SendCommand", pb.CommandRequest(job=job, ranks=list(ranks or []),
+                                                            kind="stop_trace",
+                                                            trace_id=trace_id or ""))
+        return {"id": reply.trace_id, "ranks": list(reply.ranks), "missing": list(reply.missing)}
+
+    def set_interval(self, job: str, seconds: float,
+                     ranks: Sequence[int] | None = None) -> dict[str, Any]:
+        """Change how often the ranks' agents send their batches."""
+        from monitor.proto import monitor_pb2 as pb
+
+        reply = self._call("SendCommand", pb.CommandRequest(job=job, ranks=list(ranks or []),
+                                                            kind="set_interval",
+                                                            interval_s=seconds))
+        return {"id": reply.trace_id, "ranks": list(reply.ranks), "missing": list(reply.missing)}
 
     def wait_trace(self, trace_id: str, ranks: Sequence[int], timeout: float = 120.0,
                    poll_s: float = 0.2) -> pa.Table:

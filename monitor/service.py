@@ -468,34 +468,61 @@ class MonitorService(pb_grpc.MonitorServicer):
     def request_trace(self, job: str, ranks: list[int], start_step: int, end_step: int,
                       next_steps: int, reason: str) -> tuple[str, list[int], list[int]]:
         """Send a deep-trace command to ``ranks`` of ``job`` (all its ranks when empty)."""
-        with self._ranks_lock:
-            known = sorted(r for (j, r) in self._ranks if j == job)
-        known = known or sorted({r for (j, r, *_) in self.store.rows(
-            "SELECT job, rank FROM ranks WHERE job = ?", [job])})
-        if not ranks:
-            ranks = known
-        if not ranks:
-            raise ValueError(f"job {job!r} has no registered ranks; check the name with "
-                             "'probe monitor status'")
         trace_id = uuid.uuid4().hex[:12]
         cmd = pb.Command(id=trace_id, kind="trace", start_step=start_step if start_step >= 0 else -1,
                          end_step=end_step if start_step >= 0 else -1,
                          next_steps=next_steps if start_step < 0 else 0)
-        delivered, missing = [], []
-        for rank in sorted(set(ranks)):
-            st = self._ranks.get((job, rank))
+        ranks, delivered, missing = self.send_command(job, ranks, cmd)
+        self.store.add_trace_request(trace_id, job, ranks, start_step, end_step, next_steps, reason)
+        self._broadcast({"type": "trace_request", "trace_id": trace_id, "job": job,
+                         "ranks": ranks, "start_step": start_step,
+                         "end_step": end_step, "next_steps": next_steps, "reason": reason})
+        return trace_id, delivered, missing
+
+    def send_command(self, job: str, ranks: list[int],
+                     cmd: pb.Command) -> tuple[list[int], list[int], list[int]]:
+        """Queue ``cmd`` for ``ranks`` of ``job`` (all its ranks when empty).
+
+        A rank not connected now gets it when its command stream opens. Returns (ranks,
+        delivered now, waiting); ValueError when the job has no ranks to send to.
+        """
+        if not ranks:
             with self._ranks_lock:
+                ranks = [r for (j, r) in self._ranks if j == job]
+            ranks = ranks or [r for (r,) in self.store.rows(
+                "SELECT rank FROM ranks WHERE job = ?", [job])]
+        if not ranks:
+            raise ValueError(f"job {job!r} has no registered ranks; check the name with "
+                             "'probe monitor status'")
+        ranks = sorted(set(ranks))
+        delivered, missing = [], []
+        for rank in ranks:
+            with self._ranks_lock:
+                st = self._ranks.get((job, rank))
                 if st is not None and st.connected:
                     st.commands.put(cmd)
                     delivered.append(rank)
                 else:
                     self._undelivered.setdefault((job, rank), []).append(cmd)
                     missing.append(rank)
-        self.store.add_trace_request(trace_id, job, ranks, start_step, end_step, next_steps, reason)
-        self._broadcast({"type": "trace_request", "trace_id": trace_id, "job": job,
-                         "ranks": sorted(set(ranks)), "start_step": start_step,
-                         "end_step": end_step, "next_steps": next_steps, "reason": reason})
-        return trace_id, delivered, missing
+        return ranks, delivered, missing
+
+    def SendCommand(self, request: pb.CommandRequest, context: grpc.ServicerContext) -> pb.TraceReply:
+        _check_name(request.job, "job", context)
+        if request.kind == "set_interval":
+            if not 0.001 <= request.interval_s <= 3600:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"interval {request.interval_s} s: give 0.001 to 3600 seconds")
+        elif request.kind != "stop_trace":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"unknown command {request.kind!r}: use stop_trace or set_interval")
+        cmd = pb.Command(id=uuid.uuid4().hex[:12], kind=request.kind, interval_s=request.interval_s,
+                         trace_id=request.trace_id)
+        try:
+            _, delivered, missing = self.send_command(request.job, list(request.ranks), cmd)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        return pb.TraceReply(trace_id=cmd.id, ranks=delivered, missing=missing)
 
     def FetchTrace(self, request: pb.FetchTraceRequest,
                    context: grpc.ServicerContext) -> Iterator[pb.TraceChunk]:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmonitor/proto/monitor.proto\x12\x10probe.monitor.v1\"}\n\x0fRegisterRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x07 \x01(\t\"^\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x18\n\x10max_batch_points\x18\x03 \x01(\r\x12\x10\n\x08replaced\x18\x04 \x01(\x08\"\xba\x01\n\x0bMetricBatch\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\r\n\x05names\x18\x05 \x03(\t\x12\x12\n\nname_index\x18\x06 \x01(\x0c\x12\r\n\x05steps\x18\x07 \x01(\x0c\x12\x0f\n\x07time_ns\x18\x08 \x01(\x0c\x12\x0e\n\x06values\x18\t \x01(\x0c\x12\x0f\n\x07\x64ropped\x18\n \x01(\x04\x12\r\n\x05\x66inal\x18\x0b \x01(\x08\"9\n\x07PushAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x0e\n\x06stored\x18\x03 \x01(\r\"C\n\x14\x43ommandStreamRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\"q\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nstart_step\x18\x03 \x01(\x03\x12\x10\n\x08\x65nd_step\x18\x04 \x01(\x03\x12\x12\n\nnext_steps\x18\x05 \x01(\x03\x12\x12\n\ninterval_s\x18\x06 \x01(\x01\"\x9c\x01\n\nTraceChunk\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x10\n\x08\x66ilename\x18\x04 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x12\n\nstart_step\x18\x07 \x01(\x03\x12\x10\n\x08\x65nd_step\x18\x08 \x01(\x03\x12\r\n\x05\x65rror\x18\t \x01(\t\"6\n\x08TraceAck\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x1c\n\rStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"<\n\rAlertsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08since_id\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\"m\n\x0eMetricsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nsince_step\x18\x02 \x01(\x03\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\r\n\x05names\x18\x04 \x03(\t\x12\r\n\x05pivot\x18\x05 \x01(\x08\x12\r\n\x05limit\x18\x06 \x01(\x03\".\n\rTracesRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\"t\n\x0cTraceRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x12\n\nstart_step\x18\x03 \x01(\x03\x12\x10\n\x08\x65nd_step\x18\x04 \x01(\x03\x12\x12\n\nnext_steps\x18\x05 \x01(\x03\x12\x0e\n\x06reason\x18\x06 \x01(\t\">\n\nTraceReply\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x0f\n\x07missing\x18\x03 \x03(\x05\"3\n\x11\x46\x65tchTraceRequest\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\"\x1b\n\x0cWatchRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\x17\n\x07JsonDoc\x12\x0c\n\x04json\x18\x01 \x01(\t\"\x19\n\nArrowTable\x12\x0b\n\x03ipc\x18\x01 \x01(\x0c\x32\xc1\x06\n\x07Monitor\x12N\n\x08Register\x12!.probe.monitor.v1.RegisterRequest\x1a\x1f.probe.monitor.v1.RegisterReply\x12@\n\x04Push\x12\x1d.probe.monitor.v1.MetricBatch\x1a\x19.probe.monitor.v1.PushAck\x12O\n\x08\x43ommands\x12&.probe.monitor.v1.CommandStreamRequest\x1a\x19.probe.monitor.v1.Command0\x01\x12I\n\x0bUploadTrace\x12\x1c.probe.monitor.v1.TraceChunk\x1a\x1a.probe.monitor.v1.TraceAck(\x01\x12\x44\n\x06Status\x12\x1f.probe.monitor.v1.StatusRequest\x1a\x19.probe.monitor.v1.JsonDoc\x12G\n\x06\x41lerts\x12\x1f.probe.monitor.v1.AlertsRequest\x1a\x1c.probe.monitor.v1.ArrowTable\x12I\n\x07Metrics\x12 .probe.monitor.v1.MetricsRequest\x1a\x1c.probe.monitor.v1.ArrowTable\x12G\n\x06Traces\x12\x1f.probe.monitor.v1.TracesRequest\x1a\x1c.probe.monitor.v1.ArrowTable\x12L\n\x0cRequestTrace\x12\x1e.probe.monitor.v1.TraceRequest\x1a\x1c.probe.monitor.v1.TraceReply\x12Q\n\nFetchTrace\x12#.probe.monitor.v1.FetchTraceRequest\x1a\x1c.probe.monitor.v1.TraceChunk0\x01\x12\x44\n\x05Watch\x12\x1e.probe.monitor.v1.WatchRequest\x1a\x19.probe.monitor.v1.JsonDoc0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmonitor/proto/monitor.proto\x12\x10probe.monitor.v1\"}\n\x0fRegisterRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x07 \x01(\t\"^\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x18\n\x10max_batch_points\x18\x03 \x01(\r\x12\x10\n\x08replaced\x18\x04 \x01(\x08\"\xba\x01\n\x0bMetricBatch\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\r\n\x05names\x18\x05 \x03(\t\x12\x12\n\nname_index\x18\x06 \x01(\x0c\x12\r\n\x05steps\x18\x07 \x01(\x0c\x12\x0f\n\x07time_ns\x18\x08 \x01(\x0c\x12\x0e\n\x06values\x18\t \x01(\x0c\x12\x0f\n\x07\x64ropped\x18\n \x01(\x04\x12\r\n\x05\x66inal\x18\x0b \x01(\x08\"9\n\x07PushAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x0e\n\x06stored\x18\x03 \x01(\r\"C\n\x14\x43ommandStreamRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\"\x83\x01\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nstart_step\x18\x03 \x01(\x03\x12\x10\n\x08\x65nd_step\x18\x04 \x01(\x03\x12\x12\n\nnext_steps\x18\x05 \x01(\x03\x12\x12\n\ninterval_s\x18\x06 \x01(\x01\x12\x10\n\x08trace_id\x18\x07 \x01(\t\"\x9c\x01\n\nTraceChunk\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x10\n\x08\x66ilename\x18\x04 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x12\n\nstart_step\x18\x07 \x01(\x03\x12\x10\n\x08\x65nd_step\x18\x08 \x01(\x03\x12\r\n\x05\x65rror\x18\t \x01(\t\"6\n\x08TraceAck\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x1c\n\rStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"<\n\rAlertsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08since_id\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\"m\n\x0eMetricsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nsince_step\x18\x02 \x01(\x03\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\r\n\x05names\x18\x04 \x03(\t\x12\r\n\x05pivot\x18\x05 \x01(\x08\x12\r\n\x05limit\x18\x06 \x01(\x03\".\n\rTracesRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\"t\n\x0cTraceRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x12\n\nstart_step\x18\x03 \x01(\x03\x12\x10\n\x08\x65nd_step\x18\x04 \x01(\x03\x12\x12\n\nnext_steps\x18\x05 \x01(\x03\x12\x0e\n\x06reason\x18\x06 \x01(\t\"`\n\x0e\x43ommandRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x12\n\ninterval_s\x18\x04 \x01(\x01\x12\x10\n\x08trace_id\x18\x05 \x01(\t\">\n\nTraceReply\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x0f\n\x07missing\x18\x03 \x03(\x05\"3\n\x11\x46\x65tchTraceRequest\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\"\x1b\n\x0cWatchRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\x17\n\x07JsonDoc\x12\x0c\n\x04json\x18\x01 \x01(\t\"\x19\n\nArrowTable\x12\x0b\n\x03ipc\x18\x01 \x01(\x0c\x32\x90\x07\n\x07Monitor\x12N\n\x08Register\x12!.probe.monitor.v1.RegisterRequest\x1a\x1f.probe.monitor.v1.RegisterReply\x12@\n\x04Push\x12\x1d.probe.monitor.v1.MetricBatch\x1a\x19.probe.monitor.v1.PushAck\x12O\n\x08\x43ommands\x12&.probe.monitor.v1.CommandStreamRequest\x1a\x19.probe.monitor.v1.Command0\x01\x12I\n\x0bUploadTrace\x12\x1c.probe.monitor.v1.TraceChunk\x1a\x1a.probe.monitor.v1.TraceAck(\x01\x12\x44\n\x06Status\x12\x1f.probe.monitor.v1.StatusRequest\x1a\x19.probe.monitor.v1.JsonDoc\x12G\n\x06\x41lerts\x12\x1f.probe.monitor.v1.AlertsRequest\x1a\x1c.probe.monitor.v1.ArrowTable\x12I\n\x07Metrics\x12 .probe.monitor.v1.MetricsRequest\x1a\x1c.probe.monitor.v1.ArrowTable\x12G\n\x06Traces\x12\x1f.probe.monitor.v1.TracesRequest\x1a\x1c.probe.monitor.v1.ArrowTable\x12L\n\x0cRequestTrace\x12\x1e.probe.monitor.v1.TraceRequest\x1a\x1c.probe.monitor.v1.TraceReply\x12M\n\x0bSendCommand\x12 .probe.monitor.v1.CommandRequest\x1a\x1c.probe.monitor.v1.TraceReply\x12Q\n\nFetchTrace\x12#.probe.monitor.v1.FetchTraceRequest\x1a\x1c.probe.monitor.v1.TraceChunk0\x01\x12\x44\n\x05Watch\x12\x1e.probe.monitor.v1.WatchRequest\x1a\x19.probe.monitor.v1.JsonDoc0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,32 +41,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUSHACK']._serialized_end=518
   _globals['_COMMANDSTREAMREQUEST']._serialized_start=520
   _globals['_COMMANDSTREAMREQUEST']._serialized_end=587
-  _globals['_COMMAND']._serialized_start=589
-  _globals['_COMMAND']._serialized_end=702
-  _globals['_TRACECHUNK']._serialized_start=705
-  _globals['_TRACECHUNK']._serialized_end=861
-  _globals['_TRACEACK']._serialized_start=863
-  _globals['_TRACEACK']._serialized_end=917
-  _globals['_STATUSREQUEST']._serialized_start=919
-  _globals['_STATUSREQUEST']._serialized_end=947
-  _globals['_ALERTSREQUEST']._serialized_start=949
-  _globals['_ALERTSREQUEST']._serialized_end=1009
-  _globals['_METRICSREQUEST']._serialized_start=1011
-  _globals['_METRICSREQUEST']._serialized_end=1120
-  _globals['_TRACESREQUEST']._serialized_start=1122
-  _globals['_TRACESREQUEST']._serialized_end=1168
-  _globals['_TRACEREQUEST']._serialized_start=1170
-  _globals['_TRACEREQUEST']._serialized_end=1286
-  _globals['_TRACEREPLY']._serialized_start=1288
-  _globals['_TRACEREPLY']._serialized_end=1350
-  _globals['_FETCHTRACEREQUEST']._serialized_start=1352
-  _globals['_FETCHTRACEREQUEST']._serialized_end=1403
-  _globals['_WATCHREQUEST']._serialized_start=1405
-  _globals['_WATCHREQUEST']._serialized_end=1432
-  _globals['_JSONDOC']._serialized_start=1434
-  _globals['_JSONDOC']._serialized_end=1457
-  _globals['_ARROWTABLE']._serialized_start=1459
-  _globals['_ARROWTABLE']._serialized_end=1484
-  _globals['_MONITOR']._serialized_start=1487
-  _globals['_MONITOR']._serialized_end=2320
+  _globals['_COMMAND']._serialized_start=590
+  _globals['_COMMAND']._serialized_end=721
+  _globals['_TRACECHUNK']._serialized_start=724
+  _globals['_TRACECHUNK']._serialized_end=880
+  _globals['_TRACEACK']._serialized_start=882
+  _globals['_TRACEACK']._serialized_end=936
+  _globals['_STATUSREQUEST']._serialized_start=938
+  _globals['_STATUSREQUEST']._serialized_end=966
+  _globals['_ALERTSREQUEST']._serialized_start=968
+  _globals['_ALERTSREQUEST']._serialized_end=1028
+  _globals['_METRICSREQUEST']._serialized_start=1030
+  _globals['_METRICSREQUEST']._serialized_end=1139
+  _globals['_TRACESREQUEST']._serialized_start=1141
+  _globals['_TRACESREQUEST']._serialized_end=1187
+  _globals['_TRACEREQUEST']._serialized_start=1189
+  _globals['_TRACEREQUEST']._serialized_end=1305
+  _globals['_COMMANDREQUEST']._serialized_start=1307
+  _globals['_COMMANDREQUEST']._serialized_end=1403
+  _globals['_TRACEREPLY']._serialized_start=1405
+  _globals['_TRACEREPLY']._serialized_end=1467
+  _globals['_FETCHTRACEREQUEST']._serialized_start=1469
+  _globals['_FETCHTRACEREQUEST']._serialized_end=1520
+  _globals['_WATCHREQUEST']._serialized_start=1522
+  _globals['_WATCHREQUEST']._serialized_end=1549
+  _globals['_JSONDOC']._serialized_start=1551
+  _globals['_JSONDOC']._serialized_end=1574
+  _globals['_ARROWTABLE']._serialized_start=1576
+  _globals['_ARROWTABLE']._serialized_end=1601
+  _globals['_MONITOR']._serialized_start=1604
+  _globals['_MONITOR']._serialized_end=2516
 # @@protoc_insertion_point(module_scope)

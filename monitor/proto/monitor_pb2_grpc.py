@@ -79,6 +79,11 @@ class MonitorStub:
                 request_serializer=monitor_dot_proto_dot_monitor__pb2.TraceRequest.SerializeToString,
                 response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
                 _registered_method=True)
+        self.SendCommand = channel.unary_unary(
+                '/probe.monitor.v1.Monitor/SendCommand',
+                request_serializer=monitor_dot_proto_dot_monitor__pb2.CommandRequest.SerializeToString,
+                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+                _registered_method=True)
         self.FetchTrace = channel.unary_stream(
                 '/probe.monitor.v1.Monitor/FetchTrace',
                 request_serializer=monitor_dot_proto_dot_monitor__pb2.FetchTraceRequest.SerializeToString,
@@ -153,6 +158,13 @@ class MonitorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendCommand(self, request, context):
+        """Other commands to ranks: stop a running deep trace, change the sending interval.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def FetchTrace(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -212,6 +224,11 @@ def add_MonitorServicer_to_server(servicer, server):
             'RequestTrace': grpc.unary_unary_rpc_method_handler(
                     servicer.RequestTrace,
                     request_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceRequest.FromString,
+                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
+            ),
+            'SendCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendCommand,
+                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.CommandRequest.FromString,
                     response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
             ),
             'FetchTrace': grpc.unary_stream_rpc_method_handler(
@@ -467,6 +484,33 @@ class Monitor:
             target,
             '/probe.monitor.v1.Monitor/RequestTrace',
             monitor_dot_proto_dot_monitor__pb2.TraceRequest.SerializeToString,
+            monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/probe.monitor.v1.Monitor/SendCommand',
+            monitor_dot_proto_dot_monitor__pb2.CommandRequest.SerializeToString,
             monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
             options,
             channel_credentials,

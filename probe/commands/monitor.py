@@ -4,6 +4,9 @@
     probe monitor status [--addr HOST:PORT] [--job J] [--json]
     probe monitor alerts [--job J] [--kind K] [--json]
     probe monitor trace --job J [--ranks 0,3] (--steps 120-124 | --next N) [--wait] [--out DIR]
+    probe monitor trace --job J [--ranks 0,3] --stop
+    probe monitor trace-files [--job J] [--trace ID]
+    probe monitor interval --job J SECONDS
 
 The address of a running service comes from ``--addr`` or env ``PROBE_MONITOR``; the token
 from ``--token`` or env ``PROBE_MONITOR_TOKEN``. Ranks of the bundled engine stream to the
@@ -124,7 +127,7 @@ def status(addr: str | None, token: str | None, ca: str | None, job: str | None,
 @click.option("--follow", is_flag=True, help="Keep printing new alerts as they are raised.")
 def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
            kind: str | None, as_json: bool, follow: bool) -> int:
-    """Alerts with their evidence (``--follow`` to watch them live)."""
+    """Alerts with their evidence (--follow to watch them live)."""
     from monitor.client import MonitorClient
 
     def show(a: dict) -> None:
@@ -164,17 +167,26 @@ def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
 @click.option("--steps", default=None, metavar="FIRST-LAST", help="Steps to trace, e.g. 120-124.")
 @click.option("--next", "next_steps", default=None, type=int, metavar="N",
               help="Trace the next N steps instead of a fixed range.")
+@click.option("--stop", is_flag=True, help="End the running deep traces of these ranks after the "
+                                           "current step instead (they send what they recorded).")
 @click.option("--wait/--no-wait", default=False, help="Wait until every rank has sent its trace.")
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to --wait.")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="With --wait: copy the trace files here (OUT/rank<R>/).")
 def trace(addr: str | None, token: str | None, ca: str | None, job: str, ranks: list[int] | None,
-          steps: str | None, next_steps: int | None, wait: bool, timeout: float,
+          steps: str | None, next_steps: int | None, stop: bool, wait: bool, timeout: float,
           out: str | None) -> int:
-    """Make ranks run a full profiler session for exactly the given steps, then collect it."""
+    """Make ranks run a full profiler session for exactly the given steps, then collect it.
+
+    Example: probe monitor trace --job demo --ranks 0,3 --steps 120-124 --wait --out traces/
+    """
     from monitor.client import MonitorClient
 
     with MonitorClient(addr, token=token, ca=ca) as client:
+        if stop:
+            reply = client.stop_trace(job, ranks)
+            click.echo(f"stop sent to ranks {','.join(map(str, reply['ranks'])) or '-'} of job {job}")
+            return 0
         reply = client.request_trace(job, ranks, steps=steps, next_steps=next_steps)
         what = f"steps {steps}" if steps else f"the next {next_steps} steps"
         click.echo(f"trace {reply['trace_id']}: {what} of job {job} on ranks "
@@ -225,4 +237,23 @@ def trace_files(addr: str | None, token: str | None, ca: str | None, job: str | 
                        f"({row['bytes']} bytes) {row['path']}")
     if not rows and not as_json:
         click.echo("no trace files yet (ranks send them after the last traced step)")
+    return 0
+
+
+@command.command("interval")
+@addr_option
+@token_option
+@ca_option
+@click.option("--job", required=True, help="The job (run name).")
+@selection_option("--ranks", "ranks", "Ranks to change (default: every rank of the job).")
+@click.argument("seconds", type=float)
+def interval(addr: str | None, token: str | None, ca: str | None, job: str,
+             ranks: list[int] | None, seconds: float) -> int:
+    """Change how often the ranks' agents send their metric batches (SECONDS between them)."""
+    from monitor.client import MonitorClient
+
+    with MonitorClient(addr, token=token, ca=ca) as client:
+        reply = client.set_interval(job, seconds, ranks)
+    click.echo(f"interval {seconds:g} s sent to ranks {','.join(map(str, reply['ranks'])) or '-'} "
+               f"of job {job}")
     return 0

@@ -21,11 +21,13 @@ from tests.conftest import run_probe
 from .conftest import wait_for
 
 
-def run_ranks(addr, tmp, job, steps=60, world=4, slow_rank=None, step_s=0.03):
+def run_ranks(addr, tmp, job, steps=60, world=4, slow_rank=None, step_s=0.03, callbacks=None):
     """Start ``world`` rank loops (threads) calling the callback; returns the threads."""
     def rank_loop(rank):
         cb = MonitorAgentCallback(addr=addr, job=job, spool_path=str(tmp / f"{job}-r{rank}.spool"),
                                   flush_interval_s=0.02)
+        if callbacks is not None:
+            callbacks.append(cb)
         ctx = TrainContext(rank=rank, world_size=world, run=job, out_dir=str(tmp / f"rank{rank}"),
                            engine="reference", preset="tiny", device=None, model=None,
                            optimizer=None, config=None, max_steps=steps, store=None)
@@ -113,3 +115,26 @@ def test_a_trace_for_steps_already_past_comes_back_as_an_error(tmp_path, service
 def test_probe_monitor_trace_rejects_bad_step_ranges(bad, service):
     res = run_probe("monitor", "trace", "--addr", service.address, "--job", "j", "--steps", bad)
     assert res.returncode == 2 and "--steps" in res.stderr
+
+
+def test_a_running_trace_can_be_stopped_and_the_send_interval_changed(tmp_path, serve):
+    server = serve()
+    callbacks = []
+    threads = run_ranks(server.addr, tmp_path, "stop", steps=150, world=1, callbacks=callbacks)
+    client = MonitorClient(server.addr)
+    wait_for(lambda: client.status("stop")["jobs"] and
+             client.status("stop")["jobs"][0]["ranks"][0]["connected"], what="the rank")
+    reply = client.request_trace("stop", [0], next_steps=100)
+    wait_for(lambda: callbacks[0]._active is not None, what="the trace to start")
+    res = run_probe("monitor", "trace", "--addr", server.addr, "--job", "stop", "--stop")
+    assert res.returncode == 0 and "stop sent to ranks 0" in res.stdout
+    rows = client.wait_trace(reply["trace_id"], [0], timeout=60).to_pylist()
+    res = run_probe("monitor", "interval", "--addr", server.addr, "--job", "stop", "0.5")
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: callbacks[0].agent.flush_interval_s == 0.5, what="the new interval")
+    for t in threads:
+        t.join(60)
+    first, last = rows[0]["start_step"], rows[0]["end_step"]
+    assert not rows[0]["error"] and last - first < 99
+    trace = next(r["path"] for r in rows if r["filename"].endswith("rank0.json"))
+    assert trace_steps(trace) == set(range(first, last + 1))

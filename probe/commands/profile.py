@@ -108,7 +108,13 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max(max_steps or 0, needed, 5 if max_steps is None else 0),
                    seed=seed, faults=tuple(faults), out_dir=out, device=device, plugins=(plugin,))
-    result = run_training(spec)
+    try:
+        result = run_training(spec)
+    except ProbeError as e:
+        if e.exit_code != 1:
+            raise
+        click.echo(f"probe: error: {e}; what was recorded is written", err=True)
+        return 1
     click.echo(f"trained {engine}/{preset} on {nproc} rank(s) for {len(result.steps)} steps")
     return 0
 

@@ -497,8 +497,8 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> Msprob
     numel = _numel(shape)
     files = stats.field("data_name")
     dump_dir = doc.get("dump_data_dir")
-    if dump_dir and files.null_count < n:
-        base = Path(dump_dir)
+    if files.null_count < n:
+        base = Path(dump_dir) if dump_dir else path.parent / "dump_tensor_data"
         if not base.is_absolute() or not base.exists():
             base = path.parent / "dump_tensor_data"
         files = pa.array([str(base / f) if f else None for f in files.to_pylist()], type=pa.string())

@@ -15,10 +15,7 @@ import pyarrow as pa
 
 from probe.errors import ProbeError
 
-__all__ = ["Dump", "load_dump", "load_pair"]
-
-#: Inputs at least this large (bytes, both sides together) are read in two processes at once.
-PARALLEL_BYTES = 16 * 1024 * 1024
+__all__ = ["Dump", "load_dump"]
 
 
 @dataclass
@@ -91,41 +88,3 @@ def _load_store(root: Path) -> Dump:
     return Dump(source=str(root / "store"), tensors=conform("tensor", tensors),
                 nodes=conform("node", nodes), step=step, rank=rank, note=note, task="statistics")
 
-
-def _input_bytes(path: str | os.PathLike) -> int:
-    p = Path(path)
-    try:
-        if p.is_file():
-            return p.stat().st_size
-        if p.is_dir():
-            return sum(f.stat().st_size for f in p.rglob("dump.json"))
-    except OSError:
-        pass
-    return 0
-
-
-def load_pair(a: str | os.PathLike, b: str | os.PathLike) -> tuple[Dump, Dump]:
-    """Read both inputs; large ones are read side by side (A in a forked worker process).
-
-    Arrow tables come back from the worker as Arrow buffers, so the parse of the two JSON
-    files overlaps on two cores; errors are re-raised here as the same one-line ProbeError.
-    """
-    import multiprocessing as mp
-
-    if (_input_bytes(a) + _input_bytes(b) < PARALLEL_BYTES or os.cpu_count() == 1
-            or "fork" not in mp.get_all_start_methods()):
-        return load_dump(a), load_dump(b)
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork")) as pool:
-        fut = pool.submit(load_dump, a)
-        db = load_dump(b)
-        try:
-            da = fut.result()
-        except ProbeError:
-            raise
-        except Exception as e:  # a worker that died (killed, out of memory): read here instead
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            da = load_dump(a)
-    return da, db

@@ -58,7 +58,7 @@ def load_array(path: str) -> np.ndarray | None:
 
             tensors = load_file(path)
             return next(iter(tensors.values())) if tensors else None
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 - an unreadable or numpy-less dtype (bfloat16): keep the statistics
         return None
     return None
 
@@ -84,4 +84,32 @@ def add_tensor_metrics(rows: pa.Table, progress: bool = False) -> pa.Table:
             cols[k][i] = v
     for k in _METRICS:
         rows = rows.set_column(rows.schema.get_field_index(k), k, pa.array(cols[k], type=pa.float64()))
+    return _regrade(rows, todo)
+
+
+def _regrade(rows: pa.Table, todo: list[int]) -> pa.Table:
+    """Grade rows with element-wise metrics on them: the largest element error over the
+    tensor's magnitude, with the statistics' dtype tolerances (the worse of the two gradings)."""
+    from compare.verdict import VERDICT_RANK, tolerance
+
+    get = {k: rows.column(k).to_pylist() for k in
+           ("max_abs_err", "cosine", "max_a", "min_a", "max_b", "min_b", "dtype_a", "dtype_b",
+            "err", "verdict", "reason")}
+    for i in todo:
+        mae = get["max_abs_err"][i]
+        if mae is None or mae != mae or get["verdict"][i] == "unmatched":
+            continue
+        mag = max((abs(v) for v in (get["max_a"][i], get["min_a"][i], get["max_b"][i], get["min_b"][i])
+                   if v is not None and v == v and abs(v) != float("inf")), default=0.0)
+        err = mae / max(mag, 1e-30)
+        tp = max(tolerance(get["dtype_a"][i])[0], tolerance(get["dtype_b"][i])[0])
+        tw = max(tolerance(get["dtype_a"][i])[1], tolerance(get["dtype_b"][i])[1])
+        verdict = "pass" if err <= tp else "warning" if err <= tw else "error"
+        if VERDICT_RANK[verdict] > VERDICT_RANK.get(get["verdict"][i], 0):
+            get["verdict"][i] = verdict
+            get["reason"][i] = (f"elements differ: max abs error {mae:.2e} = {err:.2e} of the tensor's "
+                                f"magnitude (cosine {get['cosine'][i]:.6f})")
+        get["err"][i] = max(get["err"][i] or 0.0, err)
+    for k, typ in (("err", pa.float64()), ("verdict", pa.string()), ("reason", pa.string())):
+        rows = rows.set_column(rows.schema.get_field_index(k), k, pa.array(get[k], type=typ))
     return rows

@@ -45,6 +45,9 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None)
     rows = _as_table(rows)
     if da.task == "tensor" or db.task == "tensor":
         rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
+        con.register("rows_tensor_mode", rows.select(["row_id", "err", "verdict", "reason"]))
+        con.execute("""update rows set err = t.err, verdict = t.verdict, reason = t.reason
+                       from rows_tensor_mode t where rows.row_id = t.row_id""")
     _tick(bar, "metrics")
     _nodes(con)
     nodes = _as_table(con.sql("select * from nodes order by ord").to_arrow_table())

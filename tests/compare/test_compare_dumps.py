@@ -165,3 +165,33 @@ def test_statistics_metrics_are_differences_and_relative_errors(tmp_path):
     row = r.rows.to_pylist()[0]
     assert row["max_diff"] == 0.5 and math.isclose(row["max_rel"], 0.25) and math.isclose(row["norm_rel"], 0.25)
     assert row["verdict"] == "error" and "differs" in row["reason"]
+
+
+def test_tensor_mode_adds_element_metrics_and_grades_on_them(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    y = x.copy()
+    y[0, 0] += 0.05  # one element off: the statistics barely move, the elements do
+    for side, arr in (("a", x), ("b", y)):
+        d = tmp_path / side / "dump_tensor_data"
+        d.mkdir(parents=True)
+        np.save(d / "out.npy", arr)
+        np.save(d / "in.npy", x)
+
+    def entry(arr):
+        def s(v, f):
+            return dict(stat(float(v.max()), float(v.min()), float(v.mean()), float(np.linalg.norm(v)), [4, 8]),
+                        data_name=f)
+        return {"Module.fc.Linear.forward.0": {"input_args": [s(x, "in.npy")], "input_kwargs": {},
+                                               "output": [s(arr, "out.npy")]}}
+    r = compare(str(write_dump(tmp_path / "a", entry(x), task="tensor")),
+                str(write_dump(tmp_path / "b", entry(y), task="tensor")))
+    rows = {x_["slot"]: x_ for x_ in r.rows.to_pylist()}
+    assert r.summary["mode"] == "tensor"
+    assert rows["input"]["cosine"] == pytest.approx(1.0) and rows["input"]["verdict"] == "pass"
+    out = rows["output"]
+    assert out["max_abs_err"] == pytest.approx(0.05, rel=1e-3) and out["one_thousandth"] == pytest.approx(31 / 32)
+    assert out["verdict"] == "error" and "elements differ" in out["reason"]
+    assert r.summary["first_divergence"]["a"] == "Module.fc.Linear.forward.0"

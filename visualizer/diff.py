@@ -165,23 +165,28 @@ class DiffGraph:
         return cls(ga, gb, pairs, _mapping(getattr(result, "summary", None)), tensor_rows)
 
     @classmethod
-    def from_dumps(cls, dump_a: str | os.PathLike, dump_b: str | os.PathLike | None = None,
+    def from_dumps(cls, dump_a: str | os.PathLike | None, dump_b: str | os.PathLike | None = None,
                    compare_dir: str | os.PathLike | None = None,
                    mapping: str | os.PathLike | None = None) -> "DiffGraph":
-        """One dump; or two dumps compared now with ``compare.api.compare`` (or the result
-        already written by ``probe compare --out compare_dir``)."""
-        if dump_b is None and compare_dir is None:
-            return cls(load_graph(dump_a))
+        """One dump; two dumps compared now with ``compare.api.compare``; or the result written
+        by ``probe compare --out compare_dir`` (its dumps found from its summary when not given)."""
+        if compare_dir is None:
+            if dump_a is None:
+                raise ProbeError("give a dump (--dump A [B]) or a compare result (--compare DIR)")
+            if dump_b is None:
+                return cls(load_graph(dump_a))
         try:
             from compare import api
         except ImportError as e:
             raise ProbeError(f"compare is not available ({e}); open one dump at a time") from None
-        if compare_dir is not None:
-            result = api.load_result(compare_dir)
-        else:
-            result = api.compare(dump_a, dump_b, mapping=mapping)
-        if dump_b is None:
-            raise ProbeError(f"{compare_dir}: give the two dumps it compared as well (--dump A B)")
+        if compare_dir is None:
+            return cls.from_result(api.compare(str(dump_a), str(dump_b), mapping=mapping), dump_a, dump_b)
+        result = api.load_result(compare_dir)
+        summary = _mapping(getattr(result, "summary", None))
+        dump_a = dump_a if dump_a is not None else summary.get("a")
+        dump_b = dump_b if dump_b is not None else summary.get("b")
+        if not dump_a or not dump_b:
+            raise ProbeError(f"{compare_dir}: the result does not name its dumps; give them too (--dump A B)")
         return cls.from_result(result, dump_a, dump_b)
 
     # -- per node ---------------------------------------------------------------------------

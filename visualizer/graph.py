@@ -349,6 +349,11 @@ class Graph:
         self._edges[parent] = edges
         return edges
 
+    def neighbours(self, name: str) -> tuple[list[str], list[str]]:
+        """The siblings that feed ``name`` and those it feeds (its data-flow edges)."""
+        edges = self.edges(self.nodes[name].parent)
+        return ([e.src for e in edges if e.dst == name], [e.dst for e in edges if e.src == name])
+
     def __len__(self) -> int:
         return len(self.nodes)
 

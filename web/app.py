@@ -35,7 +35,7 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
 
     ``dump_a``/``dump_b``: msprobe-format dumps (two: a diff; one: a single graph);
     ``compare_dir``: a ``probe compare --out`` directory for that pair (else they are compared
-    now); ``monitor_addr``: ``host:port`` of ``probe monitor serve`` for the live page;
+    now; alone, the dumps it names are opened); ``monitor_addr``: ``host:port`` of ``probe monitor serve`` for the live page;
     ``store_dirs``: run directories whose record store the live, timeline and query pages read;
     ``trace_file``: a merged Chrome/Perfetto trace JSON for the timeline; ``job``: the job the
     live page follows (default: the latest the monitor knows); ``diff``: a diff graph already
@@ -43,7 +43,7 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
     """
     if dump_a is None and dump_b is not None:
         dump_a, dump_b = dump_b, None
-    if diff is None and dump_a is not None:
+    if diff is None and (dump_a is not None or compare_dir is not None):
         diff = DiffGraph.from_dumps(dump_a, dump_b, compare_dir)
     stores = tuple(str(s) for s in store_dirs)
     for s in stores:

@@ -30,6 +30,8 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
 
         probe web --dump runs/ref/dump runs/fused/dump --compare runs/cmp
 
+        probe web --compare runs/cmp          (opens the dumps the result names)
+
         probe web --monitor 127.0.0.1:50051 --store runs/demo --trace runs/demo/trace.json
     """
     paths = list(dumps) + list(more_dumps)

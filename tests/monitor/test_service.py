@@ -231,3 +231,43 @@ def test_watchers_get_alerts_as_they_are_raised(service, stub):
     alert = events[-1]
     assert alert["type"] == "alert" and (alert["kind"], alert["rank"], alert["step"]) == ("nonfinite", 0, 3)
     assert "loss = nan" in alert["message"]
+
+
+def test_serve_refuses_a_store_in_use_a_corrupt_store_and_a_busy_port(tmp_path, serve):
+    first = serve()
+    res = run_probe("monitor", "serve", "--port", "0", "--store", str(first.store))
+    assert res.returncode == 2 and "another 'probe monitor serve'" in res.stderr
+    junk = tmp_path / "junk.duckdb"
+    junk.write_bytes(b"this is not a database" * 100)
+    res = run_probe("monitor", "serve", "--port", "0", "--store", str(junk))
+    assert res.returncode == 2 and "cannot open the monitor store" in res.stderr
+    res = run_probe("monitor", "serve", "--port", str(first.port), "--store",
+                    str(tmp_path / "other.duckdb"))
+    assert res.returncode == 2 and "pick another with --port" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_after_a_restart_finished_ranks_stay_finished_and_alerts_are_not_repeated(tmp_path):
+    store = tmp_path / "m.duckdb"
+    svc = MonitorService(store, port=0, detect_interval_s=0.05)
+    svc.start()
+    channel = grpc.insecure_channel(svc.address)
+    stub = pb_grpc.MonitorStub(channel)
+    stub.Register(pb.RegisterRequest(job="j", rank=0, world_size=1, agent_id="agent-a"))
+    stub.Push(pb.MetricBatch(job="j", rank=0, agent_id="agent-a", seq=1, names=["loss"],
+                             name_index=np.int32([0]).tobytes(), steps=np.int64([3]).tobytes(),
+                             time_ns=np.int64([1]).tobytes(), values=np.float64([np.inf]).tobytes(),
+                             final=True))
+    wait_for(lambda: svc.store.alerts().num_rows, what="the alert")
+    channel.close()
+    svc.stop(grace=0)
+    again = MonitorService(store, port=0, detect_interval_s=0.05)
+    again.start()
+    try:
+        again._dirty.add("j")
+        assert again.detect_once() == []
+        doc = MonitorClient(again.address).status()
+        assert doc["jobs"][0]["ranks"][0]["health"] == "finished"
+        assert [a["kind"] for a in doc["alerts"]] == ["nonfinite"]
+    finally:
+        again.stop(grace=0)

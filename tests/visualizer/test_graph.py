@@ -68,3 +68,10 @@ def test_bad_dump_paths_raise_one_line_errors(tmp_path):
     (tmp_path / "dump.json").write_text("[]")
     with pytest.raises(ProbeError, match="no 'data' object"):
         Graph.load(tmp_path)
+
+
+@needs_data
+def test_neighbours_are_the_siblings_feeding_and_fed_by_a_node():
+    g = Graph.load(DATA / "torch_llama_mix")
+    ins, outs = g.neighbours("Module.layers.0.attn.Attention.forward.0")
+    assert ins == ["Module.layers.0.input_norm.RMSNorm.forward.0"] and outs == ["Tensor.__add__.4.forward"]

@@ -60,3 +60,12 @@ def test_probe_web_rejects_a_missing_dump_in_one_line(tmp_path):
     r = run_probe("web", "--dump", str(tmp_path / "missing"), "--port", "0", timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "no such dump" in r.stderr
+
+
+def test_a_compare_result_alone_opens_the_dumps_it_names(tmp_path, msprobe_data):
+    from compare.api import compare
+
+    compare(str(msprobe_data / "torch_L0"), str(msprobe_data / "mindspore_L0")).write(tmp_path / "cmp")
+    diff = create_app(compare_dir=tmp_path / "cmp").probe_diff
+    assert diff.paired and diff.counterpart("a", "Module.embed.Linear.forward.0") == "Cell.embed.Dense.forward.0"
+    assert diff.counts()["error"] == 0 and diff.first_divergence() is None

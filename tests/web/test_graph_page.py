@@ -82,8 +82,14 @@ def test_graph_diff_page_expands_selects_searches_filters_and_jumps(browser, ser
     # the detail panel shows both sides' statistics and the stack
     detail = browser.find_element(By.ID, "g-detail")
     wait_for(lambda: "Module.layers.0.mlp.MLP.forward.0" in detail.text, what="detail")
-    assert "Statistics" in detail.text and "Stack A" in detail.text
+    assert "Statistics" in detail.text and "Stack A" in detail.text and "Data flow" in detail.text
     assert len(detail.find_elements(By.CSS_SELECTOR, "table.stats tbody tr")) >= 4
+
+    # a data-flow link in the detail panel selects the node it names
+    link = detail.find_element(By.CSS_SELECTOR, ".flow-link")
+    target = link.get_attribute("data-node")
+    link.click()
+    wait_for(lambda: selected(browser, "a") == target, what="data-flow link selects")
 
     # the error filter lists the error nodes in execution order; clicking one selects it
     flt = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#g-filter-list .flt"), what="filter list")

@@ -178,7 +178,18 @@ def render_detail(diff: DiffGraph, side: str, name: str) -> list:
     out = [html.Div(head, className="names"), html.Div(verdict, className="verdict")]
     if d.reason:
         out.append(html.P(d.reason, className="reason"))
-    out += [html.H4("Statistics"), _stats_table(d)]
+    flow = []
+    for label, node_name in (("A", d.node_a), ("B", d.node_b)):
+        if node_name and diff.graphs[label.lower()] is not None:
+            g = diff.graph(label.lower())
+            ins, outs = g.neighbours(node_name)
+            links = [html.Span(g.nodes[n].label, className="flow-link", title=n, **{
+                "data-act": "select", "data-side": label.lower(), "data-node": n}) for n in ins]
+            links.append(html.B(" → this → "))
+            links += [html.Span(g.nodes[n].label, className="flow-link", title=n, **{
+                "data-act": "select", "data-side": label.lower(), "data-node": n}) for n in outs]
+            flow.append(html.Div([html.B(f"{label}: "), *links], className="flow"))
+    out += [html.H4("Data flow"), *flow, html.H4("Statistics"), _stats_table(d)]
     metrics = _metrics_table(d.metrics)
     if metrics:
         out += [html.H4("Compare metrics"), *metrics]

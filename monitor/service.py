@@ -179,6 +179,12 @@ class MonitorService(pb_grpc.MonitorServicer):
         self._server: grpc.Server | None = None
         self.started = time.time()
         self.points_ingested = 0
+        # After a restart, detect on new steps only, and do not repeat alerts already raised.
+        for job, step in self.store.rows("SELECT job, max(step) FROM metrics GROUP BY job"):
+            self._evaluated[job] = -1 if step is None else int(step)
+        for job, kind, rank, step in self.store.rows(
+                "SELECT job, kind, rank, max(step) FROM alerts GROUP BY job, kind, rank"):
+            self._last_alert_step[(job, kind, rank)] = -1 if step is None else int(step)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -297,8 +303,9 @@ class MonitorService(pb_grpc.MonitorServicer):
         st.last_seen = time.time()
         st.last_step = max(st.last_step, last_step)
         st.lost_alerted = False
-        if request.final:
+        if request.final and not st.final:
             st.final = True
+            self.store.mark_finished(st.job, st.rank)
             self._dirty.add(st.job)
 
     def Commands(self, request: pb.CommandStreamRequest,
@@ -393,7 +400,7 @@ class MonitorService(pb_grpc.MonitorServicer):
             st = self._ranks.get((row["job"], row["rank"]))
             last_seen = max(st.last_seen if st else 0.0, (row["last_time_ns"] or 0) / 1e9)
             age = now - last_seen if last_seen else None
-            if st is not None and st.final:
+            if (st.final if st is not None and st.agent_id else row["finished_ns"] is not None):
                 health = "finished"
             elif age is None or age > self.lost_after_s:
                 health = "lost"

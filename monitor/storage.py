@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS batches (job VARCHAR, rank INTEGER, agent_id VARCHAR,
 CREATE TABLE IF NOT EXISTS ranks (job VARCHAR, rank INTEGER, world_size INTEGER, host VARCHAR,
                                   pid BIGINT, engine VARCHAR, agent_id VARCHAR,
                                   registered_ns BIGINT, registrations INTEGER,
-                                  PRIMARY KEY (job, rank));
+                                  finished_ns BIGINT, PRIMARY KEY (job, rank));
 CREATE TABLE IF NOT EXISTS alerts (id BIGINT PRIMARY KEY, time_ns BIGINT, job VARCHAR,
                                    kind VARCHAR, rank INTEGER, step BIGINT, message VARCHAR,
                                    evidence VARCHAR);
@@ -171,10 +171,16 @@ class MonitorStore:
             old = self._con.execute("SELECT agent_id, registrations FROM ranks WHERE job = ? AND "
                                     "rank = ?", [job, rank]).fetchone()
             count = 1 + (old[1] if old else 0)
-            self._con.execute("INSERT OR REPLACE INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            self._con.execute("INSERT OR REPLACE INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                               [job, rank, world_size, host, pid, engine, agent_id,
-                               time.time_ns(), count])
+                               time.time_ns(), count, None])
         return bool(old) and old[0] != agent_id
+
+    def mark_finished(self, job: str, rank: int) -> None:
+        """Record that a rank has sent its last batch (its training ended)."""
+        with self._lock:
+            self._con.execute("UPDATE ranks SET finished_ns = ? WHERE job = ? AND rank = ?",
+                              [time.time_ns(), job, rank])
 
     def add_alert(self, alert: dict[str, Any]) -> dict[str, Any]:
         """Store an alert (kind, job, rank, step, message, evidence); returns it with id/time."""
@@ -290,10 +296,10 @@ class MonitorStore:
                        FROM batches GROUP BY job, rank)
             SELECT coalesce(r.job, m.job), coalesce(r.rank, m.rank), r.world_size, r.host, r.pid,
                    r.engine, r.agent_id, r.registrations, m.last_step, coalesce(m.points, 0),
-                   m.last_time_ns, coalesce(b.batches, 0), coalesce(b.dropped, 0)
+                   m.last_time_ns, coalesce(b.batches, 0), coalesce(b.dropped, 0), r.finished_ns
             FROM ranks r FULL OUTER JOIN m ON r.job = m.job AND r.rank = m.rank
                  LEFT JOIN b ON b.job = coalesce(r.job, m.job) AND b.rank = coalesce(r.rank, m.rank)
             ORDER BY 1, 2""")
         keys = ("job", "rank", "world_size", "host", "pid", "engine", "agent_id", "registrations",
-                "last_step", "points", "last_time_ns", "batches", "dropped")
+                "last_step", "points", "last_time_ns", "batches", "dropped", "finished_ns")
         return [dict(zip(keys, r)) for r in rows]

@@ -11,6 +11,9 @@ on both ``torch.distributed.<op>`` and ``torch.distributed.distributed_c10d.<op>
 ``dist.all_reduce`` and code that imported the function after installation both see it).
 Calls made inside a wrapped call (``all_gather_object`` runs ``all_gather``) are not reported
 twice. A listener that raises is reported once on stderr and removed; the call itself goes on.
+Communication issued from C++ without a Python call (DDP's gradient reducer, functional
+collectives traced into a compiled graph) is not seen here. With ``async_op=True`` the call's
+times cover issuing the operation, not its completion.
 
 >>> class Printer:
 ...     def on_comm_end(self, call):

@@ -382,17 +382,34 @@ def _flatten(data: dict, path: Path) -> _Flat:
     return flat
 
 
+_MODULE_RE = r"^(?P<p>Module|Cell)\.(?P<body>.+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<call>[0-9]+)$"
+_API_RE = r"^(?P<p>[^.]+)\.(?P<body>.+)\.(?P<call>[0-9]+)\.(?P<dir>forward|backward)$"
+
+
 def _classify(names: list[str]) -> pa.Table:
-    """kind, direction and class name of every entry name."""
-    kinds, dirs, classes = [], [], []
-    for n in names:
-        kind, prefix, body, direction, _ = parse_node_name(n)
-        kinds.append(kind)
-        dirs.append("forward" if direction == "forward" else "backward")
-        classes.append(body.rsplit(".", 1)[-1] if kind == "module" else f"{prefix}.{body}")
-    return pa.table({"kind": pa.array(kinds, type=pa.string()),
-                     "direction": pa.array(dirs, type=pa.string()),
-                     "cls": pa.array(classes, type=pa.string())})
+    """kind, direction and class name of every entry name (vectorised; odd names in Python)."""
+    import pyarrow.compute as pc
+
+    arr = pa.array(names, type=pa.string())
+    mod = pc.extract_regex(arr, _MODULE_RE)
+    api = pc.extract_regex(arr, _API_RE)
+    is_mod, is_api = mod.is_valid(), api.is_valid()
+    body_cls = pc.extract_regex(mod.field("body"), r"(?P<c>[^.]+)$").field("c")
+    kind = pc.if_else(is_mod, "module", pc.if_else(pc.equal(api.field("p"), "Distributed"), "comm", "api"))
+    dir_raw = pc.if_else(is_mod, mod.field("dir"), api.field("dir"))
+    direction = pc.if_else(pc.equal(dir_raw, "forward"), "forward", "backward")
+    cls = pc.if_else(is_mod, body_cls, pc.binary_join_element_wise(api.field("p"), api.field("body"), "."))
+    table = pa.table({"kind": kind, "direction": direction, "cls": cls})
+    odd = pc.indices_nonzero(pc.invert(pc.or_(is_mod, is_api))).to_pylist()
+    if odd:
+        cols = {k: table.column(k).to_pylist() for k in table.column_names}
+        for i in odd:
+            k, prefix, body, d, _ = parse_node_name(names[i])
+            cols["kind"][i] = k
+            cols["direction"][i] = "forward" if d == "forward" else "backward"
+            cols["cls"][i] = body.rsplit(".", 1)[-1] if k == "module" else f"{prefix}.{body}"
+        table = pa.table({k: pa.array(v, type=pa.string()) for k, v in cols.items()})
+    return table
 
 
 def _stack_refs(stack: Any) -> dict[str, str]:

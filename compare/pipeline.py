@@ -41,13 +41,14 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None)
     match_groups(con, mapped, structural=mapped is None)
     _tick(bar, "matched")
     _rows(con)
-    rows = con.sql("select * exclude (grp_a, grp_b, ctx, tol_pass, tol_warn) from rows order by ord, row_id").to_arrow_table()
+    rows = con.sql("select rowid as row_id, * exclude (grp_a, grp_b, ctx, tol_pass, tol_warn) "
+                   "from rows order by ord, rowid").to_arrow_table()
     rows = _as_table(rows)
     if da.task == "tensor" or db.task == "tensor":
         rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
         con.register("rows_tensor_mode", rows.select(["row_id", "err", "verdict", "reason"]))
         con.execute("""update rows set err = t.err, verdict = t.verdict, reason = t.reason
-                       from rows_tensor_mode t where rows.row_id = t.row_id""")
+                       from rows_tensor_mode t where rows.rowid = t.row_id""")
     _tick(bar, "metrics")
     _nodes(con)
     nodes = _as_table(con.sql("select * from nodes order by ord").to_arrow_table())
@@ -138,7 +139,7 @@ def _rows(con: Any) -> None:
         greatest({pass_a}, {pass_b}) as tol_pass, greatest({warn_a}, {warn_b}) as tol_warn
       from r
     )
-    select row_number() over () as row_id, grp_a, grp_b, name_a, name_b, node_a, node_b, direction, slot,
+    select grp_a, grp_b, name_a, name_b, node_a, node_b, direction, slot,
       "index", match_method, dtype_a, dtype_b, shape_a, shape_b,
       max_a, min_a, mean_a, norm_a, max_b, min_b, mean_b, norm_b,
       max_diff, min_diff, mean_diff, norm_diff, max_rel, min_rel, mean_rel, norm_rel, err,

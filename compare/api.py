@@ -35,21 +35,29 @@ compared tensor:
   within 1e-3 / 1e-4 relative); null otherwise;
 - ``nonfinite_a``, ``nonfinite_b``: whether the side holds NaN/±Inf;
 - ``hash_match``: md5 task: whether the hashes agree (null otherwise);
+- ``file_a``, ``file_b``: tensor files (tensor task), ``ord``: execution order, ``row_id``;
 - ``verdict``: ``pass`` | ``warning`` | ``error`` | ``unmatched``; ``reason``: why, in words.
 
 ``CompareResult.nodes`` (``nodes.parquet``), one row per node pair or unmatched node:
-``node_a``, ``node_b``, ``kind`` (module|api|comm), ``class_a``, ``class_b``, ``parent_a``,
-``parent_b``, ``direction``, ``match_method``, ``order_a``, ``order_b`` (execution order of each
-side: forward completion order, then backward), ``in_err``, ``out_err``, ``param_err``,
-``precision_score`` (error growth input→output in [0, 1]: clip(out_rel − in_rel), msprobe's
-bands), ``precision_band`` (``low`` < 0.3 ≤ ``medium`` < 0.6 ≤ ``high``), ``nonfinite_in_a``,
-``nonfinite_out_a``, ``nonfinite_in_b``, ``nonfinite_out_b``, ``verdict``, ``reason``.
+``node_a``, ``node_b`` (dump entries; a backward row names the ``backward`` entry, its
+parameter gradients folded in), ``kind`` (module|api|comm), ``class_a``, ``class_b``,
+``parent_a``, ``parent_b`` (parent entries, from construct.json), ``direction``,
+``match_method`` (as for rows, plus ``container``: an extra wrapper level of one side whose
+children are matched), ``order_a``, ``order_b``, ``ord`` (execution order: forward completion
+order, backward after it), ``in_err``, ``out_err``, ``param_err`` (worst ``err`` of the inputs,
+outputs, parameters), ``in_verdict``, ``out_verdict``, ``param_verdict``, ``precision_score``
+(error growth input→output in [0, 1]: clip(out_err) − clip(in_err), floored at 0),
+``precision_band`` (msprobe's bands: ``low`` < 0.3 ≤ ``medium`` < 0.6 ≤ ``high``),
+``nonfinite_in_a``, ``nonfinite_out_a``, ``nonfinite_in_b``, ``nonfinite_out_b``,
+``verdict``, ``reason``. For ``ancestor`` rows the other side's name is the nearest matched
+ancestor's entry and the verdict is that pair's.
 
 ``CompareResult.summary`` (``summary.json``): ``a``, ``b`` (the files read), ``mode``
-(statistics|tensor|md5), ``matched``, ``unmatched_a``, ``unmatched_b``, ``match_methods``
-(counts), ``verdicts`` (counts per verdict over rows), ``node_verdicts``, ``first_divergence``
+(statistics|tensor|md5), ``matched``, ``unmatched_a``, ``unmatched_b`` (node rows: entries
+per direction), ``match_methods`` (counts), ``tensors``, ``verdicts`` (counts per verdict over
+rows), ``node_verdicts``, ``first_divergence``
 and ``first_nan`` (``null`` or ``{"a": <name in A>, "b": <name in B>, "direction":
-"forward"|"backward", "reason": ...}``), ``worst`` (the worst pairs), ``elapsed_s``.
+"forward"|"backward", "reason": ...}``), ``worst`` (the worst pairs), ``notes``, ``elapsed_s``.
 """
 
 from __future__ import annotations

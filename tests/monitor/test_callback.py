@@ -21,8 +21,12 @@ from tests.conftest import run_probe
 from .conftest import wait_for
 
 
-def run_ranks(addr, tmp, job, steps=60, world=4, slow_rank=None, step_s=0.03, callbacks=None):
-    """Start ``world`` rank loops (threads) calling the callback; returns the threads."""
+def run_ranks(addr, tmp, job, steps=60, world=4, slow_rank=None, step_s=0.03, callbacks=None,
+              until=None):
+    """Start ``world`` rank loops (threads) calling the callback; returns the threads.
+
+    With ``until`` (an Event) the loops run up to ``steps`` steps but end as soon as it is set.
+    """
     def rank_loop(rank):
         cb = MonitorAgentCallback(addr=addr, job=job, spool_path=str(tmp / f"{job}-r{rank}.spool"),
                                   flush_interval_s=0.02)
@@ -33,6 +37,8 @@ def run_ranks(addr, tmp, job, steps=60, world=4, slow_rank=None, step_s=0.03, ca
                            optimizer=None, config=None, max_steps=steps, store=None)
         cb.on_train_start(ctx)
         for step in range(steps):
+            if until is not None and until.is_set():
+                break
             cb.on_step_start(ctx, step)
             t0 = time.perf_counter()
             with mstx.range(f"step {step}", domain="step"):
@@ -81,7 +87,8 @@ def test_a_straggler_alert_triggers_a_deep_trace_of_that_rank(tmp_path):
 
 def test_probe_monitor_trace_waits_for_the_ranks_and_copies_their_files(tmp_path, serve):
     server = serve()
-    threads = run_ranks(server.addr, tmp_path, "cli", steps=80)
+    done = threading.Event()
+    threads = run_ranks(server.addr, tmp_path, "cli", steps=5000, until=done)
     client = MonitorClient(server.addr)
     wait_for(lambda: len(client.status("cli")["jobs"]) and
              all(r["connected"] for r in client.status("cli")["jobs"][0]["ranks"]) and
@@ -89,6 +96,7 @@ def test_probe_monitor_trace_waits_for_the_ranks_and_copies_their_files(tmp_path
     # one rank: the ranks here are threads of one process, and a process has one profiler
     res = run_probe("monitor", "trace", "--addr", server.addr, "--job", "cli", "--ranks", "2",
                     "--next", "3", "--wait", "--timeout", "60", "--out", str(tmp_path / "got"))
+    done.set()
     for t in threads:
         t.join(60)
     assert res.returncode == 0, res.stderr
@@ -119,12 +127,13 @@ def test_probe_monitor_trace_rejects_bad_step_ranges(bad, service):
 
 def test_a_running_trace_can_be_stopped_and_the_send_interval_changed(tmp_path, serve):
     server = serve()
-    callbacks = []
-    threads = run_ranks(server.addr, tmp_path, "stop", steps=150, world=1, callbacks=callbacks)
+    callbacks, done = [], threading.Event()
+    threads = run_ranks(server.addr, tmp_path, "stop", steps=5000, world=1, callbacks=callbacks,
+                        until=done)
     client = MonitorClient(server.addr)
     wait_for(lambda: client.status("stop")["jobs"] and
              client.status("stop")["jobs"][0]["ranks"][0]["connected"], what="the rank")
-    reply = client.request_trace("stop", [0], next_steps=100)
+    reply = client.request_trace("stop", [0], next_steps=4000)
     wait_for(lambda: callbacks[0]._active is not None, what="the trace to start")
     res = run_probe("monitor", "trace", "--addr", server.addr, "--job", "stop", "--stop")
     assert res.returncode == 0 and "stop sent to ranks 0" in res.stdout
@@ -132,9 +141,10 @@ def test_a_running_trace_can_be_stopped_and_the_send_interval_changed(tmp_path, 
     res = run_probe("monitor", "interval", "--addr", server.addr, "--job", "stop", "0.5")
     assert res.returncode == 0, res.stderr
     wait_for(lambda: callbacks[0].agent.flush_interval_s == 0.5, what="the new interval")
+    done.set()
     for t in threads:
         t.join(60)
     first, last = rows[0]["start_step"], rows[0]["end_step"]
-    assert not rows[0]["error"] and last - first < 99
+    assert not rows[0]["error"] and last - first < 3999
     trace = next(r["path"] for r in rows if r["filename"].endswith("rank0.json"))
     assert trace_steps(trace) == set(range(first, last + 1))

@@ -36,7 +36,6 @@ dump.json key       slot                      index
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field

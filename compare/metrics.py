@@ -6,7 +6,7 @@ have a readable tensor file (``.npy``, or ``.safetensors`` through safetensors' 
 ``.pt`` files need torch, which compare never imports, so those rows keep their statistics).
 
 >>> import numpy as np
->>> m = tensor_metrics(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.003]))
+>>> m = tensor_metrics(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0015]))
 >>> round(m["cosine"], 6), m["one_thousandth"]
 (1.0, 1.0)
 """

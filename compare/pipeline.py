@@ -182,7 +182,7 @@ def _worst(cond: str) -> str:
 
 
 def _nodes(con: Any) -> None:
-    con.execute(f"""
+    con.execute("""
     create or replace temp table entry_nf as
     select 'a' as side, node, grp, direction,
       bool_or(nonfinite) filter (where slot in ('input', 'kwarg')) as nf_in,
@@ -226,7 +226,7 @@ def _nodes(con: Any) -> None:
     from e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
     where e.node_a is not null or e.node_b is not null
     """)
-    con.execute(f"""
+    con.execute("""
     create or replace temp table nodes as
     with m as (
       select n.*,

@@ -29,6 +29,7 @@ the bundled engine appends when ``PROBE_MONITOR=host:port`` is set.
 from __future__ import annotations
 
 import array
+import numbers
 import os
 import socket
 import struct
@@ -245,6 +246,7 @@ class MonitorAgent:
                               f"{self.stats['points'] - self.stats['acked_points']} points kept "
                               f"in {self.spool.path} (sent on the next run with this spool)")
                     return
+                time.sleep(0.02)                  # waiting for the service; do not spin
 
     def _drain(self, wait: float) -> list:
         """Wait ``wait`` seconds (or until stopped), then take what has been recorded."""
@@ -296,8 +298,15 @@ class MonitorAgent:
             steps, times, values = array.array("q"), array.array("q"), array.array("d")
 
         def add(step: int, t: int, metrics: Mapping[str, Any]) -> None:
+            if step < 0:
+                self._warn_once("step", f"negative step {step} is not sent")
+                return
             for name, value in metrics.items():
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                if isinstance(value, bool) or not isinstance(value, (int, float, numbers.Real)):
+                    continue
+                if not isinstance(name, str) or not 0 < len(name) <= 256:
+                    self._warn_once(f"name{name!r}"[:80], f"metric name {name!r} is not sent "
+                                    "(names are 1 to 256 characters)")
                     continue
                 i = names.get(name)
                 if i is None:

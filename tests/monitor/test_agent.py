@@ -85,3 +85,19 @@ def test_host_metrics_and_final_flag_reach_the_service(tmp_path, service):
     assert {"host_cpu_percent", "host_mem_percent", "proc_rss_mb", "loss"} <= names
     ranks = MonitorClient(service.address).status()["jobs"][0]["ranks"]
     assert ranks[0]["health"] == "finished"
+
+
+def test_odd_metric_values_and_names_are_skipped_not_fatal(tmp_path, service):
+    import numpy as np
+
+    agent = MonitorAgent(service.address, "odd", 0, 1, spool_path=tmp_path / "o",
+                         flush_interval_s=0.02, sample_host=False).start()
+    agent.record(0, {"loss": np.float32(1.5), "flag": True, "note": "text", "n": 3,
+                     "": 1.0, "x" * 300: 2.0, "none": None})
+    agent.record(-1, {"loss": 1.0})
+    agent.record(1, {"loss": 2.5})
+    agent.close()
+    rows = MonitorClient(service.address).metrics("odd").to_pylist()
+    assert sorted((r["step"], r["name"], r["value"]) for r in rows) == [
+        (0, "loss", 1.5), (0, "n", 3.0), (1, "loss", 2.5)]
+    assert agent.stats["rejected_batches"] == 0

@@ -27,6 +27,10 @@ CHARTS = [
     ("l-comm", "Communication share per rank", ("comm_share",), "comm time / step time"),
 ]
 
+#: Every metric the page draws (the communication share is derived from two of them).
+METRIC_NAMES = tuple(dict.fromkeys(n for _, _, names, _ in CHARTS for n in names if n != "comm_share")) + (
+    "comm_time_ms",)
+
 
 class LiveSource:
     """Where the live page reads metrics and alerts, and sends trace requests."""
@@ -51,28 +55,34 @@ class LiveSource:
         return self._client
 
     def current_job(self) -> str | None:
+        """The ``job`` given, else the job the monitor heard from most recently."""
         if self.job or not self.monitor_addr:
             return self.job
         jobs = self.client().status().get("jobs") or []
-        return jobs[-1]["job"] if jobs else None
+
+        def age(j: dict) -> float:
+            seen = [r["last_seen_s"] for r in j.get("ranks", []) if r.get("last_seen_s") is not None]
+            return min(seen) if seen else float("inf")
+        return min(jobs, key=age)["job"] if jobs else None
 
     def metrics(self) -> list[dict[str, Any]]:
-        """Metric points (rank, step, name, value) of the followed job."""
+        """The charted metric points (job, rank, step, name, value) of the followed job."""
         if self.monitor_addr:
             job = self.current_job()
-            return records(self.client().metrics(job=job)) if job else []
+            return records(self.client().metrics(job=job, names=METRIC_NAMES)) if job else []
         from collectors.store import open_store
 
         out = []
+        names = ", ".join(f"'{n}'" for n in METRIC_NAMES)
         for d in self.store_dirs:
             try:
                 con = open_store(d)
             except ProbeError:
                 continue            # the run has not written its first segment yet
             try:
-                sql = "select job, rank, step, name, value from metrics"
+                sql = f"select job, rank, step, name, value from metrics where name in ({names})"
                 if self.job:
-                    rows = con.execute(sql + " where job = ?", [self.job]).fetchall()
+                    rows = con.execute(sql + " and job = ?", [self.job]).fetchall()
                 else:
                     rows = con.execute(sql).fetchall()
             finally:
@@ -199,7 +209,10 @@ def register(app: Dash, source: LiveSource) -> None:
 
     @app.callback(*[Output(cid, "figure") for cid, *_ in CHARTS], Output("l-heat", "figure"),
                   Output("l-alerts", "children"), Output("l-status", "children"),
-                  Input("l-tick", "n_intervals"))
+                  Input("l-tick", "n_intervals"),
+                  # a tick while a refresh is in flight would supersede it, and under load no
+                  # refresh would ever land: the timer pauses until the answer is drawn
+                  running=[(Output("l-tick", "disabled"), True, False)])
     def refresh(_n):
         try:
             data = series(source.metrics())
@@ -210,7 +223,8 @@ def register(app: Dash, source: LiveSource) -> None:
         ranks = sorted({r for per in data.values() for r in per})
         last = max((s for per in data.get("step_time_ms", {}).values() for s in per), default=None)
         where = source.monitor_addr or ", ".join(source.store_dirs)
-        status = (f"{where} · ranks: {len(ranks)} · last step: {last if last is not None else '—'}"
+        job = source.current_job()
+        status = (f"{where}{f' · job {job}' if job else ''} · ranks: {len(ranks)} · last step: {last if last is not None else '—'}"
                   f" · alerts: {len(alerts)} · updated {time.strftime('%H:%M:%S')}")
         return (*figs, heat_map(data), alert_items(alerts), status)
 

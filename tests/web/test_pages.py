@@ -65,6 +65,9 @@ def test_query_page_runs_sql_and_draws_a_table_and_chart(browser, serve_app, sho
     set_text(sql, "select rank, step, step_time_ms from steps order by rank, step")
     browser.find_element(By.ID, "q-run").click()
     wait_for(lambda: browser.find_element(By.ID, "q-count").text == "12 row(s)", what="12 rows")
+    wait_for(lambda: browser.execute_script(
+        "return document.querySelector('#q-chart .js-plotly-plot').data.map(t => t.name).join(',')")
+        == "step_time_ms rank 0,step_time_ms rank 1", what="one series per rank over steps")
     shot("query")
 
 

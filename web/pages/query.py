@@ -42,21 +42,22 @@ def _cell(v: Any) -> Any:
 
 
 def quick_chart(cols: list[str], rows: list[tuple]) -> go.Figure:
-    """A line per series: x is the first column, y every numeric column after it; a column named
-    ``rank`` (when not x) splits the series."""
+    """A line per series: x is ``step`` when there is one (else ``time_ns``, else the first
+    column), y every other numeric column, one series per ``rank`` when there is one."""
     fig = go.Figure()
     fig.update_layout(margin=dict(l=40, r=10, t=30, b=40), height=320, template="plotly_white")
     if len(cols) < 2 or not rows:
         return fig
-    x_i = 0
-    split = cols.index("rank") if "rank" in cols and cols[0] != "rank" else None
-    numeric = [i for i in range(1, len(cols)) if i != split and all(
+    x_i = next((cols.index(c) for c in ("step", "time_ns") if c in cols), 0)
+    split = cols.index("rank") if "rank" in cols and cols.index("rank") != x_i else None
+    numeric = [i for i in range(len(cols)) if i not in (x_i, split) and all(
         isinstance(r[i], (int, float)) or r[i] is None for r in rows) and any(r[i] is not None for r in rows)]
+    groups: dict[Any, list[tuple]] = {}
+    for r in rows:
+        groups.setdefault(r[split] if split is not None else None, []).append(r)
     for i in numeric[:6]:
-        groups: dict[Any, list[tuple]] = {}
-        for r in rows:
-            groups.setdefault(r[split] if split is not None else None, []).append(r)
         for key, grp in groups.items():
+            grp = sorted(grp, key=lambda r: (r[x_i] is None, r[x_i]))
             name = cols[i] if key is None else f"{cols[i]} rank {key}"
             fig.add_trace(go.Scatter(x=[r[x_i] for r in grp], y=[r[i] for r in grp], name=name,
                                      mode="lines+markers"))

@@ -39,7 +39,13 @@ class _Guard(threading.local):
 
 
 def _is_compiled(module: torch.nn.Module) -> bool:
+    """A ``torch.compile(module)`` wrapper (``OptimizedModule``)."""
     return hasattr(module, "_orig_mod") and type(module).__name__ == "OptimizedModule"
+
+
+def _compiled_in_place(module: torch.nn.Module) -> bool:
+    """A module compiled with ``module.compile()`` (its call goes through a compiled function)."""
+    return getattr(module, "_compiled_call_impl", None) is not None
 
 
 def _clean_path(path: str) -> str:
@@ -68,7 +74,7 @@ class TorchAdapter(EngineAdapter):
     # ----------------------------------------------------------------- modules
     def attach_modules(self, model: Any, sink: HookSink, *, backward: bool = True,
                        include: Callable[[str], bool] | None = None, prefix: str = "") -> list[str]:
-        compiled = _is_compiled(model) or any(_is_compiled(m) for m in model.modules())
+        compiled = any(_is_compiled(m) or _compiled_in_place(m) for m in model.modules())
         if backward:   # modules whose inputs need no gradient (an embedding) are expected
             warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients")
         hooked: list[str] = []

@@ -322,3 +322,30 @@ def test_probe_module_exposes_start_step_stop_lazily(tmp_path):
     net(torch.ones(1, 2))
     probe.stop()
     assert sorted(p.name for p in tmp_path.glob("step*")) == ["step0", "step1"]
+
+
+def test_compiled_blocks_keep_every_module_boundary_and_say_so(tmp_path):
+    import torch.nn.functional as F
+    from torch._dynamo.utils import counters
+
+    from engine_adapter.bundled.config import get_preset
+    from engine_adapter.bundled.data import make_batch
+    from engine_adapter.bundled.models import build_model, init_reference_state
+
+    cfg = get_preset("tiny")
+    model = build_model("fused", cfg)
+    model.load_reference_state(init_reference_state(cfg, 0))
+    model.compile_blocks(backend="eager")     # Dynamo graphs without code generation: fast
+    counters.clear()
+    with DumpSession(model, out=tmp_path, store=False, auto_step=False, quiet=True) as s:
+        tokens, targets = make_batch(cfg, 0, 0, 1, 0, None)
+        logits = model(tokens)
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+        notes = s.notes()
+    assert any("compiled model" in n and "module boundaries kept" in n for n in notes)
+    assert counters["stats"]["unique_graphs"] > 0          # the blocks still ran compiled
+    keys = set(_load(tmp_path)["data"])
+    hooked = {f"Module.{n}.{type(m).__name__}.forward.0" for n, m in model.named_modules()
+              if n and not isinstance(m, (nn.ModuleList, nn.ModuleDict))}
+    assert hooked <= keys
+    assert "Module.decoder.layers.1.self_attention.linear_qkv.Linear.backward.0" in keys

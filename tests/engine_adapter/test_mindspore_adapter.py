@@ -220,3 +220,26 @@ def test_mindspore_api_level_records_ops_and_tensor_calls(tmp_path):
     assert "Cell.block.attn.q.Dense.forward.0" in keys
     assert any(k.startswith("Functional.matmul.") for k in keys)
     assert any(k.startswith("Tensor.__add__.") or k.startswith("Tensor.__sub__.") for k in keys)
+
+
+def test_probe_dump_runs_a_mindspore_script_with_steps_from_its_optimizer(tmp_path):
+    from tests.conftest import run_probe
+
+    script = tmp_path / "train_ms.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import mindspore as ms\n"
+        "from mindspore import nn\n"
+        "ms.set_context(mode=ms.PYNATIVE_MODE)\n"
+        "net = nn.SequentialCell([nn.Dense(4, 8), nn.ReLU(), nn.Dense(8, 1)])\n"
+        "opt = nn.SGD(net.trainable_params(), learning_rate=0.1)\n"
+        "grad_fn = ms.value_and_grad(lambda x: net(x).sum(), None, opt.parameters)\n"
+        "for step in range(3):\n"
+        "    loss, grads = grad_fn(ms.Tensor(np.ones((2, 4), np.float32)))\n"
+        "    opt(grads)\n")
+    out = tmp_path / "d"
+    r = run_probe("dump", "--framework", "mindspore", "--steps", "0,2", "--out", str(out), "--", str(script))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(p.name for p in out.glob("step*")) == ["step0", "step2"]
+    data = json.loads((out / "step2/rank0/dump.json").read_text())["data"]
+    assert {"Cell.0.Dense.forward.0", "Cell.2.Dense.backward.0", "Cell.0.Dense.parameters_grad.0"} <= set(data)

@@ -107,6 +107,7 @@ class Recorder:
         self._stack_cache: dict[str, tuple] = {}
         self._formatted_stacks: dict[tuple, list[str]] = {}
         self._writer: _Writer | None = None
+        self._nodes_written: set[str] = set()
         self.step = -1
         self.active = False
         self.steps_written: list[int] = []
@@ -512,6 +513,9 @@ class Recorder:
             parent = b.construct.get(name)
             d = depth.get(parent, -1) + 1 if parent else 0
             depth[name] = d
+            if name in self._nodes_written:      # the tree is the same every step: written once
+                continue
+            self._nodes_written.add(name)
             node_rows["node"].append(name)
             node_rows["parent"].append(parent)
             node_rows["class_name"].append(cls)
@@ -519,8 +523,9 @@ class Recorder:
             node_rows["order"].append(order)
             node_rows["stack_ref"].append(stack_ids.get(name))
         m = len(node_rows["node"])
-        node_rows.update(run=[self.run] * m, rank=[self.rank] * m)
-        self.store.write("node", table_from_columns("node", node_rows))
+        if m:
+            node_rows.update(run=[self.run] * m, rank=[self.rank] * m)
+            self.store.write("node", table_from_columns("node", node_rows))
         self.store.end_step(b.step)
 
 

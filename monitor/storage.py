@@ -113,9 +113,10 @@ class MonitorStore:
         self.trace_dir = self.path.with_name(self.path.stem + "-traces")
         self._lock = threading.Lock()
         self._con.execute(SCHEMA_SQL)
-        self._seen: dict[str, set[int]] = {}
-        for agent_id, seq in self._con.execute("SELECT agent_id, seq FROM batches").fetchall():
-            self._seen.setdefault(agent_id, set()).add(int(seq))
+        # An agent sends its batches in sequence order, one at a time, and resends from the
+        # oldest unacknowledged one: so the highest stored seq per agent says what is stored.
+        self._high: dict[str, int] = dict(self._con.execute(
+            "SELECT agent_id, max(seq) FROM batches GROUP BY agent_id").fetchall())
         self._next_alert_id = 1 + (self._con.execute("SELECT coalesce(max(id), 0) FROM alerts")
                                    .fetchone()[0])
 
@@ -124,22 +125,21 @@ class MonitorStore:
     def ingest(self, keys: Sequence[BatchKey], tables: Sequence[pa.Table]) -> list[bool]:
         """Store many batches in one transaction; returns, per batch, False if it was a duplicate.
 
-        Each table has the ``metric`` schema. A batch whose (agent_id, seq) is already stored
-        (or repeated inside this group) is skipped, so resending after a lost ack is harmless.
+        Each table has the ``metric`` schema. Sequence numbers rise per agent; a batch whose seq
+        is not above the agent's highest stored one (or its group's) is a resend and skipped, so
+        resending after a lost ack is harmless.
         """
         fresh: list[bool] = []
         rows: list[tuple] = []
         parts: list[pa.Table] = []
         now = time.time_ns()
         with self._lock:
-            pending: dict[str, set[int]] = {}
+            high = dict(self._high)
             for key, table in zip(keys, tables):
-                seen = self._seen.get(key.agent_id, ())
-                group = pending.setdefault(key.agent_id, set())
-                if key.seq in seen or key.seq in group:
+                if key.seq <= high.get(key.agent_id, 0):
                     fresh.append(False)
                     continue
-                group.add(key.seq)
+                high[key.agent_id] = key.seq
                 fresh.append(True)
                 rows.append((key.job, key.rank, key.agent_id, key.seq, table.num_rows,
                              key.dropped, now))
@@ -160,8 +160,7 @@ class MonitorStore:
             except Exception:
                 con.execute("ROLLBACK")
                 raise
-            for agent_id, seqs in pending.items():
-                self._seen.setdefault(agent_id, set()).update(seqs)
+            self._high = high
         return fresh
 
     def register_rank(self, job: str, rank: int, world_size: int, host: str, pid: int,

@@ -22,8 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from probe.errors import ProbeError
 
@@ -33,8 +32,7 @@ INTEGER = "int"       # Max and Min only (exact; Mean/Norm are not meaningful)
 OPAQUE = "none"       # dtype and shape only: bool, complex, quantized, empty
 
 
-@dataclass(frozen=True)
-class TensorMeta:
+class TensorMeta(NamedTuple):
     """What a backend says about one tensor without reading its values."""
 
     type_name: str              # "torch.Tensor", "mindspore.Tensor"

@@ -39,7 +39,7 @@ _TENSOR_SKIP = {
     "requires_grad_", "item", "tolist", "numpy", "size", "dim", "numel", "nelement", "ndimension",
     "stride", "storage_offset", "data_ptr", "element_size", "get_device", "storage",
     "untyped_storage", "has_names", "dim_order", "as_subclass", "share_memory_", "pin_memory",
-    "type", "tensor_split_indices", "nbytes", "itemsize", "refine_names", "rename", "rename_",
+    "type", "nbytes", "itemsize", "refine_names", "rename", "rename_",
     "align_to", "unflatten_names", "module_load", "apply_", "map_", "map2_", "record_stream",
     "detach", "detach_", "cpu", "cuda", "__torch_function__",
 }
@@ -48,8 +48,7 @@ _TORCH_SKIP_PREFIX = ("is_", "set_", "get_", "use_", "are_", "_", "compile", "ma
                       "initial_seed", "seed", "load", "save", "typename", "can_cast",
                       "promote_types", "result_type", "from_numpy", "frombuffer", "asarray",
                       "sym_", "vmap", "cond", "export", "jit", "autocast", "enable_", "inference_mode",
-                      "no_grad", "grad", "classproc", "wait", "fork", "chunk_", "empty_strided",
-                      "align_tensors", "broadcast_shapes", "unravel_index", "Generator", "dtype")
+                      "no_grad", "wait", "fork", "align_tensors", "broadcast_shapes")
 
 _F_SKIP = {"has_torch_function", "has_torch_function_unary", "has_torch_function_variadic",
            "handle_torch_function", "boolean_dispatch", "assert_int_or_pair"}

@@ -26,7 +26,6 @@ or, step by step::
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 from typing import Any, Sequence
 
@@ -219,7 +218,3 @@ def stop() -> None:
 def dump(model: Any = None, **kwargs: Any) -> DumpSession:
     """A dump as a context manager: ``with probe.dump(model, out=...): ...``."""
     return DumpSession(model, **kwargs)
-
-
-def default_out() -> str:
-    return os.path.join("runs", "dump")

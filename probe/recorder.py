@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from collectors import msprobe_writer
 from engine_adapter.base import FLOAT, INTEGER, EngineAdapter
@@ -69,8 +69,7 @@ class DumpConfig:
                 raise ProbeError(f"--scope {self.scope!r}: not a regular expression ({e})") from None
 
 
-@dataclass
-class _Leaf:
+class _Leaf(NamedTuple):
     entry: dict          # the JSON dict of this tensor
     handle_index: int    # index into the step's handles, -1 when none
     row: int             # index into the step's rows

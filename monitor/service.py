@@ -285,14 +285,14 @@ class MonitorService(pb_grpc.MonitorServicer):
             table = decode_batch(request)
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed metric batch: {e}")
+        last = int(table.column("step").to_numpy().max()) if table.num_rows else -1
         item = _Pending(BatchKey(request.job, request.rank, request.agent_id, request.seq,
-                                 request.dropped), table)
+                                 request.dropped, last), table)
         self._writes.put(item)
         if not item.done.wait(timeout=60.0) or item.error:
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           f"the store could not take the batch ({item.error or 'timed out'}); "
                           "resend it")
-        last = int(np.frombuffer(request.steps, dtype="<i8").max()) if table.num_rows else -1
         self._seen(st, request, last)
         if item.fresh:
             self._dirty.add(request.job)

@@ -5,8 +5,9 @@ read through the service (:mod:`monitor.client`). Tables:
 
 - ``metrics``    one row per metric point, the ``metric`` record schema of
                  :mod:`collectors.records` (time_ns, job, rank, step, name, value);
-- ``batches``    (job, rank, agent_id, seq, points, dropped, time_ns) of every stored batch, in
-                 the same transaction as its points: the key for exactly-once ingest;
+- ``batches``    (job, rank, agent_id, seq, points, dropped, time_ns, last_step) of every
+                 stored batch, in the same transaction as its points: the key for exactly-once
+                 ingest, and the cheap source of per-rank status;
 - ``ranks``      the last registration of each (job, rank);
 - ``alerts``     detector findings with their evidence (JSON);
 - ``trace_requests`` and ``traces``: deep traces asked for and the files collected.
@@ -46,7 +47,8 @@ SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS metrics (time_ns BIGINT, job VARCHAR, rank INTEGER, step BIGINT,
                                     name VARCHAR, value DOUBLE);
 CREATE TABLE IF NOT EXISTS batches (job VARCHAR, rank INTEGER, agent_id VARCHAR, seq UBIGINT,
-                                    points INTEGER, dropped UBIGINT, time_ns BIGINT);
+                                    points INTEGER, dropped UBIGINT, time_ns BIGINT,
+                                    last_step BIGINT);
 CREATE TABLE IF NOT EXISTS ranks (job VARCHAR, rank INTEGER, world_size INTEGER, host VARCHAR,
                                   pid BIGINT, engine VARCHAR, agent_id VARCHAR,
                                   registered_ns BIGINT, registrations INTEGER,
@@ -79,6 +81,7 @@ class BatchKey:
     agent_id: str
     seq: int
     dropped: int = 0
+    last_step: int = -1
 
 
 def safe_relpath(name: str) -> Path:
@@ -142,7 +145,7 @@ class MonitorStore:
                 high[key.agent_id] = key.seq
                 fresh.append(True)
                 rows.append((key.job, key.rank, key.agent_id, key.seq, table.num_rows,
-                             key.dropped, now))
+                             key.dropped, now, key.last_step))
                 if table.num_rows:
                     parts.append(table)
             if not rows:
@@ -155,7 +158,7 @@ class MonitorStore:
                 con.execute("INSERT INTO metrics SELECT time_ns, job, rank, step, name, value "
                             "FROM _incoming")
                 con.unregister("_incoming")
-                con.executemany("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                con.executemany("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
                 con.execute("COMMIT")
             except Exception:
                 con.execute("ROLLBACK")
@@ -287,17 +290,19 @@ class MonitorStore:
         return self._query("SELECT * FROM trace_requests ORDER BY time_ns")
 
     def job_summary(self) -> list[dict[str, Any]]:
-        """Per (job, rank): registration, last step, points and batches stored."""
+        """Per (job, rank): registration, last step, points and batches stored.
+
+        Read from the small ``batches`` table (one row per batch), never a scan of ``metrics``.
+        """
         rows = self.rows("""
-            WITH m AS (SELECT job, rank, max(step) AS last_step, count(*) AS points,
-                              max(time_ns) AS last_time_ns FROM metrics GROUP BY job, rank),
-                 b AS (SELECT job, rank, count(*) AS batches, sum(dropped) AS dropped
+            WITH b AS (SELECT job, rank, max(last_step) AS last_step, sum(points) AS points,
+                              max(time_ns) AS last_time_ns, count(*) AS batches,
+                              sum(dropped) AS dropped
                        FROM batches GROUP BY job, rank)
-            SELECT coalesce(r.job, m.job), coalesce(r.rank, m.rank), r.world_size, r.host, r.pid,
-                   r.engine, r.agent_id, r.registrations, m.last_step, coalesce(m.points, 0),
-                   m.last_time_ns, coalesce(b.batches, 0), coalesce(b.dropped, 0), r.finished_ns
-            FROM ranks r FULL OUTER JOIN m ON r.job = m.job AND r.rank = m.rank
-                 LEFT JOIN b ON b.job = coalesce(r.job, m.job) AND b.rank = coalesce(r.rank, m.rank)
+            SELECT coalesce(r.job, b.job), coalesce(r.rank, b.rank), r.world_size, r.host, r.pid,
+                   r.engine, r.agent_id, r.registrations, b.last_step, coalesce(b.points, 0),
+                   b.last_time_ns, coalesce(b.batches, 0), coalesce(b.dropped, 0), r.finished_ns
+            FROM ranks r FULL OUTER JOIN b ON r.job = b.job AND r.rank = b.rank
             ORDER BY 1, 2""")
         keys = ("job", "rank", "world_size", "host", "pid", "engine", "agent_id", "registrations",
                 "last_step", "points", "last_time_ns", "batches", "dropped", "finished_ns")

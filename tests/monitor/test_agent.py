@@ -101,3 +101,24 @@ def test_odd_metric_values_and_names_are_skipped_not_fatal(tmp_path, service):
     assert sorted((r["step"], r["name"], r["value"]) for r in rows) == [
         (0, "loss", 1.5), (0, "n", 3.0), (1, "loss", 2.5)]
     assert agent.stats["rejected_batches"] == 0
+
+
+def test_an_agent_with_the_token_streams_and_one_without_is_refused(tmp_path, capfd):
+    from monitor.service import MonitorService
+
+    svc = MonitorService(tmp_path / "m.duckdb", port=0, token="tok")
+    svc.start()
+    try:
+        good = MonitorAgent(svc.address, "auth", 0, 2, token="tok", spool_path=tmp_path / "g",
+                            sample_host=False).start()
+        bad = MonitorAgent(svc.address, "auth", 1, 2, token="", spool_path=tmp_path / "b",
+                           sample_host=False, exit_wait_s=0.5).start()
+        for agent in (good, bad):
+            agent.record(0, {"loss": 1.0})
+            agent.close()
+        ranks = {r["rank"] for r in MonitorClient(svc.address, token="tok").metrics("auth").to_pylist()}
+        assert ranks == {0}
+        assert bad.spool.exists()                      # kept for a run with the right token
+        assert "refused the token" in capfd.readouterr().err
+    finally:
+        svc.stop(grace=0)

@@ -4,7 +4,9 @@ Works on the tables :func:`compare.normalize.normalise_side` builds (``a_g``/``b
 ``a_t``/``b_t``) and fills ``pairs(grp_a, grp_b, method, reason)``:
 
 1. ``exact``: the same framework-free name (module path + call; API name + call within the
-   parent module), unique on both sides (one SQL join);
+   parent module, or within the whole dump when one side has no construct.json parents),
+   unique on both sides (one SQL join); an API pair whose output shapes differ is left to
+   the structural step (its call numbers are off: one side made an extra call);
 2. ``mapping``: pairs given by an msprobe mapping file (:mod:`compare.mapping`), applied first;
 3. ``structure``: with no mapping file, the unmatched groups between two consecutive matched
    anchors are aligned in execution order by dynamic programming over a score built from
@@ -171,14 +173,29 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
     if mapped is not None and mapped.num_rows:
         con.register("mapped_pairs", mapped)
         con.execute("""insert into pairs select grp_a, grp_b, 'mapping', reason from mapped_pairs""")
-    con.execute("""
+    scoped = con.sql("""
+        select (select count(*) filter (where parent is not null) > 0 or count(*) = 0 from a_g where kind <> 'module'),
+               (select count(*) filter (where parent is not null) > 0 or count(*) = 0 from b_g where kind <> 'module')
+    """).fetchall()[0]
+    key = "exact_key" if all(scoped) else "global_key"
+    con.execute(f"""
     insert into pairs
-    with ua as (select exact_key, any_value(grp) as grp, count(*) as n from a_g g
-                anti join pairs p on p.grp_a = g.grp group by exact_key),
-         ub as (select exact_key, any_value(grp) as grp, count(*) as n from b_g g
-                anti join pairs p on p.grp_b = g.grp group by exact_key)
+    with ua as (select {key} as k, any_value(grp) as grp, count(*) as n from a_g g
+                anti join pairs p on p.grp_a = g.grp group by all),
+         ub as (select {key} as k, any_value(grp) as grp, count(*) as n from b_g g
+                anti join pairs p on p.grp_b = g.grp group by all),
+         sig as (select 'a' as side, grp, string_agg(cast(shape as varchar), ';' order by idx) as out_sig
+                 from a_t where direction = 'forward' and slot = 'output' group by grp
+                 union all
+                 select 'b', grp, string_agg(cast(shape as varchar), ';' order by idx)
+                 from b_t where direction = 'forward' and slot = 'output' group by grp)
     select ua.grp, ub.grp, 'exact', 'same normalised name'
-    from ua join ub using (exact_key) where ua.n = 1 and ub.n = 1
+    from ua join ub using (k)
+    left join sig sa on sa.side = 'a' and sa.grp = ua.grp
+    left join sig sb on sb.side = 'b' and sb.grp = ub.grp
+    where ua.n = 1 and ub.n = 1
+      and (sa.out_sig is null or sb.out_sig is null or sa.out_sig = sb.out_sig
+           or not starts_with(k, 'api') and not starts_with(k, 'comm'))
     """)
     unmatched = con.sql("""
         select (select count(*) from a_g g anti join pairs p on p.grp_a = g.grp),

@@ -6,7 +6,10 @@ Per side ``X`` (``a`` or ``b``) two tables are built in a DuckDB connection:
   backward and parameter-gradient entries): ``grp``, ``kind`` (module|api|comm), ``path``
   (module path, ``layers.0.attn``), ``cls`` / ``cls_norm`` (``Dense`` → ``linear``),
   ``canon`` (API name without framework: ``Primitive.matmul.MatMul`` / ``Torch.matmul`` →
-  ``matmul``), ``call``, ``exact_key`` (the framework-free name used for exact matching),
+  ``matmul``, ``Tensor.__add__`` → ``add``; in-place ``add_`` stays apart), ``call``,
+  ``exact_key`` (the framework-free name used for exact matching: module path and call; API
+  name and call number within the parent module), ``global_key`` (API call numbers counted
+  over the whole dump, for a side without construct.json parents),
   ``fwd``/``bwd``/``pgrad`` (the entry names), ``ord_f``/``ord_b`` (execution order), ``parent``
   (the parent group), ``depth``, ``leaf`` (last path component);
 - ``X_t``, one row per tensor: the group, ``direction``, ``slot``, ``idx`` (parameter names
@@ -93,8 +96,8 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
              case when contains(body, '.') then regexp_extract(body, '^(.*)\\.[^.]*$', 1) else '' end
              else body end as path,
         case when kind = 'module' then regexp_extract(body, '([^.]*)$', 1) else prefix || '.' || body end as cls,
-        lower(trim(case when prefix = 'Primitive' then split_part(body, '.', 1)
-                        else regexp_extract(body, '([^.]*)$', 1) end, '_')) as canon0
+        lower(regexp_replace(case when prefix = 'Primitive' then split_part(body, '.', 1)
+                                  else regexp_extract(body, '([^.]*)$', 1) end, '^__(.*)__$', '\\1')) as canon0
       from {side}_e
     )
     select grp, any_value(kind) as kind, any_value(prefix) as prefix, any_value(path) as path,
@@ -114,6 +117,9 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
       case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
            else g.kind || ':' || coalesce(pg.path || ':' || coalesce(pg.call, 0), '') || ':' || g.canon || ':' ||
                 (row_number() over (partition by g.kind, pg.grp, g.canon order by g.seq0) - 1) end as exact_key,
+      case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
+           else g.kind || '::' || g.canon || ':' ||
+                (row_number() over (partition by g.kind, g.canon order by g.seq0) - 1) end as global_key,
       row_number() over (order by g.seq_f nulls last, g.seq0) - 1 as ord_f,
       case when g.seq_b is null then null else row_number() over (order by g.seq_b nulls last) - 1 end as ord_b,
       pg.grp as parent, n.parent as parent_node,

@@ -195,3 +195,14 @@ def test_tensor_mode_adds_element_metrics_and_grades_on_them(tmp_path):
     assert out["max_abs_err"] == pytest.approx(0.05, rel=1e-3) and out["one_thousandth"] == pytest.approx(31 / 32)
     assert out["verdict"] == "error" and "elements differ" in out["reason"]
     assert r.summary["first_divergence"]["a"] == "Module.fc.Linear.forward.0"
+
+
+def test_api_level_dump_matches_a_mix_dump_of_the_same_run(msprobe_data):
+    r = compare(str(msprobe_data / "torch_llama_mix"), str(msprobe_data / "torch_llama_md5_L1"))
+    s = r.summary
+    assert s["unmatched_a"] == 0 and s["unmatched_b"] == 0
+    assert set(s["verdicts"]) == {"pass"}
+    methods = {(n["kind"], n["match_method"]) for n in r.nodes.to_pylist()}
+    assert ("api", "exact") in methods and ("module", "container") in methods
+    pairs = {(x["node_a"], x["node_b"]) for x in r.rows.to_pylist()}
+    assert ("Tensor.mul_.0.forward", "Tensor.__mul__.0.forward") not in pairs  # in-place stays apart

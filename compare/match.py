@@ -54,8 +54,8 @@ def score_pair(a: dict, b: dict) -> float:
     same_in = a["in"] == b["in"] and bool(a["in"])
     same_par = a["par"] == b["par"]
     same_cls = a["cls"] == b["cls"]
-    if a["kind"] != "module" and not same_cls and not same_in:
-        return 0.0
+    if a["kind"] != "module" and not same_cls:
+        return 0.0  # API calls pair only with the same operation; the rest is compared at the module
     if not (same_in or (same_par and a["par"]) or same_cls):
         return 0.0
     if a["par"] and b["par"] and not same_par:
@@ -201,7 +201,8 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
         select (select count(*) from a_g g anti join pairs p on p.grp_a = g.grp),
                (select count(*) from b_g g anti join pairs p on p.grp_b = g.grp)""").fetchall()[0]
     if structural and all(unmatched):
-        _structural(con)
+        _structural(con, ("module",))
+        _structural(con, ("api", "comm"))
     if any(unmatched):
         _ancestors(con)
     else:
@@ -220,14 +221,19 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
         """)
 
 
-def _structural(con: Any) -> None:
-    fa, fb = _features(con, "a"), _features(con, "b")
+def _structural(con: Any, kinds: tuple[str, ...]) -> None:
+    """Align the unmatched groups of ``kinds`` between anchors of the same kinds (modules
+    first, on module anchors only, so API calls never pull the module trees out of line)."""
+    fa = [f for f in _features(con, "a") if f["kind"] in kinds]
+    fb = [f for f in _features(con, "b") if f["kind"] in kinds]
     if not fa or not fb:
         return
-    anchors = con.sql("""
+    anchors = con.sql(f"""
         select ga.ord_f, gb.ord_f from pairs p join a_g ga on ga.grp = p.grp_a
         join b_g gb on gb.grp = p.grp_b where ga.ord_f is not null and gb.ord_f is not null
+          and ({"ga.kind = 'module'" if kinds == ("module",) else "true"})
         order by ga.ord_f""").fetchall()
+
     chain = _increasing(anchors)
     bounds = [(-1, -1)] + chain + [(1 << 62, 1 << 62)]
     ia = ib = 0

@@ -28,7 +28,8 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["normalise_side", "DTYPE_SQL", "CLASS_SYNONYMS", "API_SYNONYMS", "PARAM_SYNONYMS"]
+__all__ = ["normalise_side", "DTYPE_SQL", "CLASS_SYNONYMS", "API_SYNONYMS", "PARAM_SYNONYMS",
+           "UNINITIALISED"]
 
 #: Framework-specific class names → one name (lower case, no framework decoration).
 CLASS_SYNONYMS: dict[str, str] = {
@@ -43,6 +44,8 @@ API_SYNONYMS: dict[str, str] = {
     "expanddims": "unsqueeze", "concat": "cat", "transpose": "permute", "swapaxes": "transpose",
     "fastgelu": "gelu", "sigmoidcrossentropywithlogits": "binary_cross_entropy_with_logits",
 }
+#: APIs whose outputs are uninitialised memory: not compared (any values are right).
+UNINITIALISED = ("empty", "empty_like", "new_empty", "empty_strided")
 #: Parameter names that differ across frameworks.
 PARAM_SYNONYMS: dict[str, str] = {
     "gamma": "weight", "beta": "bias", "moving_mean": "running_mean",
@@ -130,6 +133,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     left join {side}_g0 pg on pg.fwd = n.parent
     """)
     param = _case_map('"index"', PARAM_SYNONYMS)
+    uninit = ", ".join(f"'{u}'" for u in UNINITIALISED)
     dtype = DTYPE_SQL.format(col="t.dtype")
     con.execute(f"""
     create or replace temp table {side}_t as
@@ -145,7 +149,9 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
       (isnan(coalesce(t."max", 0)) or isinf(coalesce(t."max", 0)) or isnan(coalesce(t."min", 0))
         or isinf(coalesce(t."min", 0)) or isnan(coalesce(t.mean, 0)) or isinf(coalesce(t.mean, 0))
         or isnan(coalesce(t.l2norm, 0)) or isinf(coalesce(t.l2norm, 0))
-        or coalesce(t.nan_count, 0) > 0 or coalesce(t.inf_count, 0) > 0) as nonfinite
+        or coalesce(t.nan_count, 0) > 0 or coalesce(t.inf_count, 0) > 0) as nonfinite,
+      (g.kind <> 'module' and g.canon in ({uninit}) and t.slot = 'output'
+       and t.direction = 'forward') as uninit
     from {side}_raw_t t
     join {side}_e e on e.node = t.node
     join {side}_g g on g.grp = e.prefix || '.' || e.body || '#' || coalesce(e.call, 0)

@@ -41,7 +41,7 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None)
     match_groups(con, mapped, structural=mapped is None)
     _tick(bar, "matched")
     _rows(con)
-    rows = con.sql("select rowid as row_id, * exclude (grp_a, grp_b, ctx, tol_pass, tol_warn) "
+    rows = con.sql("select rowid as row_id, * exclude (grp_a, grp_b, ctx, tol_pass, tol_warn, uninit) "
                    "from rows order by ord, rowid").to_arrow_table()
     rows = _as_table(rows)
     if da.task == "tensor" or db.task == "tensor":
@@ -92,19 +92,20 @@ def _rows(con: Any) -> None:
       ta.mx as max_a, ta.mn as min_a, ta.mean as mean_a, ta.norm as norm_a,
       tb.mx as max_b, tb.mn as min_b, tb.mean as mean_b, tb.norm as norm_b,
       ta.nonfinite as nonfinite_a, tb.nonfinite as nonfinite_b, ta.hash as hash_a, tb.hash as hash_b,
-      ta.tensor_file as file_a, tb.tensor_file as file_b, coalesce(ta.seq, tb.seq) as seq_any
+      ta.tensor_file as file_a, tb.tensor_file as file_b, coalesce(ta.seq, tb.seq) as seq_any,
+      coalesce(ta.uninit, false) or coalesce(tb.uninit, false) as uninit
     from ta full outer join tb
       on ta.grp = tb.other and ta.other = tb.grp and ta.direction = tb.direction
          and ta.slot = tb.slot and ta.idx = tb.idx
     union all
     select t.grp, null, t.name, null, t.node, null, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in B', t.dtype, null, t.shape, null, t.numel, null, t.mx, t.mn, t.mean, t.norm,
-      null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq
+      null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq, false
     from a_t t join a_st st on st.grp = t.grp and st.state = 'unmatched'
     union all
     select null, t.grp, null, t.name, null, t.node, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in A', null, t.dtype, null, t.shape, null, t.numel, null, null, null, null,
-      t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq
+      t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq, false
     from b_t t join b_st st on st.grp = t.grp and st.state = 'unmatched'
     """)
     con.execute(f"""
@@ -131,6 +132,7 @@ def _rows(con: Any) -> None:
     ), e as (
       select r.*,
         case when name_a is null or name_b is null then null
+             when uninit then 0.0
              when nonfinite_a or nonfinite_b then
                case when nonfinite_a and nonfinite_b and max_a is not distinct from max_b
                          and min_a is not distinct from min_b then 0.0 else 'inf'::double end
@@ -145,10 +147,11 @@ def _rows(con: Any) -> None:
       max_diff, min_diff, mean_diff, norm_diff, max_rel, min_rel, mean_rel, norm_rel, err,
       null::double as cosine, null::double as max_abs_err, null::double as max_rel_err,
       null::double as rmse, null::double as one_thousandth, null::double as one_ten_thousandth,
-      nonfinite_a, nonfinite_b,
+      nonfinite_a, nonfinite_b, uninit,
       case when hash_a is not null and hash_b is not null then hash_a = hash_b end as hash_match,
       file_a, file_b, ctx, tol_pass, tol_warn, seq_any as ord,
       case when name_a is null or name_b is null then 'unmatched'
+           when uninit then 'pass'
            when nonfinite_a is distinct from nonfinite_b then 'error'
            when numel_a is not null and numel_b is not null and numel_a <> numel_b then 'error'
            when hash_a is not null and hash_a = hash_b then 'pass'
@@ -156,6 +159,7 @@ def _rows(con: Any) -> None:
            when err <= tol_warn then 'warning'
            else 'error' end as verdict,
       case when name_a is null or name_b is null then match_reason
+           when uninit then 'uninitialised memory (an empty tensor): not compared'
            when nonfinite_a and not nonfinite_b then 'NaN/Inf only in A'
            when nonfinite_b and not nonfinite_a then 'NaN/Inf only in B'
            when numel_a is not null and numel_b is not null and numel_a <> numel_b then

@@ -164,15 +164,19 @@ def _outliers_at(rows_at_step: Sequence[Mapping[str, Any]], k: float,
                                        "z": z, "excess_ms": excess}
     if found:
         return found
+    # No rank stands out in its own work. A rank whose whole step still stands out spent the
+    # extra time communicating. (A rank that merely *waits* longer in a collective does not:
+    # in a synchronous step everyone's step time is the same.)
     for row in rows_at_step:
-        c = compare(lambda r: _num(r, "comm_time_ms"), row)
+        c = compare(lambda r: _num(r, "step_time_ms"), row)
         if c is None:
             continue
         mine, med, z = c
-        if z > k and mine > min_ratio * med:
-            found[int(row["rank"])] = {"cause": "communication", "value_ms": mine,
-                                       "peer_median_ms": med, "z": z, "excess_ms":
-                                       {"communication": mine - med}}
+        comm = compare(lambda r: _num(r, "comm_time_ms"), row)
+        if z > k and mine > min_ratio * med and comm is not None and comm[0] - comm[1] > 0.5 * (mine - med):
+            found[int(row["rank"])] = {"cause": "communication", "value_ms": comm[0],
+                                       "peer_median_ms": comm[1], "z": z, "excess_ms":
+                                       {"communication": comm[0] - comm[1], "step": mine - med}}
     return found
 
 
@@ -184,8 +188,9 @@ def stragglers(table: Any, steps: Iterable[int] | None = None, *, job: str | Non
     At each step a rank is an outlier when its own work (compute + data loading) exceeds the
     median of the *other* ranks by ``k`` robust deviations (MAD, floored at 5% of the peers'
     value and at 5% of the step time) and by ``min_ratio``; if no rank
-    stands out in its own work, a rank whose communication time stands out is one (cause
-    ``communication``). An alert is raised at a step in ``steps`` for a rank that was an
+    stands out in its own work, a rank whose whole step stands out, by more than half in
+    communication time, is one (cause ``communication``; a rank that only waits longer in a
+    synchronous collective is a victim, not a straggler). An alert is raised at a step in ``steps`` for a rank that was an
     outlier at that step and in at least ``persist`` of the last ``window`` steps.
     """
     rows = _rows(table)
@@ -205,7 +210,9 @@ def stragglers(table: Any, steps: Iterable[int] | None = None, *, job: str | Non
             if len(hits) < persist:
                 continue
             causes = [outliers[s][rank]["cause"] for s in hits]
-            cause = max(set(causes), key=causes.count)
+            cause = info["cause"]
+            if causes.count(cause) < max(causes.count(c) for c in causes):
+                cause = max(set(causes), key=causes.count)
             ratio = info["value_ms"] / info["peer_median_ms"] if info["peer_median_ms"] else math.inf
             what = "communication time" if cause == "communication" else "own work (compute + data)"
             alerts.append({

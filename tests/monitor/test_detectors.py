@@ -49,11 +49,21 @@ def test_straggler_in_data_loading_is_named_data_loading():
 def test_straggler_in_communication_when_own_work_is_equal():
     rows = sync_job()
     for row in rows:
-        if row["rank"] == 3:
+        if row["rank"] == 3:                 # its transfers take longer, so its steps do too
             row["comm_time_ms"] += 200.0
+            row["step_time_ms"] += 200.0
     alerts = stragglers(rows)
     assert {a["rank"] for a in alerts} == {3}
     assert alerts[0]["evidence"]["cause"] == "communication"
+
+
+def test_ranks_that_only_wait_longer_in_a_collective_are_not_stragglers():
+    rows = sync_job()
+    for row in rows:                         # ranks 0 and 1 wait; every step time stays equal
+        if row["rank"] in (0, 1):
+            row["comm_time_ms"] += 60.0
+            row["compute_time_ms"] -= 60.0
+    assert [a for a in stragglers(rows) if a["evidence"]["cause"] == "communication"] == []
 
 
 def test_no_straggler_in_a_balanced_job_with_noise():

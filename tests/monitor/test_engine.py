@@ -84,9 +84,9 @@ def monitored_run(tmp_path_factory):
 def test_the_slowed_rank_is_flagged_as_the_only_straggler_within_a_few_steps(monitored_run):
     alerts = [a for a in monitored_run["status"]["alerts"] if a["kind"] == "straggler"]
     assert alerts, "no straggler alert"
-    assert {a["rank"] for a in alerts} == {SLOW_RANK}
+    assert {a["rank"] for a in alerts} == {SLOW_RANK}, [a["message"] for a in alerts]
     first = alerts[0]
-    assert first["step"] <= 5
+    assert first["step"] <= 5, first["message"]
     assert first["evidence"]["cause"] == "compute"
     assert first["evidence"]["ratio"] > 1.5
 

@@ -42,6 +42,10 @@ if (!check()) {
 """
 
 
+#: Clicks what ``selector`` matches now (the trees are redrawn, so no element is kept across calls).
+CLICK_JS = "window.__t = performance.now(); document.querySelector(arguments[0]).click();"
+
+
 def build_diff(blocks: int, width: int, out: str, pairs: str = "compare"):
     from visualizer.diff import DiffGraph
     from visualizer.graph import Graph
@@ -104,22 +108,28 @@ def main(argv: list[str] | None = None) -> int:
                 results["first paint"].append(ms)
                 base = len(driver.find_elements(By.CSS_SELECTOR, "#g-tree-a .row"))
 
-                tog = driver.find_element(By.CSS_SELECTOR, f"#g-tree-a .row[data-node='{block}'] .tog")
-                driver.execute_script("window.__t = performance.now(); arguments[0].click();", tog)
+                driver.execute_script(CLICK_JS, f"#g-tree-a .row[data-node='{block}'] .tog")
                 results["expand 100 children"].append(driver.execute_async_script(
                     WAIT_JS, "#g-tree-b .row", base + n_kids, "__t"))
 
                 box = driver.find_element(By.ID, "g-search")
                 box.send_keys(target)
                 driver.execute_script("window.__t = performance.now(); arguments[0].blur();", box)
-                results["search hit"].append(driver.execute_async_script(
-                    WAIT_JS, f"#g-tree-a .row.sel[data-node='{target}']", 1, "__t"))
+                try:
+                    results["search hit"].append(driver.execute_async_script(
+                        WAIT_JS, f"#g-tree-a .row.sel[data-node='{target}']", 1, "__t"))
+                except Exception:
+                    sel = driver.find_elements(By.CSS_SELECTOR, "#g-tree-a .row.sel")
+                    print("search did not land:", driver.find_element(By.ID, "g-hit").text,
+                          box.get_attribute("value"), [e.get_attribute("data-node") for e in sel])
+                    raise
 
-                tog = driver.find_element(By.CSS_SELECTOR, f"#g-tree-a .row[data-node='{block}'] .tog")
-                driver.execute_script("window.__t = performance.now(); arguments[0].click();", tog)
+                time.sleep(0.5)                                   # let the detail panel land
+                shown = len(driver.find_elements(By.CSS_SELECTOR, "#g-tree-b .row"))
+                driver.execute_script(CLICK_JS, f"#g-tree-a .row[data-node='{block}'] .tog")
                 results["anchor: collapse round trip"].append(driver.execute_async_script(
                     WAIT_JS.replace(".length >= count", ".length <= count"), "#g-tree-b .row",
-                    len(driver.find_elements(By.CSS_SELECTOR, "#g-tree-b .row")) - n_kids, "__t"))
+                    shown - n_kids, "__t"))
         finally:
             quit_driver(driver)
             srv.stop()

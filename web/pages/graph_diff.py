@@ -41,6 +41,7 @@ def layout(diff: DiffGraph | None) -> html.Div:
         return html.Div([html.H2("Graph diff"), html.P(
             "No dump given. Start with: probe web --dump A [B] [--compare DIR]", className="empty")])
     paired = diff.paired
+    sides = ("a", "b") if paired else ("a",)
     titles = [html.Div(f"A: {diff.graph('a').title}", className="pane-title")]
     panes = [html.Div([titles[0], html.Div(id="g-tree-a", className="tree")], className="pane")]
     if paired:
@@ -72,8 +73,11 @@ def layout(diff: DiffGraph | None) -> html.Div:
                   html.Div(html.P("Select a node to see its statistics.", className="empty"),
                            id="g-detail", className="detail")], className="graph-body"),
         dcc.Store(id="g-state", data={"exp": {"a": [], "b": []}, "sel": None, "hit": -1}),
-        dcc.Store(id="g-click"), dcc.Store(id="g-rows-a"), dcc.Store(id="g-rows-b"),
-        dcc.Store(id="g-flt-items"),
+        dcc.Store(id="g-click"),
+        # the first screen's rows come with the page: no round trip before the first paint
+        *[dcc.Store(id=f"g-rows-{s}", data=render_rows(diff, s, set(), None) if s in sides else None)
+          for s in ("a", "b")],
+        dcc.Store(id="g-flt-items"), dcc.Store(id="g-detail-for"),
         html.Div(id="g-drawn-a", hidden=True), html.Div(id="g-drawn-b", hidden=True),
         html.Div(id="g-drawn-flt", hidden=True),
     ], id="page-graph")
@@ -208,7 +212,7 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
     tree_outputs = [Output(f"g-rows-{s}", "data") for s in sides]
 
     @app.callback(
-        Output("g-state", "data"), Output("g-detail", "children"), Output("g-hit", "children"),
+        Output("g-state", "data"), *tree_outputs, Output("g-hit", "children"),
         Input("g-click", "data"),
         Input("g-prev", "n_clicks"), Input("g-next", "n_clicks"), Input("g-search", "value"),
         Input("g-jump", "n_clicks"), Input("g-jump-nan", "n_clicks"),
@@ -225,7 +229,7 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
         if trig == "g-click":
             side, name = click.get("side"), click.get("node")
             if side not in sides or name not in diff.graph(side):
-                return no_update, no_update, no_update
+                return (no_update,) * (len(sides) + 2)
             if click.get("act") == "toggle":
                 twin = diff.counterpart(side, name) if diff.paired else None
                 other = "b" if side == "a" else "a"
@@ -266,16 +270,17 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
             for s, names in diff.reveal(*target).items():
                 exp[s] = list(dict.fromkeys(exp[s] + names))
         state.update(exp=exp, sel=list(sel) if sel else None)
-        detail = render_detail(diff, *sel) if sel and target is not None else no_update
-        return state, detail, hit_text
+        trees = [render_rows(diff, s, set(exp[s]), sel) for s in sides]
+        return (state, *trees, hit_text)
 
-    @app.callback(*tree_outputs, Input("g-state", "data"))
-    def on_state(state):
-        state = state or {}
-        exp = state.get("exp") or {}
-        sel = tuple(state["sel"]) if state.get("sel") else None
-        trees = [render_rows(diff, s, set(exp.get(s, [])), sel) for s in sides]
-        return trees if len(trees) > 1 else trees[0]
+    @app.callback(Output("g-detail", "children"), Output("g-detail-for", "data"),
+                  Input("g-state", "data"), State("g-detail-for", "data"))
+    def on_detail(state, shown):
+        """The detail panel, redrawn only when the selection changes (in parallel with the trees)."""
+        sel = (state or {}).get("sel")
+        if not sel or sel == shown:
+            return no_update, no_update
+        return render_detail(diff, *sel), sel
 
     @app.callback(Output("g-flt-items", "data"), Output("g-filter-count", "children"),
                   Input("g-filter", "value"))

@@ -69,3 +69,11 @@ def test_a_compare_result_alone_opens_the_dumps_it_names(tmp_path, msprobe_data)
     diff = create_app(compare_dir=tmp_path / "cmp").probe_diff
     assert diff.paired and diff.counterpart("a", "Module.embed.Linear.forward.0") == "Cell.embed.Dense.forward.0"
     assert diff.counts()["error"] == 0 and diff.first_divergence() is None
+
+
+def test_live_page_with_an_unreachable_monitor_reports_it_instead_of_failing():
+    from monitor.service import free_port
+
+    source = LiveSource(monitor_addr=f"127.0.0.1:{free_port()}")
+    with pytest.raises(ProbeError):
+        source.metrics()

@@ -217,13 +217,13 @@ def register(app: Dash, source: LiveSource) -> None:
         try:
             data = series(source.metrics())
             alerts = source.alerts()
+            job = source.current_job()
         except ProbeError as e:
             return (*[no_update] * (len(CHARTS) + 2), f"cannot read live data: {e}")
         figs = [line_chart(data, title, names, y) for _, title, names, y in CHARTS]
         ranks = sorted({r for per in data.values() for r in per})
         last = max((s for per in data.get("step_time_ms", {}).values() for s in per), default=None)
         where = source.monitor_addr or ", ".join(source.store_dirs)
-        job = source.current_job()
         status = (f"{where}{f' · job {job}' if job else ''} · ranks: {len(ranks)} · last step: {last if last is not None else '—'}"
                   f" · alerts: {len(alerts)} · updated {time.strftime('%H:%M:%S')}")
         return (*figs, heat_map(data), alert_items(alerts), status)

@@ -65,7 +65,7 @@ def test_reference_and_fused_training_runs_agree_over_steps(tmp_path):
 
 
 def test_loss_falls_when_training_longer(tmp_path):
-    result = run_training(RunSpec(preset="tiny", max_steps=40, out_dir=str(tmp_path), quiet=True))
+    result = run_training(RunSpec(preset="tiny", max_steps=20, lr=1e-2, out_dir=str(tmp_path), quiet=True))
     assert result.steps[-1]["loss"] < result.steps[0]["loss"] - 0.5
 
 
@@ -83,11 +83,11 @@ def test_scale_fault_changes_the_loss_of_the_first_step(tmp_path):
 
 
 def test_slow_fault_slows_only_its_rank(tmp_path):
-    run_training(RunSpec(nproc=2, max_steps=4, faults=("slow:1:6",), out_dir=str(tmp_path), quiet=True))
+    run_training(RunSpec(nproc=2, max_steps=3, faults=("slow:1:4",), out_dir=str(tmp_path), quiet=True))
     from collectors.store import open_store
     rows = dict(open_store(tmp_path).sql(
         "select rank, median(value) from metrics where name='compute_time_ms' and step > 0 group by rank").fetchall())
-    assert rows[1] > 2.5 * rows[0]
+    assert rows[1] > 2.0 * rows[0]
 
 
 @pytest.mark.parametrize("spec, words", [

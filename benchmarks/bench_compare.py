@@ -113,6 +113,18 @@ def main() -> int:
 
     from compare.api import compare
 
+    # Imports are outside the timings on both sides (msprobe's are, in its subprocess).
+    import duckdb  # noqa: F401
+    import numpy  # noqa: F401
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.csv  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+    import importlib
+
+    for mod in ("compare.pipeline", "compare.match", "compare.normalize", "compare.localize",
+                "compare.report", "compare.metrics", "collectors.msprobe_reader"):
+        importlib.import_module(mod)
+
     have_msprobe = Path(args.msprobe_python).exists() and subprocess.run(
         [args.msprobe_python, "-c", "import msprobe"], capture_output=True).returncode == 0
     if not have_msprobe:

@@ -25,6 +25,7 @@ from visualizer.graph import Graph, TensorStat, load_graph
 from visualizer.search import find
 
 SIDES = ("a", "b")
+#: What the filter list can show.
 FILTERS = ("error", "warning", "unmatched", "nan")
 #: Match methods that pair a node with a stand-in (its nearest matched ancestor, a container)
 #: rather than its own counterpart: the node is drawn unmatched, the stand-in still syncs.

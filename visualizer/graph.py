@@ -286,9 +286,6 @@ class Graph:
             parent = self.nodes[parent].parent
         return out[::-1]
 
-    def depth(self, name: str) -> int:
-        return len(self.ancestors(name))
-
     def walk(self) -> list[str]:
         """Every node, depth first, in execution order (the order of the filter list)."""
         if self._walk is None:

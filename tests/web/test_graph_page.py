@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from selenium.webdriver.common.by import By
-from selenium.webdriver.common.keys import Keys
+
+pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[dev])")
+
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 from tests.web.conftest import wait_for
 from visualizer.diff import DiffGraph, NodePair

@@ -15,7 +15,7 @@ from typing import Any
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from visualizer import bands as B
-from visualizer.diff import DiffGraph, Detail
+from visualizer.diff import FILTERS, Detail, DiffGraph
 
 SIDE_TITLE = {"a": "A", "b": "B"}
 FILTER_CAP = 500
@@ -61,7 +61,7 @@ def layout(diff: DiffGraph | None) -> html.Div:
     side = html.Div([
         html.H4("Filter"),
         dcc.Checklist(id="g-filter", options=[{"label": f" {k}", "value": k}
-                                               for k in ("error", "warning", "unmatched", "nan")],
+                                               for k in FILTERS],
                       value=["error"] if paired else ["nan"], inline=True),
         html.Div(id="g-filter-count", className="count"),
         html.Div(id="g-filter-list", className="filter-list"),

@@ -170,7 +170,8 @@ def render_detail(diff: DiffGraph, side: str, name: str) -> list:
     head = [html.Div([html.B("A: "), d.node_a or "—"]), ]
     if diff.paired:
         head.append(html.Div([html.B("B: "), d.node_b or "—"]))
-    verdict = [html.Span(d.band, className=f"chip band-{d.band}", id="g-detail-band")]
+    verdict = [html.Span(d.band, className=f"chip band-{d.band}", id="g-detail-band",
+                         hidden=d.band == B.NONE)]
     if d.score is not None:
         verdict.append(html.Span(f"score {d.score:.3f}"))
     if d.match_method:

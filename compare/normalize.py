@@ -134,9 +134,12 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     """)
     param = _case_map('"index"', PARAM_SYNONYMS)
     uninit = ", ".join(f"'{u}'" for u in UNINITIALISED)
-    dtype = DTYPE_SQL.format(col="t.dtype")
+    dtype = DTYPE_SQL.format(col="raw")
     con.execute(f"""
     create or replace temp table {side}_t as
+    with dt as (select raw, {dtype} as norm from (select distinct dtype as raw from {side}_raw_t)),
+         eg as (select e.node, g.grp, g.kind, g.canon from {side}_e e
+                join {side}_g g on g.grp = e.prefix || '.' || e.body || '#' || coalesce(e.call, 0))
     select g.grp, t.node, t.seq, t.direction, t.slot,
       case when t.slot in ('parameter', 'parameter_grad') then {param} else t."index" end as idx,
       case when t.slot = 'input' then t.node || '.input.' || t."index"
@@ -144,7 +147,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
            when t.slot = 'output' then t.node || '.output.' || t."index"
            when t.slot = 'parameter' then t.node || '.parameters.' || t."index"
            else t.node || '.' || t."index" end as name,
-      {dtype} as dtype, t.shape, t.numel, t."max" as mx, t."min" as mn, t.mean as mean,
+      dt.norm as dtype, t.shape, t.numel, t."max" as mx, t."min" as mn, t.mean as mean,
       t.l2norm as norm, t.hash, t.tensor_file,
       (isnan(coalesce(t."max", 0)) or isinf(coalesce(t."max", 0)) or isnan(coalesce(t."min", 0))
         or isinf(coalesce(t."min", 0)) or isnan(coalesce(t.mean, 0)) or isinf(coalesce(t.mean, 0))
@@ -153,7 +156,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
       (g.kind <> 'module' and g.canon in ({uninit}) and t.slot = 'output'
        and t.direction = 'forward') as uninit
     from {side}_raw_t t
-    join {side}_e e on e.node = t.node
-    join {side}_g g on g.grp = e.prefix || '.' || e.body || '#' || coalesce(e.call, 0)
+    join eg g on g.node = t.node
+    left join dt on dt.raw is not distinct from t.dtype
     where t.value is null
     """)

@@ -77,3 +77,24 @@ def test_live_page_with_an_unreachable_monitor_reports_it_instead_of_failing():
     source = LiveSource(monitor_addr=f"127.0.0.1:{free_port()}")
     with pytest.raises(ProbeError):
         source.metrics()
+
+
+def test_probe_web_serves_the_dashboard_on_loopback(msprobe_data):
+    import re
+    import subprocess
+    import sys
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "probe.cli", "web", "--dump", str(msprobe_data / "torch_L0"),
+                             str(msprobe_data / "mindspore_L0"), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"serving on (http://127\.0\.0\.1:\d+)/", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        with urllib.request.urlopen(m.group(1) + "/_dash-dependencies", timeout=30) as r:
+            deps = r.read()
+        assert b"g-rows-a" in deps and b"g-rows-b" in deps      # the graph-diff page of a pair
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

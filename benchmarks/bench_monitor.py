@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def start_service(store: Path) -> tuple[subprocess.Popen, str]:
     m = re.search(r"listening on (\S+) ", line)
     if not m:
         raise SystemExit(f"the service did not start: {line!r}")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()    # never let its log block it
     return proc, m.group(1)
 
 

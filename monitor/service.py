@@ -32,7 +32,7 @@ import uuid
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 import numpy as np
@@ -155,7 +155,8 @@ class MonitorService(pb_grpc.MonitorServicer):
                  port: int = 50051, token: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, trace_on_alert: dict[str, int] | None = None,
                  detect_interval_s: float = 0.25, max_workers: int = 512,
-                 lost_after_s: float = LOST_AFTER_S) -> None:
+                 lost_after_s: float = LOST_AFTER_S,
+                 log: Callable[[str], None] | None = None) -> None:
         auth.check_bind(host, token)
         self.host, self.port, self.token = host, port, token
         self._creds = auth.server_credentials(tls_cert, tls_key)
@@ -164,6 +165,7 @@ class MonitorService(pb_grpc.MonitorServicer):
         self.detect_interval_s = detect_interval_s
         self.max_workers = max_workers
         self.lost_after_s = lost_after_s
+        self._log = log or (lambda line: None)
         self._ranks: dict[tuple[str, int], RankState] = {}
         self._ranks_lock = threading.Lock()
         self._undelivered: dict[tuple[str, int], list[pb.Command]] = {}
@@ -267,6 +269,8 @@ class MonitorService(pb_grpc.MonitorServicer):
             st.engine, st.agent_id = request.engine, request.agent_id
             st.last_seen, st.final, st.lost_alerted = time.time(), False, False
         msg = "registered again; the earlier agent of this rank is replaced" if replaced else "registered"
+        self._log(f"job {request.job} rank {request.rank}/{request.world_size} {msg} "
+                  f"({request.host}:{request.pid}, {request.engine or 'engine?'})")
         return pb.RegisterReply(accepted=True, message=msg, max_batch_points=MAX_BATCH_POINTS,
                                 replaced=replaced)
 
@@ -341,6 +345,8 @@ class MonitorService(pb_grpc.MonitorServicer):
         try:
             for chunk in request_iterator:
                 if chunk.error:
+                    self._log(f"trace {chunk.trace_id} job {chunk.job} rank {chunk.rank}: no trace: "
+                              f"{chunk.error[:200]}")
                     self.store.add_trace_file(chunk.trace_id, chunk.job, chunk.rank,
                                               chunk.start_step, chunk.end_step, "", None, 0,
                                               error=chunk.error[:2000])
@@ -373,6 +379,8 @@ class MonitorService(pb_grpc.MonitorServicer):
                     self.store.add_trace_file(chunk.trace_id, chunk.job, chunk.rank,
                                               chunk.start_step, chunk.end_step, chunk.filename,
                                               str(path), size)
+                    self._log(f"trace {chunk.trace_id} job {chunk.job} rank {chunk.rank} steps "
+                              f"{chunk.start_step}-{chunk.end_step}: {chunk.filename} ({size} bytes)")
                     self._broadcast({"type": "trace", "trace_id": chunk.trace_id, "job": chunk.job,
                                      "rank": chunk.rank, "file": chunk.filename, "path": str(path),
                                      "bytes": size, "start_step": chunk.start_step,
@@ -481,6 +489,9 @@ class MonitorService(pb_grpc.MonitorServicer):
                          next_steps=next_steps if start_step < 0 else 0)
         ranks, delivered, missing = self.send_command(job, ranks, cmd)
         self.store.add_trace_request(trace_id, job, ranks, start_step, end_step, next_steps, reason)
+        what = f"steps {start_step}-{end_step}" if start_step >= 0 else f"the next {next_steps} steps"
+        self._log(f"trace {trace_id} requested ({reason}): job {job} ranks "
+                  f"{','.join(map(str, ranks))}, {what}")
         self._broadcast({"type": "trace_request", "trace_id": trace_id, "job": job,
                          "ranks": ranks, "start_step": start_step,
                          "end_step": end_step, "next_steps": next_steps, "reason": reason})
@@ -658,6 +669,7 @@ class MonitorService(pb_grpc.MonitorServicer):
 
     def _raise(self, alert: dict[str, Any]) -> dict[str, Any]:
         alert = self.store.add_alert(alert)
+        self._log(f"alert #{alert['id']} {alert['kind']} job {alert['job']}: {alert['message']}")
         self._broadcast(dict(alert, type="alert"))
         n = self.trace_on_alert.get(alert["kind"])
         key = (alert["job"], alert["rank"], alert["kind"])

@@ -57,7 +57,7 @@ def serve(host: str, port: int, store: str | None, token: str | None, tls_cert: 
 
     svc = MonitorService(store_path=store or serve_path_default(), host=host, port=port,
                          token=token, tls_cert=tls_cert, tls_key=tls_key,
-                         trace_on_alert=parse_trace_on_alert(trace_on_alert))
+                         trace_on_alert=parse_trace_on_alert(trace_on_alert), log=_log_line)
     bound = svc.start()
 
     def stop(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -76,6 +76,14 @@ def serve(host: str, port: int, store: str | None, token: str | None, tls_cert: 
         svc.stop()
     click.echo(f"monitor stopped; {svc.points_ingested} points ingested this session")
     return 0
+
+
+def _log_line(line: str) -> None:
+    """One line of the foreground service's log, with the time."""
+    import time
+
+    click.echo(f"{time.strftime('%H:%M:%S')} {line}")
+    sys.stdout.flush()
 
 
 @command.command("status")

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,14 +32,20 @@ class ServeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "probe.cli", "monitor", "serve", "--port", str(self.port),
              "--store", str(self.store), *self.extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
         line = self.proc.stdout.readline()
         m = re.search(r"listening on (\S+):(\d+)", line)
         if not m:
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
-            raise RuntimeError(f"serve did not start: {line!r} {err!r}")
+            raise RuntimeError(f"serve did not start: {line!r}")
         self.port = int(m.group(2))
+        self.log: list[str] = [line]
+        threading.Thread(target=self._drain, daemon=True).start()
         return self
+
+    def _drain(self) -> None:
+        """Keep reading the service's log so a full pipe never blocks it."""
+        for line in self.proc.stdout:
+            self.log.append(line)
 
     @property
     def addr(self) -> str:

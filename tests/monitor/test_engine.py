@@ -89,6 +89,8 @@ def test_the_slowed_rank_is_flagged_as_the_only_straggler_within_a_few_steps(mon
     assert first["step"] <= 5, first["message"]
     assert first["evidence"]["cause"] == "compute"
     assert first["evidence"]["ratio"] > 1.5
+    log = "".join(monitored_run["server"].log)
+    assert f"alert #{first['id']} straggler job straggle" in log
 
 
 def test_a_deep_trace_of_two_ranks_covers_exactly_the_asked_steps_while_all_ranks_stream(

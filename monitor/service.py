@@ -149,12 +149,16 @@ def _ipc(table: pa.Table, context: grpc.ServicerContext) -> pb.ArrowTable:
 
 
 class MonitorService(pb_grpc.MonitorServicer):
-    """The gRPC monitor: see the module docstring. ``start()`` binds; ``stop()`` shuts down."""
+    """The gRPC monitor: see the module docstring. ``start()`` binds; ``stop()`` shuts down.
+
+    Each connected rank holds one server thread for its command stream; threads are made on
+    demand up to ``max_workers``, so the default serves a couple of thousand ranks.
+    """
 
     def __init__(self, store_path: str | os.PathLike = "monitor.duckdb", host: str = "127.0.0.1",
                  port: int = 50051, token: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, trace_on_alert: dict[str, int] | None = None,
-                 detect_interval_s: float = 0.25, max_workers: int = 512,
+                 detect_interval_s: float = 0.25, max_workers: int = 4096,
                  lost_after_s: float = LOST_AFTER_S,
                  log: Callable[[str], None] | None = None) -> None:
         auth.check_bind(host, token)

@@ -162,3 +162,41 @@ def test_live_page_shows_the_monitor_alert_naming_the_slow_rank(browser, serve_a
         for a in agents:
             a.close()
         svc.stop()
+
+
+@pytest.mark.slow
+def test_live_page_follows_a_real_two_rank_training_and_names_the_slowed_rank(browser, serve_app, shot, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from monitor.service import MonitorService
+
+    svc = MonitorService(store_path=tmp_path / "monitor.duckdb", port=0, detect_interval_s=0.1)
+    addr = f"127.0.0.1:{svc.start()}"
+    train = None
+    try:
+        browser.get(serve_app(create_app(monitor_addr=addr, refresh_ms=500)) + "/live")
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-step-time .js-plotly-plot"), timeout=60,
+                 what="the live page")
+        train = subprocess.Popen(
+            [sys.executable, "-m", "probe.cli", "train", "--preset", "tiny", "--nproc", "2", "--max-steps", "12",
+             "--fault", "slow:1:3", "--out", str(tmp_path / "run")],
+            env=dict(os.environ, PROBE_MONITOR=addr), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        seen = set()
+        while train.poll() is None:          # the charts follow the job while it trains
+            seen.add(points(browser, "l-step-time"))
+            time.sleep(0.3)
+        assert train.returncode == 0, train.stderr.read()
+        wait_for(lambda: points(browser, "l-step-time") == 24, timeout=30, what="12 steps × 2 ranks")
+        assert len({n for n in seen if n > 0}) >= 2
+        alert = wait_for(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#l-alerts .alert")
+                                  if "straggler" in e.text and "rank 1" in e.text], timeout=30,
+                         what="a straggler alert naming rank 1")
+        assert alert
+        shot("live_bundled_engine")
+    finally:
+        if train is not None and train.poll() is None:
+            train.kill()
+            train.wait(timeout=30)
+        svc.stop()

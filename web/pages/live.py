@@ -1,4 +1,4 @@
-"""Live cluster page: per-rank step time, throughput, MFU, memory and communication share as
+"""Live cluster page: per-rank step time, compute time, throughput, MFU, memory and communication share as
 Plotly charts refreshed while the job runs, a rank × step heat map, the alert feed, and a form
 that asks the monitor service for a deep trace of chosen ranks and steps.
 
@@ -21,6 +21,7 @@ from visualizer.diff import records
 #: (chart id, title, metric names tried in order, y-axis title)
 CHARTS = [
     ("l-step-time", "Step time per rank", ("step_time_ms",), "ms"),
+    ("l-compute", "Compute time per rank (a straggler stands out here)", ("compute_time_ms",), "ms"),
     ("l-throughput", "Throughput per rank", ("tokens_per_s",), "tokens/s"),
     ("l-mfu", "MFU per rank", ("mfu", "hfu"), "fraction of peak"),
     ("l-memory", "Memory per rank", ("device_mem_mb", "proc_rss_mb"), "MB"),

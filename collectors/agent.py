@@ -61,19 +61,26 @@ class Spool:
     A torn last record (the process died mid-write) is ignored on reading.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, max_bytes: int = 1 << 30) -> None:
         self.path = Path(path)
+        self.max_bytes = max_bytes
         self._append = None
+        self.size = self.path.stat().st_size if self.path.exists() else 0
 
     def exists(self) -> bool:
         return self.path.exists() and self.path.stat().st_size > 0
 
-    def append(self, payload: bytes) -> None:
+    def append(self, payload: bytes) -> bool:
+        """Append one record; False (nothing written) when the spool is full."""
+        if self.size + len(payload) + _REC.size > self.max_bytes:
+            return False
         if self._append is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._append = open(self.path, "ab")
         self._append.write(_REC.pack(len(payload), zlib.crc32(payload)) + payload)
         self._append.flush()
+        self.size += len(payload) + _REC.size
+        return True
 
     def read(self) -> Iterator[bytes]:
         try:
@@ -96,6 +103,7 @@ class Spool:
             self._append.close()
             self._append = None
         self.path.unlink(missing_ok=True)
+        self.size = 0
 
 
 def default_spool_path(job: str, rank: int) -> Path:
@@ -117,7 +125,7 @@ class MonitorAgent:
                  flush_interval_s: float = 0.2, max_batch_points: int = 16_384,
                  sample_host: bool = True, on_command: Callable[[Any], None] | None = None,
                  push_timeout_s: float = 10.0, exit_wait_s: float = 5.0,
-                 host_interval_s: float = 1.0) -> None:
+                 host_interval_s: float = 1.0, max_spool_bytes: int = 1 << 30) -> None:
         from monitor import auth
 
         self.addr, self.job, self.rank = addr, job, int(rank)
@@ -125,7 +133,7 @@ class MonitorAgent:
         self.agent_id = uuid.uuid4().hex
         self.token = token if token is not None else os.environ.get(auth.TOKEN_ENV)
         self.ca = ca if ca is not None else os.environ.get(auth.CA_ENV)
-        self.spool = Spool(spool_path or default_spool_path(job, rank))
+        self.spool = Spool(spool_path or default_spool_path(job, rank), max_spool_bytes)
         self.flush_interval_s = flush_interval_s
         self.max_batch_points = max_batch_points
         self.sample_host = sample_host
@@ -338,8 +346,7 @@ class MonitorAgent:
             self.stats["batches"] += 1
             self.stats["points"] += len(b.values) // 8
             if self._spooling:
-                self.spool.append(b.SerializeToString())
-                self.stats["spooled_batches"] += 1
+                self._spool_batch(b)
             else:
                 self._unacked.append(b)
 
@@ -404,9 +411,25 @@ class MonitorAgent:
     def _to_spool(self) -> None:
         """Move every in-memory unacknowledged batch to the spool file, in order."""
         while self._unacked:
-            self.spool.append(self._unacked.popleft().SerializeToString())
-            self.stats["spooled_batches"] += 1
+            self._spool_batch(self._unacked.popleft())
             self._spooling = True
+
+    def _spool_batch(self, batch: Any) -> None:
+        """Write one batch to the spool; when the spool is full or the disk refuses, drop it
+        and count its points (the count reaches the service with a later batch)."""
+        try:
+            ok = self.spool.append(batch.SerializeToString())
+        except OSError as e:
+            ok = False
+            self._warn_once("spool-io", f"cannot write the spool {self.spool.path} ({e.strerror})")
+        if ok:
+            self.stats["spooled_batches"] += 1
+            return
+        self._warn_once("spool-full", f"spool {self.spool.path} is full "
+                                      f"({self.spool.max_bytes >> 20} MiB); dropping points "
+                                      "until the service is back (they are counted)")
+        self._dropped += len(batch.values) // 8
+        self._dropped_reported -= batch.dropped      # its drop count must travel again
 
     def _push(self, batch: Any) -> bool:
         import grpc

@@ -122,3 +122,22 @@ def test_an_agent_with_the_token_streams_and_one_without_is_refused(tmp_path, ca
         assert "refused the token" in capfd.readouterr().err
     finally:
         svc.stop(grace=0)
+
+
+def test_a_full_spool_drops_and_counts_and_the_service_learns_the_count(tmp_path, serve):
+    port = free_port()
+    agent = MonitorAgent(f"127.0.0.1:{port}", "full", 0, 1, spool_path=tmp_path / "f.spool",
+                         flush_interval_s=0.01, sample_host=False, max_spool_bytes=4096).start()
+    for step in range(400):
+        agent.record(step, {"loss": 1.0, "step_time_ms": 2.0})
+        if step % 50 == 0:
+            time.sleep(0.02)
+    wait_for(lambda: agent.dropped > 0, what="drops")
+    assert agent.spool.size <= 4096
+    server = serve(port=port)
+    agent.close()
+    rows, counts = points_per_rank_step(server.addr, "full")
+    assert set(counts.values()) == {1}
+    assert len(rows) + agent.dropped == 800
+    rank = MonitorClient(server.addr).status("full")["jobs"][0]["ranks"][0]
+    assert rank["dropped"] == agent.dropped and rank["points"] == len(rows)

@@ -672,6 +672,8 @@ class MonitorAgentCallback(TrainCallback):
             self.agent.upload_trace(trace_id, start, end,
                                     error=f"profiler session failed: {type(e).__name__}: {e}")
             return
+        if not files and not error:
+            error = f"the profiler session wrote no files under {out}"
         self.agent.upload_trace(trace_id, start, end, files, error=error, root=out)
 
     def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:

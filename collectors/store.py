@@ -2,7 +2,7 @@
 
 Layout under a run directory::
 
-    RUN/store/<kind>/rank<R>/seg-<pid>-<n>.parquet
+    RUN/store/<kind>/rank<R>/seg-<pid>-<writer>-<n>.parquet
 
 A :class:`StoreWriter` buffers Arrow tables per record kind and writes a segment when a step
 ends (:meth:`StoreWriter.end_step`) or when its buffer passes ``max_buffer_rows``. Each segment
@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -51,6 +52,7 @@ class StoreWriter:
         self._buffers: dict[str, list[pa.Table]] = {k: [] for k in SCHEMAS}
         self._rows: dict[str, int] = {k: 0 for k in SCHEMAS}
         self._counter = itertools.count()
+        self._writer_id = uuid.uuid4().hex[:8]
         self._lock = threading.Lock()
         self._closed = False
         self.segments_written = 0
@@ -108,7 +110,7 @@ class StoreWriter:
         self._rows[kind] = 0
         folder = self.run_dir / STORE_DIRNAME / kind / f"rank{self.rank}"
         folder.mkdir(parents=True, exist_ok=True)
-        name = f"seg-{os.getpid()}-{next(self._counter):08d}.parquet"
+        name = f"seg-{os.getpid()}-{self._writer_id}-{next(self._counter):08d}.parquet"
         tmp = folder / (".tmp-" + name)
         pq.write_table(table, tmp, compression="zstd")
         if self.fsync:

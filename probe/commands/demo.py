@@ -87,7 +87,7 @@ def _stop(proc: subprocess.Popen | None) -> None:
               help="Steps of the monitored training run.")
 @click.option("--slow-rank", default=1, show_default=True, type=int, help="The rank planted slow.")
 @click.option("--slow-factor", default=3.0, show_default=True, type=float, help="How much slower it computes.")
-@click.option("--fault", default="scale:decoder.layers.1.mlp.linear_fc2.weight:1.5", show_default=True,
+@click.option("--fault", default="scale:decoder.layers.1.mlp.linear_fc2.weight:3", show_default=True,
               metavar="KIND:TARGET:ARG", help="Fault planted in the fused engine's dump.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed.")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory (replaced).")

@@ -62,6 +62,13 @@ def test_a_full_buffer_spills_a_segment_so_memory_stays_bounded(tmp_path):
     assert open_store(tmp_path).execute("select count(*) from metrics").fetchone()[0] == 300
 
 
+def test_two_writers_of_one_rank_never_overwrite_each_other(tmp_path):
+    for value in (1.0, 2.0):
+        with StoreWriter(tmp_path, rank=0) as w:
+            w.write_rows("metric", [{"job": "r", "rank": 0, "step": 0, "name": "loss", "value": value}])
+    assert sorted(open_store(tmp_path).sql("select value from metrics").fetchall()) == [(1.0,), (2.0,)]
+
+
 def test_a_writer_rejects_columns_outside_the_schema(tmp_path):
     w = StoreWriter(tmp_path)
     with pytest.raises(ValueError):

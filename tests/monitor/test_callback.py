@@ -21,6 +21,8 @@ from tests.conftest import run_probe
 from .conftest import wait_for
 
 
+pytestmark = pytest.mark.slow
+
 def run_ranks(addr, tmp, job, steps=60, world=4, slow_rank=None, step_s=0.03, callbacks=None,
               until=None):
     """Start ``world`` rank loops (threads) calling the callback; returns the threads.

@@ -17,6 +17,8 @@ from monitor.client import MonitorClient
 
 from .conftest import ServeProcess, wait_for
 
+pytestmark = pytest.mark.slow
+
 NPROC, STEPS, SLOW_RANK, TRACED = 4, 9, 2, [0, 3]
 MIN_STEP_S = 0.3
 

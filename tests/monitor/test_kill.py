@@ -3,11 +3,15 @@
 import threading
 import time
 
+import pytest
+
 from collectors.agent import MonitorAgent
 from monitor.client import MonitorClient
 from monitor.service import free_port
 
 from .conftest import wait_for
+
+pytestmark = pytest.mark.slow
 
 STEPS = 600
 METRICS = ("loss", "step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms")

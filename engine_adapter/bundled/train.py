@@ -79,6 +79,9 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
     device = resolve_device(spec.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    elif world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # N ranks on one host share its cores: oversubscribed intra-op threads make every step slower
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     torch.manual_seed(spec.seed)
     cfg, model, compiled = build_rank_model(spec, device)
     faults = parse_faults(spec.faults)

@@ -2,9 +2,11 @@
 
 - Modules: a forward pre-hook (inputs and kwargs, recorded as they are at the call, before
   the module can change them in place), a forward hook (outputs and the module's own
-  parameters), full backward pre/post hooks (gradients of outputs and inputs) and a hook on
-  each parameter (its gradient), on every sub-module of the model, named by its path as
-  msprobe names it: ``Module.layers.0.attn.q_proj.Linear``.
+  parameters), the module's backward (gradients of its outputs and of its inputs, through one
+  identity autograd node and output tensor hooks: the same numbers as
+  ``register_full_backward_hook`` at a fraction of its cost) and a hook on each parameter (its
+  gradient), on every sub-module of the model, named by its path as msprobe names it:
+  ``Module.layers.0.attn.q_proj.Linear``.
 - APIs (``api``/``mix`` levels): a ``TorchFunctionMode`` (see :mod:`engine_adapter.torch_api`).
 - Steps: ``torch.optim`` global optimizer step post-hook.
 - Compiled models (``torch.compile``): hooks are attached to the original modules and wrapped
@@ -23,12 +25,12 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import warnings
 from typing import Any, Callable, Iterator
 
 import torch
 
 from engine_adapter.base import EngineAdapter, HookSink, StatsBackend
+from engine_adapter.torch_api import wrap_inputs
 from engine_adapter.torch_stats import TorchStats
 
 
@@ -75,8 +77,6 @@ class TorchAdapter(EngineAdapter):
     def attach_modules(self, model: Any, sink: HookSink, *, backward: bool = True,
                        include: Callable[[str], bool] | None = None, prefix: str = "") -> list[str]:
         compiled = any(_is_compiled(m) or _compiled_in_place(m) for m in model.modules())
-        if backward:   # modules whose inputs need no gradient (an embedding) are expected
-            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients")
         hooked: list[str] = []
         seen: set[int] = set()
         for raw_path, module in model.named_modules(remove_duplicate=False):
@@ -102,55 +102,46 @@ class TorchAdapter(EngineAdapter):
                      compiled: bool) -> None:
         key = id(module)
         guard = self.guard
-        open_names: list[str | None] = []
+        open_calls: list[tuple[str | None, _ModuleBackward | None]] = []
         own_params = [(n, p) for n, p in module.named_parameters(recurse=False)]
 
         def pre(mod, args, kwargs):
             if not sink.active:
-                open_names.append(None)
+                open_calls.append((None, None))
                 return None
             guard.depth += 1
             try:
-                open_names.append(sink.module_forward_pre(base, key, args, kwargs))
+                name = sink.module_forward_pre(base, key, args, kwargs)
+                if name is None or not backward or not torch.is_grad_enabled():
+                    open_calls.append((name, None))
+                    return None
+                call = _ModuleBackward(sink, guard, base, key)
+                args, kwargs, call.captured = wrap_inputs(call, args, kwargs)
+                open_calls.append((name, call))
+                return (args, kwargs) if call.captured else None
             finally:
                 guard.depth -= 1
-            return None
 
         def post(mod, args, kwargs, output):
-            name = open_names.pop() if open_names else None
+            name, call = open_calls.pop() if open_calls else (None, None)
             if name is None or not sink.active:
                 return None
             guard.depth += 1
             try:
                 sink.module_forward(name, key, output, own_params)
-            finally:
-                guard.depth -= 1
-            return None
-
-        def bpre(mod, grad_output):
-            if sink.active:
-                sink.module_backward_pre(base, key)
-            return None
-
-        def bhook(mod, grad_input, grad_output):
-            if not sink.active:
-                return None
-            guard.depth += 1
-            try:
-                sink.module_backward(base, key, grad_output, grad_input)
+                if call is not None:
+                    call.watch_outputs(output)
             finally:
                 guard.depth -= 1
             return None
 
         if compiled:
             disable = torch._dynamo.disable
-            pre, post, bpre, bhook = disable(pre), disable(post), disable(bpre), disable(bhook)
+            pre, post = disable(pre), disable(post)
         self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         self._handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
         if not backward:
             return
-        self._handles.append(module.register_full_backward_pre_hook(bpre))
-        self._handles.append(module.register_full_backward_hook(bhook))
         trainable = [(n, p) for n, p in own_params if p.requires_grad]
         for pname, param in trainable:
             self._handles.append(param.register_hook(
@@ -249,6 +240,57 @@ class TorchAdapter(EngineAdapter):
 
     def notes(self) -> list[str]:
         return list(self._notes)
+
+
+class _ModuleBackward:
+    """The backward of one module call, without ``register_full_backward_hook``'s machinery.
+
+    The module's differentiable inputs pass through one identity autograd node (its backward
+    sees the gradients of the inputs, msprobe's backward ``output``) and each output gets a
+    tensor hook (the gradients of the outputs, msprobe's backward ``input``). The entry is
+    emitted when the input gradients arrive, or, for a module whose inputs need no gradient
+    (an embedding), when the last output gradient arrives.
+    """
+
+    __slots__ = ("sink", "guard", "base", "key", "captured", "grad_outputs", "waiting", "started")
+
+    def __init__(self, sink: HookSink, guard: _Guard, base: str, key: int) -> None:
+        self.sink, self.guard, self.base, self.key = sink, guard, base, key
+        self.captured = False
+        self.grad_outputs: list[Any] = []
+        self.waiting = 0
+        self.started = False
+
+    def watch_outputs(self, output: Any) -> None:
+        outs = output if isinstance(output, (tuple, list)) else (output,)
+        self.grad_outputs = [None] * len(outs)
+        for i, o in enumerate(outs):
+            if isinstance(o, torch.Tensor) and o.requires_grad:
+                self.waiting += 1
+                o.register_hook(self._output_hook(i))
+
+    def _output_hook(self, i: int):
+        def hook(grad):
+            if not self.sink.active:
+                return None
+            self.grad_outputs[i] = grad
+            self.waiting -= 1
+            if not self.started:
+                self.started = True
+                self.sink.module_backward_pre(self.base, self.key)
+            if not self.captured and self.waiting == 0:
+                self.finish(())
+            return None
+        return hook
+
+    def finish(self, grads: tuple) -> None:
+        if not self.sink.active:
+            return
+        self.guard.depth += 1
+        try:
+            self.sink.module_backward(self.base, self.key, self.grad_outputs, grads)
+        finally:
+            self.guard.depth -= 1
 
 
 class _Closer:

@@ -102,7 +102,8 @@ def _is_inplace(attr: str) -> bool:
 
 
 class _Capture(torch.autograd.Function):
-    """Identity on the differentiable inputs of a call; its backward sees their gradients."""
+    """Identity on the differentiable inputs of a call; its backward hands their gradients to
+    ``call.finish(grads)`` (an API call here, a module call in the adapter)."""
 
     @staticmethod
     def forward(ctx, call, *tensors):  # noqa: ANN001 - autograd signature
@@ -139,7 +140,7 @@ class _Call:
             self.guard.depth -= 1
 
 
-def _wrap_inputs(call: _Call, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
+def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
     """Route the differentiable tensors of ``args``/``kwargs`` through one :class:`_Capture`."""
     slots: list[tuple] = []
     tensors: list[torch.Tensor] = []
@@ -198,7 +199,7 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
             if backward and not inplace and "out" not in kwargs and torch.is_grad_enabled():
                 call = _Call(sink, guard, token)
                 try:
-                    args, kwargs, captured = _wrap_inputs(call, args, kwargs)
+                    args, kwargs, captured = wrap_inputs(call, args, kwargs)
                 except Exception as e:  # noqa: BLE001 - never break the user's call
                     sink.report_error(f"the backward capture of {api}", e)
                     captured = False

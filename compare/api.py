@@ -103,14 +103,13 @@ def compare(a: str, b: str, mapping: str | None = None, progress: bool = False) 
     ``mapping``: an msprobe mapping file (``layer_mapping.yaml``, a cell/API/data mapping
     YAML) applied before structural matching. ``progress``: show a progress bar on stderr.
     """
-    from compare.load import load_dump
+    from compare.load import load_pair
     from compare.pipeline import run_compare
 
     t0 = time.perf_counter()
     with _Progress(progress) as bar:
-        da = load_dump(a)
+        da, db = load_pair(a, b)
         bar.step("read A")
-        db = load_dump(b)
         bar.step("read B")
         result = run_compare(da, db, mapping=mapping, bar=bar)
     result.summary["elapsed_s"] = round(time.perf_counter() - t0, 3)

@@ -15,7 +15,10 @@ import pyarrow as pa
 
 from probe.errors import ProbeError
 
-__all__ = ["Dump", "load_dump"]
+__all__ = ["Dump", "load_dump", "load_pair"]
+
+# Inputs of at least this many bytes of dump.json together are read in two processes at once.
+PARALLEL_BYTES = 16 << 20
 
 
 @dataclass
@@ -60,6 +63,47 @@ def load_dump(path: str | os.PathLike) -> Dump:
     d = read_msprobe_dump(p)
     return Dump(source=d.path, tensors=d.tensors, nodes=d.nodes, framework=d.framework,
                 task=d.task, step=d.step, rank=d.rank, note=note)
+
+
+def load_pair(a: str | os.PathLike, b: str | os.PathLike) -> tuple[Dump, Dump]:
+    """Read both compare inputs: ``(load_dump(a), load_dump(b))``, B in a forked worker process
+    while A is read here when the two dump.json files are large (reading is CPU-bound Python and
+    Arrow work, one core per side). Errors are those of :func:`load_dump`, A's first.
+
+    >>> da, db = load_pair("runs/A/dump.json", "runs/B/dump.json")  # doctest: +SKIP
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if (os.cpu_count() or 1) < 2 or _json_bytes(a) + _json_bytes(b) < PARALLEL_BYTES \
+            or "fork" not in multiprocessing.get_all_start_methods():
+        return load_dump(a), load_dump(b)
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as pool:
+        fb = pool.submit(load_dump, b)
+        try:
+            da = load_dump(a)
+        except BaseException:
+            fb.cancel()
+            raise
+        try:
+            db = fb.result()
+        except ProbeError:
+            raise
+        except Exception:  # the worker died or its result did not come back: read B here
+            db = load_dump(b)
+    return da, db
+
+
+def _json_bytes(path: str | os.PathLike) -> int:
+    """Size of the dump.json that :func:`load_dump` would read from ``path`` (0 if none)."""
+    from collectors.msprobe_reader import find_dump_files
+
+    p = Path(path)
+    try:
+        files = find_dump_files(p) if p.exists() else []
+        return files[0].stat().st_size if files else 0
+    except OSError:
+        return 0
 
 
 def _load_store(root: Path) -> Dump:

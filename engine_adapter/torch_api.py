@@ -26,6 +26,9 @@ from typing import Any
 
 import torch
 
+#: inside dump code, tensor subclasses (``nn.Parameter``) skip their Python ``__torch_function__``
+_plain_tensors = torch._C.DisableTorchFunctionSubclass
+
 _OPERATOR_DUNDERS = {
     f"__{n}__" for n in (
         "add radd iadd sub rsub isub mul rmul imul truediv rtruediv itruediv div rdiv idiv "
@@ -135,7 +138,8 @@ class _Call:
     def finish(self, grads: tuple) -> None:
         self.guard.depth += 1
         try:
-            self.sink.api_backward(self.token, self.grad_outputs, grads)
+            with _plain_tensors():
+                self.sink.api_backward(self.token, self.grad_outputs, grads)
         finally:
             self.guard.depth -= 1
 
@@ -192,7 +196,8 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
             return orig(*args, **kwargs)
         guard.depth += 1
         try:
-            token = sink.api_call(api, args, kwargs)
+            with _plain_tensors():
+                token = sink.api_call(api, args, kwargs)
             if token is None:
                 return orig(*args, **kwargs)
             call = None
@@ -206,9 +211,10 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
                 if not captured:
                     call = None
             output = orig(*args, **kwargs)
-            sink.api_return(token, output)
-            if call is not None:
-                _hook_outputs(call, output)
+            with _plain_tensors():
+                sink.api_return(token, output)
+                if call is not None:
+                    _hook_outputs(call, output)
             return output
         finally:
             guard.depth -= 1

@@ -74,11 +74,10 @@ class TorchStats(StatsBackend):
     def reduce(self, t: torch.Tensor, kind: str) -> torch.Tensor | list[float] | None:
         if kind == OPAQUE:
             return None
-        x = t.detach()
-        if x.is_cpu:
-            return _reduce_host(x, kind)
+        if t.is_cpu:
+            return _reduce_host(t, kind)
         with torch.no_grad():
-            x = x.reshape(-1)
+            x = t.detach().reshape(-1)
             if kind == INTEGER:
                 mn, mx = torch.aminmax(x)
                 return torch.stack([mx, mn]).to(torch.float64)
@@ -237,18 +236,18 @@ def _load_kernel() -> Any:
 
 
 def _reduce_host(x: torch.Tensor, kind: str) -> list[float]:
-    """Statistics of a CPU tensor: one native pass, or a zero-copy NumPy view."""
+    """Statistics of a CPU tensor: one native pass over its memory, or a zero-copy NumPy view."""
     if kind == FLOAT and x.dtype not in _NATIVE:
-        x = x.float()
+        x = x.detach().float()
     if not x.is_contiguous():
-        x = x.contiguous()
+        x = x.detach().contiguous()
     if kind == FLOAT:
         kernel = _kernel if _kernel is not None else _load_kernel()
         if kernel:
             f32, f64, out, out_ptr = kernel
             (f32 if x.dtype == torch.float32 else f64)(x.data_ptr(), x.numel(), out_ptr)
             return out.tolist()
-    a = x.numpy().reshape(-1)
+    a = x.detach().numpy().reshape(-1)
     if kind == INTEGER:
         return [float(a.max()), float(a.min())]
     s = float(x.sum())

@@ -35,12 +35,14 @@ dump.json key       slot                      index
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute below
@@ -53,7 +55,7 @@ except ImportError:  # the standard library parser is the fallback
     _orjson = None
 from probe.errors import ProbeError
 
-__all__ = ["MsprobeDump", "read_msprobe_dump", "parse_node_name", "find_dump_files"]
+__all__ = ["MsprobeDump", "read_msprobe_dump", "parse_node_name", "find_dump_files", "find_dump"]
 
 _STEP_RE = re.compile(r"^step(\d+)$")
 _RANK_RE = re.compile(r"^(?:rank|proc)(\d+)$")
@@ -76,6 +78,7 @@ class MsprobeDump:
     rank: int | None = None
     dump_data_dir: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    stacks: dict[str, list[str]] = field(default_factory=dict)   # stack_ref -> stack lines
 
 
 def parse_node_name(name: str) -> tuple[str, str, str, str, int]:
@@ -114,6 +117,26 @@ def find_dump_files(root: str | os.PathLike) -> list[Path]:
         step, rank = _step_rank(p)
         return (step if step is not None else -1, rank if rank is not None else -1, str(p))
     return sorted(found, key=key)
+
+
+def find_dump(path: str | os.PathLike, step: int | None = None, rank: int | None = None) -> Path:
+    """The ``dump.json`` named by ``path``: the file itself, or the one of ``step`` and ``rank``
+    under a folder (a rank, step or dump root; the lowest step, then rank, when not given).
+
+    >>> find_dump("OUT", step=2, rank=1)                 # doctest: +SKIP
+    PosixPath('OUT/step2/rank1/dump.json')
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ProbeError(f"{p}: no such dump; give a dump.json file or a dump folder")
+    files = find_dump_files(p)
+    if not files:
+        raise ProbeError(f"{p}: no dump.json found (expected step<N>/rank<R>/dump.json under it)")
+    picked = [f for f in files if step in (None, _step_rank(f)[0]) and rank in (None, _step_rank(f)[1])]
+    if not picked:
+        found = ", ".join(str(f.relative_to(p).parent) for f in files[:8])
+        raise ProbeError(f"{p}: no dump of step {step} rank {rank} (found {found})")
+    return picked[0]
 
 
 def _step_rank(path: Path) -> tuple[int | None, int | None]:
@@ -411,18 +434,24 @@ def _classify(names: list[str]) -> pa.Table:
     return table
 
 
-def _stack_refs(stack: Any) -> dict[str, str]:
+def _stack_refs(stack: Any) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Node -> stack ref and ref -> stack lines: msprobe writes ``{"0": [[names], [lines]]}``,
+    older dumps ``{name: lines}``."""
     refs: dict[str, str] = {}
+    lines: dict[str, list[str]] = {}
     if not isinstance(stack, dict):
-        return refs
+        return refs, lines
     for key, val in stack.items():
         if isinstance(val, list) and len(val) == 2 and isinstance(val[0], list):
             for n in val[0]:
                 if isinstance(n, str):
                     refs[n] = key
+            val = val[1]
         else:
             refs[key] = key
-    return refs
+        if isinstance(val, list):
+            lines[key] = [str(x) for x in val]
+    return refs, lines
 
 
 def _depths(construct: dict) -> dict[str, int]:
@@ -460,9 +489,12 @@ def _node_table(names: list[str], classes: list[str], construct: dict,
     parents = [construct.get(x) for x in all_names] if construct else [None] * n
     parents = [p if isinstance(p, str) else None for p in parents]
     depths = [depth_of.get(x, 0) for x in all_names] if construct else [0] * n
+    # execution order: construct.json's (calls as they start), then the entries it lacks
+    position = {x: i for i, x in enumerate(construct)}
+    order = [position.get(x, len(position) + i) for i, x in enumerate(all_names)]
     return table_from_columns("node", {
         "run": [run] * n, "rank": [rank] * n, "node": all_names, "parent": parents,
-        "class_name": cls, "depth": depths, "order": list(range(n)),
+        "class_name": cls, "depth": depths, "order": order,
         "stack_ref": [stack_refs.get(x) for x in all_names] if stack_refs else [None] * n})
 
 
@@ -472,6 +504,25 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> Msprob
     construct.json and stack.json are read from beside dump.json when present. Raises
     :class:`probe.errors.ProbeError` with one line naming the file for anything unreadable.
     """
+    with _gc_paused():
+        return _read_msprobe_dump(path, run)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused: parsing a dump creates millions of dicts and
+    lists (none of them cyclic), and every collection it would trigger walks all of them again,
+    which makes reading a large dump about twice as slow."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
     path = Path(path)
     if path.is_dir():
         path = path / "dump.json"
@@ -494,12 +545,13 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> Msprob
                              "mapping each node to its parent)")
         construct = c
     stack_refs: dict[str, str] = {}
+    stacks: dict[str, list[str]] = {}
     spath = path.parent / "stack.json"
     if spath.exists():
         try:
-            stack_refs = _stack_refs(_load_json(spath, "stack.json"))
+            stack_refs, stacks = _stack_refs(_load_json(spath, "stack.json"))
         except ProbeError:
-            stack_refs = {}
+            pass
     step, rank = _step_rank(path.resolve())
     run = run if run is not None else str(path)
     names = list(data)
@@ -535,4 +587,5 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> Msprob
     return MsprobeDump(path=str(path), tensors=tensors, nodes=nodes,
                        framework=doc.get("framework"), task=doc.get("task"),
                        level=doc.get("level"), step=step, rank=rank,
-                       dump_data_dir=dump_dir, meta={k: v for k, v in doc.items() if k != "data"})
+                       dump_data_dir=dump_dir, meta={k: v for k, v in doc.items() if k != "data"},
+                       stacks=stacks)

@@ -177,3 +177,32 @@ def open_store(root: str | os.PathLike, con: Any = None) -> Any:
             con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM _empty_{view}")
     con.execute(STEPS_VIEW)
     return con
+
+
+def read_step(root: str | os.PathLike, step: int | None = None, rank: int | None = None,
+              con: Any = None) -> tuple[pa.Table, pa.Table, int | None, int | None]:
+    """The tensor and node records of one step and rank in the store under ``root`` (the lowest
+    step and rank when not given), each node once: ``(tensors, nodes, step, rank)``.
+
+    ``con``: a connection from :func:`open_store` to reuse.
+
+    >>> tensors, nodes, step, rank = read_step("runs/demo", step=2)       # doctest: +SKIP
+    """
+    con = con if con is not None else open_store(root)
+    if not con.sql("select count(*) from tensors").fetchall()[0][0]:
+        raise ProbeError(f"{root}: the store holds no tensor records; run 'probe dump' first")
+    if step is None:
+        step = con.sql("select min(step) from tensors"
+                       + (f" where rank = {int(rank)}" if rank is not None else "")).fetchall()[0][0]
+    if rank is None:
+        rank = con.sql("select min(rank) from tensors"
+                       + (f" where step = {int(step)}" if step is not None else "")).fetchall()[0][0]
+    cond = [f"{col} = {int(v)}" for col, v in (("step", step), ("rank", rank)) if v is not None]
+    where = (" where " + " and ".join(cond)) if cond else ""
+    tensors = con.sql(f"select * from tensors{where} order by seq").to_arrow_table()
+    if not tensors.num_rows:
+        raise ProbeError(f"{root}: the store holds no tensor records of step {step} rank {rank}")
+    nwhere = f" where rank = {int(rank)}" if rank is not None else ""
+    nodes = con.sql(f"select * from nodes{nwhere} qualify row_number() over "
+                    "(partition by node order by \"order\") = 1 order by \"order\"").to_arrow_table()
+    return conform("tensor", tensors), conform("node", nodes), step, rank

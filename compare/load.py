@@ -107,28 +107,13 @@ def _json_bytes(path: str | os.PathLike) -> int:
 
 
 def _load_store(root: Path) -> Dump:
-    from collectors.records import conform
-    from collectors.store import open_store
+    from collectors.store import open_store, read_step
 
     con = open_store(root)
-    first = con.sql("select min(step), min(rank) from tensors").fetchall()[0]
-    if not con.sql("select count(*) from tensors").fetchall()[0][0]:
-        raise ProbeError(f"{root}: the store holds no tensor records; run 'probe dump' first")
-    step, rank = first
+    tensors, nodes, step, rank = read_step(root, con=con)
     ranks = con.sql("select count(distinct rank), count(distinct step) from tensors").fetchall()[0]
-    cond = []
-    if step is not None:
-        cond.append(f"step = {int(step)}")
-    if rank is not None:
-        cond.append(f"rank = {int(rank)}")
-    where = (" where " + " and ".join(cond)) if cond else ""
-    tensors = con.sql(f"select * from tensors{where} order by seq").to_arrow_table()
-    nwhere = f" where rank = {int(rank)}" if rank is not None else ""
-    nodes = con.sql(f"select * from nodes{nwhere} qualify row_number() over "
-                    "(partition by node order by \"order\") = 1 order by \"order\"").to_arrow_table()
     note = None
     if ranks[0] > 1 or ranks[1] > 1:
         note = f"{root}: store holds {ranks[1]} steps × {ranks[0]} ranks; comparing step {step} rank {rank}"
-    return Dump(source=str(root / "store"), tensors=conform("tensor", tensors),
-                nodes=conform("node", nodes), step=step, rank=rank, note=note, task="statistics")
-
+    return Dump(source=str(root / "store"), tensors=tensors, nodes=nodes, step=step, rank=rank,
+                note=note, task="statistics")

@@ -234,7 +234,7 @@ class DiffGraph:
         if self.paired:
             p = self._pair[side].get(name)
             if p is None or not (p.node_a and p.node_b) or p.match_method in PROXY_METHODS:
-                has_data = name in self.graph(side).raw.data
+                has_data = self.graph(side).recorded(name)
                 result = B.UNMATCHED if has_data or p is not None else B.NONE
             else:
                 if p.score is None:

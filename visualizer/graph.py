@@ -2,8 +2,10 @@
 
 Nodes are the modules (``Module.*``/``Cell.*``), APIs and collectives of an msprobe-format dump,
 nested as construct.json says; children are ordered by execution order and computed only when
-a node is first expanded, so a 10k-node dump opens at once. Statistics (inputs, kwargs, outputs,
-parameters, parameter gradients) are parsed from dump.json when a node is first looked at.
+a node is first expanded, so a 10k-node dump opens at once. The graph is made of the dump's
+tensor and node records (:data:`collectors.records.TENSOR`, :data:`collectors.records.NODE`), as
+:func:`collectors.msprobe_reader.read_msprobe_dump` reads them; a node's statistics (inputs,
+kwargs, outputs, parameters, parameter gradients) become :class:`TensorStat` when first looked at.
 
 >>> g = Graph.load("/work/shared/data/msprobe/torch_L0")               # doctest: +SKIP
 >>> g.roots()[:2]                                                       # doctest: +SKIP
@@ -18,13 +20,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator, Mapping
 
-from visualizer.dumpfiles import RawDump, read_dump
+import pyarrow as pa
 
-MODULE_PREFIXES = ("Module", "Cell")
-COMM_PREFIXES = ("Distributed",)
-DIRECTIONS = ("forward", "backward")
+from collectors.msprobe_reader import find_dump, find_dump_files, parse_node_name, read_msprobe_dump
+from collectors.store import STORE_DIRNAME, read_step
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ class TensorStat:
     mean: float | None = None
     norm: float | None = None
     md5: str | None = None
-    value: str | None = None       # a non-tensor argument, as text
+    value: str | None = None       # a non-tensor argument, as JSON text
+    nan_count: int | None = None
+    inf_count: int | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -48,15 +51,17 @@ class TensorStat:
 
     @property
     def nonfinite(self) -> bool:
-        """True when a statistic is NaN or infinite (msprobe records no NaN counts)."""
-        return any(v is not None and not math.isfinite(v) for v in (self.max, self.min, self.mean, self.norm))
+        """True when a statistic is NaN or infinite, or NaN/Inf elements were counted."""
+        return bool(self.nan_count or self.inf_count) or any(
+            v is not None and not math.isfinite(v) for v in (self.max, self.min, self.mean, self.norm))
 
     @property
     def signature(self) -> tuple | None:
         """Identity of the tensor's values, used to follow data from one node to the next."""
         if self.dtype is None or self.max is None or self.norm is None:
             return None
-        return (self.dtype, self.shape, self.max, self.min, self.mean, self.norm)
+        stats = tuple("nan" if v != v else v for v in (self.max, self.min, self.mean, self.norm))
+        return (self.dtype, self.shape) + stats     # NaN equal to NaN: a NaN output still flows
 
 
 @dataclass
@@ -92,7 +97,8 @@ class Edge:
 
 
 def parse_name(name: str) -> tuple[str, str, str, str]:
-    """Split a dump name into (kind, direction, class name, path).
+    """Split a dump name into (kind, direction, class name, path) for display, from
+    :func:`collectors.msprobe_reader.parse_node_name`.
 
     >>> parse_name("Module.layers.0.attn.Attention.forward.0")
     ('module', 'forward', 'Attention', 'layers.0.attn')
@@ -101,108 +107,52 @@ def parse_name(name: str) -> tuple[str, str, str, str]:
     >>> parse_name("Distributed.all_reduce.0.forward")
     ('comm', 'forward', 'all_reduce', 'Distributed.all_reduce.0')
     """
-    parts = name.split(".")
-    prefix = parts[0]
-    if prefix in MODULE_PREFIXES:
-        # Module.<path...>.<Class>.<direction>.<n>
-        for i in range(len(parts) - 2, 0, -1):
-            if parts[i] in DIRECTIONS or parts[i] == "parameters_grad":
-                direction = parts[i] if parts[i] in DIRECTIONS else "backward"
-                cls = parts[i - 1] if i >= 2 else ""
-                path = ".".join(parts[1:i - 1]) or cls
-                return "module", direction, cls, path
-        return "module", "", parts[-1], ".".join(parts[1:])
-    kind = "comm" if prefix in COMM_PREFIXES else "api"
-    direction = parts[-1] if parts[-1] in DIRECTIONS else ""
-    body = parts[:-1] if direction else parts
-    # <Prefix>.<api>[.<Primitive class>].<n>
-    cls = body[-2] if len(body) >= 3 and body[-1].isdigit() else body[-1]
-    return kind, direction, cls, ".".join(body)
+    kind, prefix, body, direction, call = parse_node_name(name)
+    direction = "backward" if direction == "parameters_grad" else direction
+    head, _, cls = body.rpartition(".")
+    if kind == "module":
+        return kind, direction, cls, head or cls
+    return kind, direction, cls, f"{prefix}.{body}.{call}"
 
 
-def _number(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return None
-    return None
-
-
-def _flatten(value: Any, slot: str, index: str, out: list[TensorStat]) -> None:
-    if value is None:
-        return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _flatten(item, slot, f"{index}.{i}" if index else str(i), out)
-        return
-    if not isinstance(value, dict):
-        out.append(TensorStat(slot, index, value=str(value)))
-        return
-    if "type" not in value and not any(k in value for k in ("Max", "dtype")):
-        for key, item in value.items():
-            _flatten(item, slot, f"{index}.{key}" if index else str(key), out)
-        return
-    if "dtype" in value or "Max" in value:
-        shape = value.get("shape")
-        out.append(TensorStat(
-            slot, index, dtype=str(value.get("dtype")) if value.get("dtype") is not None else None,
-            shape=tuple(int(s) for s in shape) if isinstance(shape, list) else None,
-            max=_number(value.get("Max")), min=_number(value.get("Min")),
-            mean=_number(value.get("Mean")), norm=_number(value.get("Norm")),
-            md5=value.get("md5")))
-        return
-    out.append(TensorStat(slot, index, dtype=str(value.get("type")),
-                          value=None if value.get("value") is None else str(value.get("value"))))
-
-
-def parse_entry(entry: Any, *, grads: bool = False) -> list[TensorStat]:
-    """The tensors of one dump.json entry (``grads``: the entry is a ``parameters_grad`` one)."""
-    out: list[TensorStat] = []
-    if not isinstance(entry, dict):
-        return out
-    if grads:
-        for pname, value in entry.items():
-            _flatten(value, "parameter_grad", str(pname), out)
-        return out
-    for key, slot in (("input_args", "input"), ("input", "input"), ("input_kwargs", "kwarg"),
-                      ("output", "output"), ("parameters", "parameter")):
-        if key in entry:
-            value = entry[key]
-            if slot == "parameter" and isinstance(value, dict):
-                for pname, pv in value.items():
-                    _flatten(pv, slot, str(pname), out)
-            elif slot == "kwarg" and isinstance(value, dict):
-                for kname, kv in value.items():
-                    _flatten(kv, slot, str(kname), out)
-            else:
-                _flatten(value, slot, "", out)
-    return out
+#: TENSOR record columns a :class:`TensorStat` is made of.
+_STAT_COLUMNS = ("node", "slot", "index", "dtype", "shape", "max", "min", "mean", "l2norm", "hash",
+                 "value", "nan_count", "inf_count")
 
 
 class Graph:
-    """The hierarchy graph of one dump (see the module docstring)."""
+    """The hierarchy graph of one dump (see the module docstring), from its tensor and node
+    records and the stack lines of each ``stack_ref``."""
 
-    def __init__(self, raw: RawDump, title: str | None = None) -> None:
-        self.raw = raw
-        self.title = title or str(raw.path.parent)
+    def __init__(self, tensors: pa.Table, nodes: pa.Table, stacks: Mapping[str, list[str]] | None = None,
+                 title: str = "") -> None:
+        self.title = title
         self.nodes: dict[str, Node] = {}
+        self._records = tensors
+        self._rows: dict[str, list[int]] | None = None     # node -> its rows in ``tensors``
+        self._cols: dict[str, list] = {}
+        self._stacks = dict(stacks or {})
+        self._stack_ref: dict[str, str] = {}
         self._grads: dict[str, str] = {}          # node name -> its parameters_grad entry name
         self._tensors: dict[str, list[TensorStat]] = {}
         self._edges: dict[str | None, list[Edge]] = {}
         self._indexed = False
         self._roots: list[str] = []
         self._walk: list[str] | None = None
-        self._add_nodes()
+        self._add_nodes(nodes)
 
     @classmethod
     def load(cls, path: str | os.PathLike, step: int | None = None, rank: int | None = None) -> "Graph":
-        """Read the dump named by ``path`` (see :func:`visualizer.dumpfiles.find_dump`)."""
-        return cls(read_dump(path, step, rank), title=str(path))
+        """Read the dump named by ``path`` (see :func:`collectors.msprobe_reader.find_dump`), or
+        a run directory's record store (:func:`collectors.store.read_step`) when it holds no
+        dump.json; ``step`` and ``rank`` choose among several (the lowest by default)."""
+        p = Path(path)
+        run_dir = p.parent if p.name == STORE_DIRNAME else p
+        if (run_dir / STORE_DIRNAME).is_dir() and not find_dump_files(run_dir):
+            tensors, nodes, _, _ = read_step(run_dir, step, rank)
+            return cls(tensors, nodes, title=str(path))
+        dump = read_msprobe_dump(find_dump(path, step, rank))
+        return cls(dump.tensors, dump.nodes, dump.stacks, title=str(path))
 
     def _new(self, name: str, order: int) -> Node:
         kind, direction, cls, path = parse_name(name)
@@ -210,20 +160,23 @@ class Graph:
         self.nodes[name] = node
         return node
 
-    def _add_nodes(self) -> None:
+    def _add_nodes(self, nodes: pa.Table) -> None:
+        nodes = nodes.sort_by("order")
+        names = nodes.column("node").to_pylist()
+        parents = nodes.column("parent").to_pylist()
+        refs = nodes.column("stack_ref").to_pylist()
         order = 0
-        for name, parent in self.raw.construct.items():
+        grads = []
+        for name, parent, ref in zip(names, parents, refs):
+            if ".parameters_grad" in name:
+                grads.append(name)
+                continue
             if name not in self.nodes:
                 self._new(name, order)
                 order += 1
-            self.nodes[name].parent = parent
-        grads = []
-        for name in self.raw.data:
-            if ".parameters_grad" in name:
-                grads.append(name)
-            elif name not in self.nodes:
-                self._new(name, order)
-                order += 1
+                self.nodes[name].parent = parent
+            if ref is not None:
+                self._stack_ref.setdefault(name, ref)
         for node in list(self.nodes.values()):
             if node.parent and node.parent not in self.nodes:
                 self._new(node.parent, order)
@@ -298,13 +251,33 @@ class Graph:
             self._walk = out
         return self._walk
 
+    def _node_rows(self) -> dict[str, list[int]]:
+        """Rows of the tensor records per node (grouped once, on the first look at statistics)."""
+        if self._rows is None:
+            self._cols = {c: self._records.column(c).to_pylist() for c in _STAT_COLUMNS}
+            rows: dict[str, list[int]] = {}
+            for i, node in enumerate(self._cols["node"]):
+                rows.setdefault(node, []).append(i)
+            self._rows = rows
+        return self._rows
+
+    def recorded(self, name: str) -> bool:
+        """True when the dump holds statistics of the node (it is not only a container)."""
+        rows = self._node_rows()
+        return name in rows or self._grads.get(name) in rows
+
     def tensors(self, name: str) -> list[TensorStat]:
         """Statistics of the node's inputs, kwargs, outputs, parameters and parameter grads."""
         cached = self._tensors.get(name)
         if cached is None:
-            cached = parse_entry(self.raw.data.get(name))
-            if name in self._grads:
-                cached += parse_entry(self.raw.data.get(self._grads[name]), grads=True)
+            rows = self._node_rows()
+            c = self._cols
+            cached = [TensorStat(
+                c["slot"][i], c["index"][i], c["dtype"][i],
+                None if c["shape"][i] is None else tuple(c["shape"][i]),
+                c["max"][i], c["min"][i], c["mean"][i], c["l2norm"][i], c["hash"][i], c["value"][i],
+                c["nan_count"][i], c["inf_count"][i])
+                for i in rows.get(name, []) + rows.get(self._grads.get(name, ""), [])]
             self._tensors[name] = cached
         return cached
 
@@ -314,7 +287,7 @@ class Graph:
 
     def stack(self, name: str) -> list[str]:
         """The call stack msprobe recorded for the node (empty when none)."""
-        return self.raw.stacks.get(name, [])
+        return self._stacks.get(self._stack_ref.get(name, ""), [])
 
     def edges(self, parent: str | None = None) -> list[Edge]:
         """Data-flow edges among the children of ``parent`` (``None``: among the roots).

@@ -180,7 +180,7 @@ def test_live_page_follows_a_real_two_rank_training_and_names_the_slowed_rank(br
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-step-time .js-plotly-plot"), timeout=60,
                  what="the live page")
         train = subprocess.Popen(
-            [sys.executable, "-m", "probe.cli", "train", "--preset", "tiny", "--nproc", "2", "--max-steps", "12",
+            [sys.executable, "-m", "probe.cli", "train", "--preset", "tiny", "--nproc", "2", "--max-steps", "40",
              "--fault", "slow:1:3", "--out", str(tmp_path / "run")],
             env=dict(os.environ, PROBE_MONITOR=addr), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         seen = set()
@@ -188,7 +188,7 @@ def test_live_page_follows_a_real_two_rank_training_and_names_the_slowed_rank(br
             seen.add(points(browser, "l-step-time"))
             time.sleep(0.3)
         assert train.returncode == 0, train.stderr.read()
-        wait_for(lambda: points(browser, "l-step-time") == 24, timeout=30, what="12 steps × 2 ranks")
+        wait_for(lambda: points(browser, "l-step-time") == 80, timeout=30, what="40 steps × 2 ranks")
         assert len({n for n in seen if n > 0}) >= 2
         alert = wait_for(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#l-alerts .alert")
                                   if "straggler" in e.text and "rank 1" in e.text], timeout=30,

@@ -18,7 +18,7 @@ from probe.errors import ProbeError
 __all__ = ["Dump", "load_dump", "load_pair"]
 
 # Inputs of at least this many bytes of dump.json together are read in two processes at once.
-PARALLEL_BYTES = 16 << 20
+PARALLEL_BYTES = 64 << 20
 
 
 @dataclass

@@ -72,9 +72,19 @@ def contained_path(folder: str | os.PathLike, name: str, suffix: str = "") -> Pa
     return path
 
 
+_last_text: dict[tuple[str, int | None], tuple[Any, str]] = {}
+
+
 def _atomic_json(path: Path, obj: Any, indent: int | None) -> None:
     tmp = path.with_name("." + path.name + ".tmp")
-    text = json.dumps(obj, indent=indent, ensure_ascii=False)   # one shot: the C encoder
+    key = (path.name, indent)
+    last = _last_text.get(key)
+    if last is not None and last[0] == obj:      # construct/stack rarely change between steps
+        text = last[1]
+    else:
+        text = json.dumps(obj, indent=indent, ensure_ascii=False)   # one shot: the C encoder
+        if path.name != "dump.json":
+            _last_text[key] = (obj, text)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)

@@ -52,12 +52,13 @@ class DumpSession:
                  scope: str | None = None, names: Sequence[str] | str | None = None,
                  framework: str = "torch", auto_step: bool = True, store: Any = True,
                  rank: int | None = None, run: str | None = None, stack: bool = True,
-                 first_step: int | None = 0, quiet: bool = False) -> None:
+                 first_step: int | None = 0, quiet: bool = False, store_flush_s: float = 1.0) -> None:
         if isinstance(names, str):
             names = [n for n in names.split(",") if n.strip()]
         self.config = DumpConfig(out=str(out), level=level, task=task,
                                  steps=_selection(steps, "--steps"), ranks=_selection(ranks, "--ranks"),
-                                 scope=scope, names=names, stack=stack, run=run)
+                                 scope=scope, names=names, stack=stack, run=run,
+                                 store_flush_s=store_flush_s)
         self.model = model
         self.framework = framework
         self.auto_step = auto_step

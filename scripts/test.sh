@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The test command of the README and of CI: install the project and its test tools into
-# .venv, install headless Chromium for the browser tests if it is missing, run the whole
-# suite, then run the MindSpore tests in their own venv (.venv-ms; mindspore needs numpy<2).
+# .venv, install headless Chromium for the browser tests if it is missing, install msprobe
+# (mindstudio-probe) in .venv-bench so a test runs msprobe's own compare on our dumps, run the
+# whole suite, then run the MindSpore tests in their own venv (.venv-ms; mindspore needs numpy<2).
 #
 #   bash scripts/test.sh                 # everything
 #   PROBE_SKIP_MINDSPORE=1 bash scripts/test.sh   # skip the MindSpore stage
+#   PROBE_SKIP_MSPROBE=1 bash scripts/test.sh     # skip installing msprobe for its acceptance test
 #   bash scripts/test.sh -k compare      # extra arguments go to the main pytest run
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,13 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   else
     echo "not root or no apt-get: browser tests will skip"
   fi
+fi
+
+if [ "${PROBE_SKIP_MSPROBE:-0}" != 1 ]; then
+  stage "msprobe (.venv-bench): msprobe's own tools must accept our dumps"
+  [ -x .venv-bench/bin/python ] || "$PY" -m venv .venv-bench
+  .venv-bench/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 mindstudio-probe pyyaml \
+    || echo "mindstudio-probe could not be installed: the msprobe acceptance test will skip"
 fi
 
 stage "tests"

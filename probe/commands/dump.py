@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import runpy
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,36 +92,15 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
 
 def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any]) -> int:
     from probe.dump import DumpSession
+    from probe.script import check_script, run_script
 
-    path = Path(argv[0])
-    if not path.is_file():
-        raise ProbeError(f"{path}: no such script; give the Python file to run after '--'")
+    check_script(argv)
     _clear_old_steps(out)
     session = DumpSession(None, out=out, framework=framework, auto_step=True, **options)
     session.start()
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [str(path), *argv[1:]]
-    sys.path.insert(0, str(path.resolve().parent))
-    code = 0
     try:
-        runpy.run_path(str(path), run_name="__main__")
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's error, reported as one line
-        tb = e.__traceback__
-        where = ""
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename == str(path) or tb.tb_frame.f_code.co_filename.endswith(path.name):
-                where = f" at {path.name}:{tb.tb_lineno}"
-            tb = tb.tb_next
-        msg = str(e).splitlines()[0] if str(e) else ""
-        click.echo(f"probe: error: {path} raised {type(e).__name__}: {msg}{where}; "
-                   "finished steps are written", err=True)
-        code = 1
+        code = run_script(argv, "finished steps are written")
     finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
         session.stop()
     return code
 

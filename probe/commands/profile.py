@@ -19,8 +19,6 @@ from __future__ import annotations
 import glob
 import importlib
 import os
-import runpy
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +120,10 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
 def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
     from collectors.store import StoreWriter
     from profiler.engine_plugin import otel_exporter_from
+    from probe.script import check_script, run_script
     from profiler.session import Session
 
-    path = Path(argv[0])
-    if not path.is_file():
-        raise ProbeError(f"{path}: no such script; give the Python file to run after '--'")
+    path = check_script(argv)
     importlib.import_module("torch")      # the session's built-in ranges attach to torch at start
 
     rank = int(os.environ.get("RANK", 0))
@@ -143,23 +140,9 @@ def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
     session.start()
     if step_flops is not None:
         step_flops.start()
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [str(path), *argv[1:]]
-    sys.path.insert(0, str(path.resolve().parent))
-    code = 0
     try:
-        runpy.run_path(str(path), run_name="__main__")
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's error, reported as one line
-        msg = str(e).splitlines()[0] if str(e) else ""
-        click.echo(f"probe: error: {path} raised {type(e).__name__}: {msg}; what was recorded is "
-                   "written", err=True)
-        code = 1
+        code = run_script(argv, "what was recorded is written")
     finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
         if step_flops is not None:
             step_flops.stop()
         report = session.stop()

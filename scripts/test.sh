@@ -2,7 +2,8 @@
 # The test command of the README and of CI: install the project and its test tools into
 # .venv, install headless Chromium for the browser tests if it is missing, install msprobe
 # (mindstudio-probe) in .venv-bench so a test runs msprobe's own compare on our dumps, run the
-# whole suite, then run the MindSpore tests in their own venv (.venv-ms; mindspore needs numpy<2).
+# whole suite, then run the MindSpore tests in their own venv (.venv-ms; mindspore needs numpy<2,
+# so pyarrow<16 there).
 #
 #   bash scripts/test.sh                 # everything
 #   PROBE_SKIP_MINDSPORE=1 bash scripts/test.sh   # skip the MindSpore stage
@@ -42,7 +43,9 @@ if [ "${PROBE_SKIP_MINDSPORE:-0}" != 1 ]; then
   stage "mindspore tests (.venv-ms)"
   [ -x .venv-ms/bin/python ] || "$PY" -m venv .venv-ms
   if .venv-ms/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[dev,mindspore]'; then
-    .venv-ms/bin/python -m pytest -q -m mindspore -p no:cacheprovider || rc=$?
+    # mindspore must load protobuf before the monitor's stubs do, or use the pure-Python protobuf
+    PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python .venv-ms/bin/python -m pytest -q -m mindspore \
+      -p no:cacheprovider || rc=$?
     # exit code 5 means no test was collected with the marker: not a failure of this stage
     if [ "${rc:-0}" != 0 ] && [ "${rc:-0}" != 5 ]; then exit "$rc"; fi
   else

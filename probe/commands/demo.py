@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -71,6 +72,10 @@ def _start_monitor(out: Path, port: int, trace_steps: int) -> subprocess.Popen:
     raise ProbeError(f"the monitor service did not answer in 60 s; see {out / 'monitor.log'}", exit_code=1)
 
 
+def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
+
+
 def _stop(proc: subprocess.Popen | None) -> None:
     if proc is not None and proc.poll() is None:
         proc.terminate()
@@ -104,6 +109,7 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
 
     root = Path(out)
     job = "demo-train"
+    signal.signal(signal.SIGTERM, _interrupt)   # a SIGTERM stops the monitor service too
     train_spec = RunSpec(preset=preset, nproc=nproc, max_steps=max_steps, seed=seed,
                          faults=(f"slow:{slow_rank}:{slow_factor:g}",), out_dir=str(root / job),
                          plugins=(PluginSpec("profiler.engine_plugin:FlopsCallback", {}),))

@@ -215,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batching stage (pairing, step tagging, events for the sinks): {stage_us:.3f} us per "
           f"event, off the caller's path; {recorded} events recorded, dropped {dropped}; "
           f"live batching dropped {live_dropped}")
+    if live_dropped:
+        made = 2 * n * repeat
+        print(f"  (live: the loop made {made} records at {1 / max(net['mstx pair, recording, live batching'], 1e-9):.1f}M"
+              f" pairs/s, faster than the batching stage drains them while sharing the GIL; past the"
+              f" per-thread bound the excess, {live_dropped / made:.0%}, is dropped and counted)")
     print(f"torch.profiler post-processing at stop: {torch_stage_us:.3f} us per event "
           f"({torch_events} events)")
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import threading
 import time
 from threading import get_ident
@@ -40,10 +41,13 @@ from typing import Any, Callable
 
 __all__ = ["mark", "range_start", "range_end", "range", "domain", "Domain", "is_recording"]
 
-# Raw record tuples appended to a thread's buffer, all of five items (kind code first):
+# Raw records appended to a thread's buffer, all of five items (kind code first):
 #   (MARK, 0 or id, t_ns, message, domain)     id only for a mark with a stream
 #   (START, range_id, t_ns, message, domain)
-#   (END, range_id, t_ns, domain, 0)
+#   (END, range_id, t_ns, domain, None)
+# The C extension ``profiler._mstx_native`` (built at install, see setup.py) keeps them in
+# arrays and replaces mark/range_start/range_end below; without it the pure-Python functions
+# append tuples to a per-thread list. PROBE_MSTX_NATIVE=0 forces the Python path.
 # Device timing events (ranges and marks given a stream) wait in _device_starts/_device_ends.
 MARK, START, END = 0, 1, 2
 
@@ -68,16 +72,14 @@ def mark(message: Any, stream: Any = None, domain: str = "default") -> None:
     >>> mark("checkpoint written", domain="checkpoint")
     """
     if _active:
-        try:
-            push = _local.push
-        except AttributeError:
-            push = _register()
         if stream is None:
+            try:
+                push = _local.push
+            except AttributeError:
+                push = _register()
             push((0, 0, _now(), message, domain))
         else:
-            rid = _next_id()
-            _device_starts[rid] = _device_ends[rid] = _stream_event(stream)
-            push((0, rid, _now(), message, domain))
+            _mark_on_stream(message, stream, domain)
 
 
 def range_start(message: Any, stream: Any = None, domain: str = "default") -> int:
@@ -88,14 +90,13 @@ def range_start(message: Any, stream: Any = None, domain: str = "default") -> in
     """
     if not _active:
         return 0
+    if stream is not None:
+        return _start_on_stream(message, stream, domain)
     rid = _next_id()
     try:
         push = _local.push
     except AttributeError:
         push = _register()
-    if stream is not None:
-        _streams[rid] = stream
-        _device_starts[rid] = _stream_event(stream)
     push((1, rid, _now(), message, domain))
     return rid
 
@@ -112,7 +113,7 @@ def range_end(range_id: int, domain: str = "default") -> None:
             push = _register()
         if _streams:
             _end_on_stream(range_id)
-        push((2, range_id, _now(), domain, 0))
+        push((2, range_id, _now(), domain, None))
 
 
 def is_recording() -> bool:
@@ -120,10 +121,41 @@ def is_recording() -> bool:
     return _active
 
 
+def _set_state(active: bool, ends: bool) -> None:
+    """Switch recording of marks/starts (``active``) and of range ends (``ends``)."""
+    global _active, _ends
+    _active, _ends = active, ends
+    if _native is not None:
+        _native.set_state(active, ends)
+
+
+def _push(code: int, rid: Any, t_ns: int, a: Any, b: Any) -> None:
+    """Append one raw record to this thread's buffer (the pure-Python path)."""
+    try:
+        push = _local.push
+    except AttributeError:
+        push = _register()
+    push((code, rid, t_ns, a, b))
+
+
 def _register() -> Callable[[tuple], None]:
     """This thread's buffer, registered with the recorder on the thread's first call."""
     push = _local.push = _new_buffer().append
     return push
+
+
+def _mark_on_stream(message: Any, stream: Any, domain: Any) -> None:
+    rid = _next_id()
+    _device_starts[rid] = _device_ends[rid] = _stream_event(stream)
+    _push(0, rid, _now(), message, domain)
+
+
+def _start_on_stream(message: Any, stream: Any, domain: Any) -> int:
+    rid = _next_id()
+    _streams[rid] = stream
+    _device_starts[rid] = _stream_event(stream)
+    _push(1, rid, _now(), message, domain)
+    return rid
 
 
 def _end_on_stream(range_id: Any) -> None:
@@ -252,3 +284,15 @@ def domain(name: str) -> Domain:
     if d is None:
         d = _domains.setdefault(name, Domain(name))
     return d
+
+
+_native: Any = None
+if os.environ.get("PROBE_MSTX_NATIVE", "1") != "0":
+    try:
+        from profiler import _mstx_native as _native
+    except ImportError:          # not built (no C compiler at install): the Python path records
+        _native = None
+if _native is not None:
+    _native.configure(_streams, _mark_on_stream, _start_on_stream, _end_on_stream)
+    mark, range_start, range_end = _native.mark, _native.range_start, _native.range_end  # noqa: F811
+    _next_id, _now, _push = _native.next_id, _native.now, _native.push  # noqa: F811

@@ -1,9 +1,10 @@
 """The recording stage behind :mod:`profiler.mstx`: per-thread buffers, batching, pairing.
 
-While a :class:`Recorder` runs, each thread that calls ``mstx`` gets its own list (registered
-once per thread); the hot path only appends a 5-tuple to it. A background thread drains every
-buffer in batches (``len``, slice, ``del``: no lock needed under the GIL) and turns a batch into
-columns at C speed (``zip``, numpy): range starts are paired with their ends by id with a sorted
+While a :class:`Recorder` runs, each thread that calls ``mstx`` gets its own buffer (registered
+once per thread); the hot path only appends one record to it: to C arrays when the
+``profiler._mstx_native`` extension is built, else a 5-tuple to a list. A background thread
+drains every buffer in batches (no lock needed under the GIL) and turns a batch into columns at
+C speed (the extension's bytes, or ``map``/numpy over the tuples): range starts are paired with their ends by id with a sorted
 search (ids rise within a thread), and only what crosses batches or threads (an end on another
 thread, a range still open) goes through a dict. Device timestamps whose CUDA events have
 completed are resolved. Finished events go to the sink as an :class:`EventBatch` (columns;
@@ -179,7 +180,9 @@ def _take(seq: tuple, idx: list[int]) -> tuple:
 
 def _off_in_child() -> None:
     """A forked child (a DataLoader worker) has no drain thread: it must not buffer forever."""
-    mstx._active = mstx._ends = False
+    mstx._set_state(False, False)
+    if mstx._native is not None:
+        mstx._native.reset()
     mstx._local = threading.local()
     mstx._new_buffer = list
 
@@ -268,8 +271,10 @@ class Recorder:
         mstx._device_starts.clear()
         mstx._device_ends.clear()
         mstx._device_event = self._device_event
-        mstx._ends = True
-        mstx._active = True
+        if mstx._native is not None:
+            mstx._native.reset()
+            mstx._native.session(self._on_new_thread, self.max_buffer)
+        mstx._set_state(True, True)
         self.started = True
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="mstx-drain", daemon=True)
@@ -278,23 +283,24 @@ class Recorder:
 
     def pause(self) -> None:
         """Stop recording new marks and starts; ends of open ranges are still recorded."""
-        mstx._active = False
+        mstx._set_state(False, mstx._ends)
 
     def resume(self) -> None:
         """Record marks and starts again after :meth:`pause`."""
         if self.started:
-            mstx._active = True
+            mstx._set_state(True, True)
 
     def stop(self) -> Counter:
         """Switch ``mstx`` off, drain what is left, count unclosed ranges; return the problems."""
         if not self.started:
             return self.problems
-        mstx._active = False
-        mstx._ends = False
+        mstx._set_state(False, False)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.drain(final=True)
+        if mstx._native is not None:
+            mstx._native.reset()
         mstx._device_event = None
         mstx._new_buffer = list
         mstx._local = threading.local()
@@ -309,6 +315,11 @@ class Recorder:
             self._buffers.append((ident, buf, threading.current_thread()))
             self.thread_names[ident] = threading.current_thread().name
         return buf
+
+    def _on_new_thread(self) -> None:
+        """Run by the C path on a thread's first record: remember the thread's name."""
+        thread = threading.current_thread()
+        self.thread_names[thread.ident] = thread.name
 
     def _device_event(self, stream: Any) -> Any:
         if self._device is None:
@@ -359,6 +370,14 @@ class Recorder:
                 self.problems["dropped_events"] += n - self.max_buffer
                 items = items[:self.max_buffer]
             self._pair(tid, items, rows)
+        if mstx._native is not None:
+            for tid, codes, ids, ts, f3, f4, dropped in mstx._native.drain():
+                if dropped:
+                    self.problems["dropped_events"] += dropped
+                if f3:
+                    self._pair_columns(tid, np.frombuffer(codes, dtype=np.int8),
+                                       np.frombuffer(ids, dtype=np.int64),
+                                       np.frombuffer(ts, dtype=np.int64), f3, f4, rows)
         complete = mstx._complete
         n = len(complete)
         if n:
@@ -374,13 +393,16 @@ class Recorder:
         return self._finish_rows(rows, final)
 
     def _pair(self, tid: int, items: list, rows: _Rows) -> None:
-        """Pair starts and ends of one thread's batch; marks pass through."""
+        """Pair starts and ends of one thread's batch of record tuples (the Python path)."""
         n = len(items)
         codes = np.fromiter(map(_CODE, items), dtype=np.int8, count=n)
         ts = np.fromiter(map(_TIME, items), dtype=np.int64, count=n)
-        ids = self._ids(items)
-        f3 = list(map(_F3, items))
-        f4 = list(map(_F4, items))
+        self._pair_columns(tid, codes, self._ids(items), ts, list(map(_F3, items)),
+                           list(map(_F4, items)), rows)
+
+    def _pair_columns(self, tid: int, codes: np.ndarray, ids: np.ndarray, ts: np.ndarray,
+                      f3: list, f4: list, rows: _Rows) -> None:
+        """Pair starts and ends of one thread's batch given as columns; marks pass through."""
         s_idx = np.flatnonzero(codes == 1)
         e_idx = np.flatnonzero(codes == 2)
         m_idx = np.flatnonzero(codes == 0)

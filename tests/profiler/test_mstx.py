@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from profiler import mstx
 from profiler.recorder import Recorder, _Rows
 
@@ -147,15 +149,35 @@ def test_an_end_seen_before_its_start_in_a_later_batch_still_pairs():
     started.wait()
     t.join()
     mstx.range_end(holder["rid"])
-    # drain the main thread's buffer (with the end) alone first, as a drain racing a start can
-    main = next(buf for ident, buf, _ in rec._buffers if ident == threading.get_ident())
-    items = main[:]
-    del main[:]
-    rec._pair(threading.get_ident(), items, _Rows())
+    # pair the main thread's records (with the end) alone first, as a drain racing a start can
+    by_thread = _take_columns(rec)
+    me = threading.get_ident()
+    rec._pair_columns(me, *by_thread.pop(me), _Rows())
     assert holder["rid"] in rec._orphan_ends
+    rows = _Rows()
+    for tid, cols in by_thread.items():
+        rec._pair_columns(tid, *cols, rows)
+    got.extend(rec._finish_rows(rows, final=False))
     problems = rec.stop()
     assert [e.name for e in got] == ["late start"]
     assert not problems
+
+
+def _take_columns(rec):
+    """Every thread's buffered records as (codes, ids, times, f3, f4), taken out of the buffers."""
+    out = {}
+    if mstx._native is not None:
+        for tid, codes, ids, ts, f3, f4, _dropped in mstx._native.drain():
+            out[tid] = (np.frombuffer(codes, np.int8), np.frombuffer(ids, np.int64),
+                        np.frombuffer(ts, np.int64), f3, f4)
+        return out
+    for tid, buf, _thread in rec._buffers:
+        items = buf[:]
+        del buf[:]
+        out[tid] = (np.array([r[0] for r in items], np.int8), rec._ids(items),
+                    np.array([r[2] for r in items], np.int64), [r[3] for r in items],
+                    [r[4] for r in items])
+    return out
 
 
 def test_a_forked_child_does_not_record_into_a_buffer_nobody_drains():

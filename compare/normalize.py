@@ -65,7 +65,10 @@ def _case_map(col: str, table: dict[str, str]) -> str:
 
 def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> None:
     """Create ``{side}_g`` and ``{side}_t`` in ``con`` from one side's tensor/node records."""
-    con.register(f"{side}_raw_t", tensors)
+    import numpy as np
+
+    pos = pa.array(np.arange(tensors.num_rows, dtype=np.int64))
+    con.register(f"{side}_raw_t", tensors.append_column("pos", pos))
     con.register(f"{side}_raw_n", nodes)
     cls_norm = _case_map("lower(cls)", CLASS_SYNONYMS)
     canon = _case_map("canon0", API_SYNONYMS)
@@ -140,7 +143,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     with dt as (select raw, {dtype} as norm from (select distinct dtype as raw from {side}_raw_t)),
          eg as (select e.node, g.grp, g.kind, g.canon from {side}_e e
                 join {side}_g g on g.grp = e.prefix || '.' || e.body || '#' || coalesce(e.call, 0))
-    select g.grp, t.node, t.seq, t.direction, t.slot,
+    select g.grp, t.node, t.seq, t.pos, t.direction, t.slot,
       case when t.slot in ('parameter', 'parameter_grad') then {param} else t."index" end as idx,
       case when t.slot = 'input' then t.node || '.input.' || t."index"
            when t.slot = 'kwarg' then t.node || '.input.' || t."index"

@@ -40,18 +40,16 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None)
         mapped = mapped_pairs(con, mapping)
     match_groups(con, mapped, structural=mapped is None)
     _tick(bar, "matched")
-    _rows(con)
-    rows = con.sql("select rowid as row_id, * exclude (grp_a, grp_b, ctx, tol_pass, tol_warn, uninit) "
-                   "from rows order by ord, rowid").to_arrow_table()
-    rows = _as_table(rows)
+    full = _rows(con)
+    rows = full.drop_columns(list(_HELPERS))
     if da.task == "tensor" or db.task == "tensor":
         rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
-        con.register("rows_tensor_mode", rows.select(["row_id", "err", "verdict", "reason"]))
-        con.execute("""update rows set err = t.err, verdict = t.verdict, reason = t.reason
-                       from rows_tensor_mode t where rows.rowid = t.row_id""")
+        for k in ("err", "verdict", "reason"):
+            full = full.set_column(full.schema.get_field_index(k), k, rows.column(k))
+    con.register("rows", full)
     _tick(bar, "metrics")
-    _nodes(con)
-    nodes = _as_table(con.sql("select * from nodes order by ord").to_arrow_table())
+    nodes = con.sql(_nodes(con)).to_arrow_table()
+    con.register("nodes", nodes)
     _tick(bar, "verdicts")
     summary = build_summary(con, da, db)
     summary.update(localise(con))
@@ -65,19 +63,19 @@ def _tick(bar: Any, what: str) -> None:
         bar.step(what)
 
 
-def _as_table(x: Any) -> Any:
+#: Columns of the rows query that later queries use but the result does not show.
+_HELPERS = ("grp_a", "grp_b", "ctx", "tol_pass", "tol_warn", "uninit")
+
+
+def _rows(con: Any) -> Any:
+    """The per-tensor rows (pyarrow.Table, in execution order, with the helper columns)."""
+    import numpy as np
     import pyarrow as pa
 
-    if isinstance(x, pa.Table):
-        return x
-    return x.read_all()
-
-
-def _rows(con: Any) -> None:
     pass_a, warn_a = tolerance_sql("r.dtype_a")
     pass_b, warn_b = tolerance_sql("r.dtype_b")
-    con.execute("""
-    create or replace temp table pair_t as
+    table = con.sql(f"""
+    with pair_t as (
     with ta as (select t.*, p.grp_b as other, p.method, p.reason as mreason
                 from a_t t join pairs p on p.grp_a = t.grp),
          tb as (select t.*, p.grp_a as other, p.method, p.reason as mreason
@@ -93,24 +91,21 @@ def _rows(con: Any) -> None:
       tb.mx as max_b, tb.mn as min_b, tb.mean as mean_b, tb.norm as norm_b,
       ta.nonfinite as nonfinite_a, tb.nonfinite as nonfinite_b, ta.hash as hash_a, tb.hash as hash_b,
       ta.tensor_file as file_a, tb.tensor_file as file_b, coalesce(ta.seq, tb.seq) as seq_any,
-      coalesce(ta.uninit, false) or coalesce(tb.uninit, false) as uninit
+      coalesce(ta.uninit, false) or coalesce(tb.uninit, false) as uninit, ta.pos as pos_a, tb.pos as pos_b
     from ta full outer join tb
       on ta.grp = tb.other and ta.other = tb.grp and ta.direction = tb.direction
          and ta.slot = tb.slot and ta.idx = tb.idx
     union all
     select t.grp, null, t.name, null, t.node, null, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in B', t.dtype, null, t.shape, null, t.numel, null, t.mx, t.mn, t.mean, t.norm,
-      null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq, false
+      null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq, false, t.pos, null
     from a_t t join a_st st on st.grp = t.grp and st.state = 'unmatched'
     union all
     select null, t.grp, null, t.name, null, t.node, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in A', null, t.dtype, null, t.shape, null, t.numel, null, null, null, null,
-      t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq, false
+      t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq, false, null, t.pos
     from b_t t join b_st st on st.grp = t.grp and st.state = 'unmatched'
-    """)
-    con.execute(f"""
-    create or replace temp table rows as
-    with c as (
+    ), c as (
       select *,
         greatest(abs(case when isfinite(max_a) then max_a end), abs(case when isfinite(min_a) then min_a end),
                  abs(case when isfinite(max_b) then max_b end), abs(case when isfinite(min_b) then min_b end)) as mag
@@ -176,7 +171,10 @@ def _rows(con: Any) -> None:
                 coalesce(dtype_a, dtype_b, '?'),
                 case when hash_a is not null and hash_b is not null then '; md5 differs' else '' end) end as reason
     from e
-    """)
+    order by ord, pos_a nulls last, pos_b
+    """).to_arrow_table()
+    row_id = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    return table.add_column(0, "row_id", row_id)
 
 
 def _worst(cond: str) -> str:
@@ -185,7 +183,8 @@ def _worst(cond: str) -> str:
             f"filter (where {cond}) when 2 then 'error' when 1 then 'warning' when 0 then 'pass' end")
 
 
-def _nodes(con: Any) -> None:
+def _nodes(con: Any) -> str:
+    """Build the per-node tables; return the query of the node pairs (in execution order)."""
     con.execute("""
     create or replace temp table entry_nf as
     select 'a' as side, node, grp, direction,
@@ -230,8 +229,7 @@ def _nodes(con: Any) -> None:
     from e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
     where e.node_a is not null or e.node_b is not null
     """)
-    con.execute("""
-    create or replace temp table nodes as
+    return """
     with m as (
       select n.*,
         case when coalesce(param_verdict, 'pass') = 'error' or coalesce(out_verdict, 'pass') = 'error' then 'error'
@@ -319,4 +317,5 @@ def _nodes(con: Any) -> None:
     from b_g g join b_st st on st.grp = g.grp and st.state = 'unmatched'
     cross join (values ('forward'), ('backward')) d(direction)
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
-    """)
+    order by ord
+    """

@@ -152,9 +152,9 @@ def _step_rank(path: Path) -> tuple[int | None, int | None]:
 
 
 def _loads(text: bytes) -> Any:
-    """Parse JSON; orjson when available and the text has no NaN/Infinity literals (which it
-    rejects), else the standard library (which reads them as msprobe writes them)."""
-    if _orjson is not None and b"NaN" not in text and b"Infinity" not in text:
+    """Parse JSON; orjson when available, the standard library when orjson refuses the text
+    (it rejects the NaN/Infinity literals that the standard library reads as msprobe writes them)."""
+    if _orjson is not None:
         try:
             return _orjson.loads(text)
         except _orjson.JSONDecodeError:
@@ -319,7 +319,7 @@ def _flatten_fast(names: list[str], values: list) -> pa.Table | None:
             flat = col.flatten()
             parents = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
             pos = np.arange(len(flat)) - offsets[:-1][parents]
-            part(fwd, offsets, slot, pa.array(pos.astype(str), type=pa.string()), flat)
+            part(fwd, offsets, slot, _position_names(int(pos.max(initial=0)) + 1).take(pos), flat)
     if len(pg):
         offsets = pg.offsets.to_numpy(zero_copy_only=False)
         lists = pg.items
@@ -338,6 +338,18 @@ def _flatten_fast(names: list[str], values: list) -> pa.Table | None:
     order = pa.compute.sort_indices(table, sort_keys=[("seq", "ascending")])
     table = table.take(order)
     return table.append_column("value", pa.nulls(table.num_rows, type=pa.string()))
+
+
+def _constant(value: Any, n: int, type: pa.DataType) -> pa.Array:
+    """``n`` copies of ``value`` (built in Arrow, not from a Python list)."""
+    import numpy as np
+
+    return pa.array([value], type=type).take(np.zeros(n, dtype=np.int32))
+
+
+def _position_names(n: int) -> pa.Array:
+    """``["0", "1", ..., str(n - 1)]`` as an Arrow array (positions are taken from it)."""
+    return pa.array([str(i) for i in range(n)], type=pa.string())
 
 
 def _numel(shape: pa.Array) -> pa.Array:
@@ -404,23 +416,43 @@ def _flatten(data: dict, path: Path) -> _Flat:
     return flat
 
 
-_MODULE_RE = r"^(?P<p>Module|Cell)\.(?P<body>.+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<call>[0-9]+)$"
-_API_RE = r"^(?P<p>[^.]+)\.(?P<body>.+)\.(?P<call>[0-9]+)\.(?P<dir>forward|backward)$"
-
-
 def _classify(names: list[str]) -> pa.Table:
-    """kind, direction and class name of every entry name (vectorised; odd names in Python)."""
+    """kind, direction and class name of every entry name (vectorised over the names' dot
+    separated parts; names of neither msprobe form are read by :func:`parse_node_name`).
+
+    Module names are ``(Module|Cell).<path.Class>.(forward|backward|parameters_grad).<call>``,
+    API names ``<Prefix>.<api>.<call>.(forward|backward)``.
+    """
+    import numpy as np
     import pyarrow.compute as pc
 
     arr = pa.array(names, type=pa.string())
-    mod = pc.extract_regex(arr, _MODULE_RE)
-    api = pc.extract_regex(arr, _API_RE)
-    is_mod, is_api = mod.is_valid(), api.is_valid()
-    body_cls = pc.extract_regex(mod.field("body"), r"(?P<c>[^.]+)$").field("c")
-    kind = pc.if_else(is_mod, "module", pc.if_else(pc.equal(api.field("p"), "Distributed"), "comm", "api"))
-    dir_raw = pc.if_else(is_mod, mod.field("dir"), api.field("dir"))
-    direction = pc.if_else(pc.equal(dir_raw, "forward"), "forward", "backward")
-    cls = pc.if_else(is_mod, body_cls, pc.binary_join_element_wise(api.field("p"), api.field("body"), "."))
+    parts = pc.split_pattern(arr, ".")
+    ends = parts.offsets.to_numpy(zero_copy_only=False)
+    values = parts.values
+
+    def from_end(k: int) -> pa.Array:
+        return values.take(np.maximum(ends[1:] - k, ends[:-1]))
+    first, last, second, third = values.take(ends[:-1]), from_end(1), from_end(2), from_end(3)
+    length = pc.utf8_length
+    body_len = pc.subtract(pc.subtract(pc.subtract(length(arr), length(first)),
+                                       pc.add(length(second), length(last))), 3)
+    shaped = pc.and_(pa.array(np.diff(ends) >= 4), pc.greater(body_len, 0))
+    is_mod = pc.and_(shaped, pc.and_(pc.is_in(first, pa.array(list(_MODULE_PREFIXES))),
+                                     pc.and_(pc.is_in(second, pa.array(["forward", "backward", "parameters_grad"])),
+                                             pc.match_substring_regex(last, "^[0-9]+$"))))
+    is_api = pc.and_(pc.and_(shaped, pc.greater(length(first), 0)),
+                     pc.and_(pc.match_substring_regex(second, "^[0-9]+$"),
+                             pc.is_in(last, pa.array(["forward", "backward"]))))
+    kind = pc.if_else(is_mod, "module", pc.if_else(pc.equal(first, "Distributed"), "comm", "api"))
+    direction = pc.if_else(pc.equal(pc.if_else(is_mod, second, last), "forward"), "forward", "backward")
+    cls = pc.if_else(is_mod, third, pa.nulls(len(arr), pa.string()))
+    api_rows = pc.indices_nonzero(pc.and_(is_api, pc.invert(is_mod)))
+    if len(api_rows):
+        api_cls = pc.replace_substring_regex(arr.take(api_rows), r"\.[^.]*\.[^.]*$", "")
+        mask = np.zeros(len(arr), dtype=bool)
+        mask[api_rows.to_numpy()] = True
+        cls = pc.replace_with_mask(cls, pa.array(mask), api_cls)
     table = pa.table({"kind": kind, "direction": direction, "cls": cls})
     odd = pc.indices_nonzero(pc.invert(pc.or_(is_mod, is_api))).to_pylist()
     if odd:
@@ -572,8 +604,8 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
         files = pa.array([str(base / f) if f else None for f in files.to_pylist()], type=pa.string())
     dtype = pa.compute.coalesce(stats.field("dtype"), stats.field("type"))
     tensors = table_from_columns("tensor", {
-        "run": pa.array([run] * n, type=pa.string()), "rank": pa.array([rank] * n, type=pa.int32()),
-        "step": pa.array([step] * n, type=pa.int64()), "seq": seq,
+        "run": _constant(run, n, pa.string()), "rank": _constant(rank, n, pa.int32()),
+        "step": _constant(step, n, pa.int64()), "seq": seq,
         "node": pa.array(names, type=pa.string()).take(seq),
         "node_kind": info.column("kind").take(seq), "direction": info.column("direction").take(seq),
         "slot": flat.column("slot"), "index": flat.column("index"),
@@ -581,7 +613,8 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
         "max": stats.field("Max"), "min": stats.field("Min"), "mean": stats.field("Mean"),
         "l2norm": stats.field("Norm"), "hash": stats.field("md5"), "tensor_file": files,
         "requires_grad": stats.field("requires_grad"),
-        "value": flat.column("value"),
+        "value": flat.column("value"), "nan_count": pa.nulls(n, pa.int64()),
+        "inf_count": pa.nulls(n, pa.int64()), "host_ts_ns": pa.nulls(n, pa.int64()),
     })
     nodes = _node_table(names, info.column("cls").to_pylist(), construct, stack_refs, run, rank)
     return MsprobeDump(path=str(path), tensors=tensors, nodes=nodes,

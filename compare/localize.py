@@ -43,7 +43,7 @@ def _first_divergence(con: Any) -> dict[str, Any] | None:
               and (coalesce(in_verdict, 'pass') = 'pass'
                    or coalesce(out_err, 0) >= {GROWTH} * coalesce(in_err, 0)
                    or param_verdict = '{level}')
-            order by ord limit 1""").fetchall()
+            order by ord, node_a nulls last, node_b nulls last limit 1""").fetchall()
             if row:
                 return _finding(row[0])
     return None
@@ -65,7 +65,7 @@ def _first_nan(con: Any) -> dict[str, Any] | None:
                when new_a then 'NaN/Inf first appear here in A, not produced by its inputs'
                else 'NaN/Inf first appear here in B, not produced by its inputs' end
         from c where (new_a or new_b) and not shared
-        order by ord limit 1""").fetchall()
+        order by ord, node_a nulls last, node_b nulls last limit 1""").fetchall()
         if row:
             return _finding(row[0])
     return None

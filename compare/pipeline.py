@@ -29,7 +29,6 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None)
     from compare.report import build_summary
 
     con = duckdb.connect()
-    con.execute("set threads = 1")
     normalise_side(con, "a", da.tensors, da.nodes)
     normalise_side(con, "b", db.tensors, db.nodes)
     _tick(bar, "normalised")
@@ -207,8 +206,8 @@ def _nodes(con: Any) -> str:
       {_worst("slot in ('input', 'kwarg')")} as in_verdict,
       {_worst("slot = 'output'")} as out_verdict,
       {_worst("slot in ('parameter', 'parameter_grad')")} as param_verdict,
-      arg_max(reason, coalesce(err, -1)) filter (where slot = 'output') as out_reason,
-      arg_max(name_a, coalesce(err, -1)) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
+      arg_max(reason, [coalesce(err, -1), -row_id]) filter (where slot = 'output') as out_reason,
+      arg_max(name_a, [coalesce(err, -1), -row_id]) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
       max(tol_pass) as tol_pass
     from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
     """)
@@ -317,5 +316,5 @@ def _nodes(con: Any) -> str:
     from b_g g join b_st st on st.grp = g.grp and st.state = 'unmatched'
     cross join (values ('forward'), ('backward')) d(direction)
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
-    order by ord
+    order by ord, node_a nulls last, node_b nulls last, direction
     """

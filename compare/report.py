@@ -30,7 +30,7 @@ def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
     un_b = con.sql("select count(*) from nodes where match_method = 'unmatched' and node_b is not null").fetchall()[0][0]
     worst = con.sql(f"""
         select name_a, name_b, verdict, err, reason from rows
-        where verdict in ('error', 'warning') order by err desc nulls last, ord limit {_WORST_N}""").fetchall()
+        where verdict in ('error', 'warning') order by err desc nulls last, ord, row_id limit {_WORST_N}""").fetchall()
     mode = "statistics"
     if da.task == "tensor" or db.task == "tensor":
         mode = "tensor"

@@ -96,26 +96,28 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     con.execute(f"""
     create or replace temp table {side}_g0 as
     with x as (
+      select prefix || '.' || body || '#' || coalesce(call, 0) as grp, any_value(kind) as kind,
+        any_value(prefix) as prefix, any_value(body) as body, any_value(call) as call,
+        max(case when dir_raw = 'forward' then node end) as fwd,
+        max(case when dir_raw = 'backward' then node end) as bwd,
+        max(case when dir_raw = 'parameters_grad' then node end) as pgrad,
+        min(case when dir_raw = 'forward' then seq end) as seq_f,
+        min(case when dir_raw <> 'forward' then seq end) as seq_b,
+        min(seq) as seq0
+      from {side}_e group by grp
+    ), y as (
       select *,
-        prefix || '.' || body || '#' || coalesce(call, 0) as grp,
         case when kind = 'module' then
              case when contains(body, '.') then regexp_extract(body, '^(.*)\\.[^.]*$', 1) else '' end
              else body end as path,
         case when kind = 'module' then regexp_extract(body, '([^.]*)$', 1) else prefix || '.' || body end as cls,
         lower(regexp_replace(case when prefix = 'Primitive' then split_part(body, '.', 1)
                                   else regexp_extract(body, '([^.]*)$', 1) end, '^__(.*)__$', '\\1')) as canon0
-      from {side}_e
+      from x
     )
-    select grp, any_value(kind) as kind, any_value(prefix) as prefix, any_value(path) as path,
-      any_value(cls) as cls, any_value({cls_norm}) as cls_norm, any_value({canon}) as canon,
-      any_value(call) as call,
-      max(case when dir_raw = 'forward' then node end) as fwd,
-      max(case when dir_raw = 'backward' then node end) as bwd,
-      max(case when dir_raw = 'parameters_grad' then node end) as pgrad,
-      min(case when dir_raw = 'forward' then seq end) as seq_f,
-      min(case when dir_raw <> 'forward' then seq end) as seq_b,
-      min(seq) as seq0
-    from x group by grp
+    select grp, kind, prefix, path, cls, {cls_norm} as cls_norm, {canon} as canon, call,
+      fwd, bwd, pgrad, seq_f, seq_b, seq0
+    from y
     """)
     con.execute(f"""
     create or replace temp table {side}_g as

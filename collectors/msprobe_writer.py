@@ -25,10 +25,13 @@ Files are written to a temporary name and renamed, so a reader never sees half a
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
+
+import orjson
 
 from probe.errors import ProbeError
 
@@ -54,7 +57,7 @@ def safe_file_name(name: str, suffix: str = "") -> str:
     Path separators, ``..`` and any character outside ``[A-Za-z0-9_.-]`` become ``_``.
 
     >>> safe_file_name("Module.../../etc/passwd.Linear.forward.0", ".safetensors")
-    'Module._.._etc_passwd.Linear.forward.0.safetensors'
+    'Module._._.__etc_passwd.Linear.forward.0.safetensors'
     """
     cleaned = _UNSAFE.sub("_", name)
     while ".." in cleaned:
@@ -75,17 +78,52 @@ def contained_path(folder: str | os.PathLike, name: str, suffix: str = "") -> Pa
 _last_text: dict[tuple[str, int | None], tuple[Any, str]] = {}
 
 
-def _atomic_json(path: Path, obj: Any, indent: int | None) -> None:
+#: msprobe writes non-finite floats as the literals NaN, Infinity and -Infinity (not strict
+#: JSON); orjson would write them as null, so they go in as pre-encoded fragments.
+NAN, POS_INF, NEG_INF = orjson.Fragment(b"NaN"), orjson.Fragment(b"Infinity"), orjson.Fragment(b"-Infinity")
+_FRAGMENT_FLOATS = {id(NAN): math.nan, id(POS_INF): math.inf, id(NEG_INF): -math.inf}
+
+
+def json_float(v: float) -> Any:
+    """``v`` as it goes into a dump entry: itself, or msprobe's literal when it is NaN or Inf.
+
+    >>> json_float(1.5), orjson.dumps([json_float(float("nan")), json_float(-float("inf"))])
+    (1.5, b'[NaN,-Infinity]')
+    """
+    if math.isfinite(v):
+        return v
+    return NAN if v != v else (POS_INF if v > 0 else NEG_INF)
+
+
+def _fragment_float(o: Any) -> float:
+    try:
+        return _FRAGMENT_FLOATS[id(o)]
+    except KeyError:
+        raise TypeError(f"{type(o).__name__} is not JSON serializable") from None
+
+
+def _encode(obj: Any, indent: int | None, fast: bool) -> bytes:
+    """JSON bytes of ``obj``: with ``fast`` (no raw non-finite float in ``obj``, see
+    :func:`json_float`) orjson, else the standard encoder; non-finite floats become literals."""
+    if indent is None and fast:
+        try:
+            return orjson.dumps(obj)
+        except TypeError:
+            pass
+    return json.dumps(obj, indent=indent, ensure_ascii=False, default=_fragment_float).encode("utf-8")
+
+
+def _atomic_json(path: Path, obj: Any, indent: int | None, fast: bool) -> None:
     tmp = path.with_name("." + path.name + ".tmp")
     key = (path.name, indent)
     last = _last_text.get(key)
     if last is not None and last[0] == obj:      # construct/stack rarely change between steps
         text = last[1]
     else:
-        text = json.dumps(obj, indent=indent, ensure_ascii=False)   # one shot: the C encoder
+        text = _encode(obj, indent, fast)
         if path.name != "dump.json":
             _last_text[key] = (obj, text)
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "wb") as f:
         f.write(text)
     os.replace(tmp, path)
 
@@ -93,13 +131,16 @@ def _atomic_json(path: Path, obj: Any, indent: int | None) -> None:
 def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[str, Any],
                construct: Mapping[str, str | None], stacks: Mapping[str, list],
                task: str, level: str, framework: str, dump_data_dir: str | None = None,
-               indent: int | None = None) -> Path:
+               indent: int | None = None, finite: bool = False) -> Path:
     """Write the three msprobe files of one step and rank; returns their folder.
 
     ``level`` is ours (``module``/``api``/``mix``) or msprobe's (``L0``/``L1``/``mix``);
     ``framework`` is ``pytorch`` or ``mindspore``. ``stacks`` maps a name to its list of
     frame lines; names with the same frames are grouped as msprobe groups them. ``indent=None``
     (the default) writes compact JSON with the C encoder; readers see the same document.
+    Non-finite floats in ``data`` are written as ``NaN``/``Infinity``/``-Infinity``.
+    ``finite=True`` promises that every float in ``data`` is finite or already a
+    :func:`json_float` fragment, which allows the faster encoder.
     """
     folder = step_dir(out, step, rank)
     header = {
@@ -109,9 +150,9 @@ def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[st
         "dump_data_dir": dump_data_dir,
         "data": data,
     }
-    _atomic_json(folder / "dump.json", header, indent)
-    _atomic_json(folder / "construct.json", dict(construct), indent)
-    _atomic_json(folder / "stack.json", group_stacks(stacks), indent)
+    _atomic_json(folder / "dump.json", header, indent, finite)
+    _atomic_json(folder / "construct.json", dict(construct), indent, True)
+    _atomic_json(folder / "stack.json", group_stacks(stacks), indent, True)
     return folder
 
 

@@ -114,6 +114,8 @@ def conform(kind: str, table: pa.Table | pa.RecordBatch) -> pa.Table:
     schema = schema_for(kind)
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
+    if table.schema.equals(schema, check_metadata=False):
+        return table
     extra = set(table.column_names) - set(schema.names)
     if extra:
         raise ValueError(f"columns {sorted(extra)} are not in the {kind} schema")

@@ -72,6 +72,7 @@ class DumpSession:
         self._own_store = False
         self._hooked = False
         self._detached = False
+        self._gc: Any = None
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> "DumpSession":
@@ -90,6 +91,8 @@ class DumpSession:
             self.store = self._store_arg
         self.recorder = Recorder(self.adapter, self.config, rank=rank, store=self.store)
         if self.config.ranks is None or rank in self.config.ranks:
+            from probe.gc_policy import GcPolicy
+            self._gc = GcPolicy().start()
             self._attach()
         if self.first_step is not None:
             self.recorder.begin_step(self.first_step)
@@ -169,6 +172,9 @@ class DumpSession:
     def _detach(self) -> None:
         self._detached = True
         self.adapter.detach()
+        if self._gc is not None:
+            self._gc.stop()
+            self._gc = None
 
     def notes(self) -> list[str]:
         return self.adapter.notes() if self.adapter is not None else []

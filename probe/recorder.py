@@ -112,6 +112,7 @@ class Recorder:
         self._writer: _Writer | None = None
         self._nodes_written: set[str] = set()
         self._last_store_flush = float("-inf")
+        self._store_rows: list[tuple[int, int, list]] = []   # (step, time, rows) not yet in the store
         self.step = -1
         self.active = False
         self.steps_written: list[int] = []
@@ -162,6 +163,7 @@ class Recorder:
         self.seq = 0
         self._seen: dict[Any, tuple] = {}
 
+
     # ----------------------------------------------------------------- filters
     def include(self, base: str) -> bool:
         """Whether entries of ``base`` (``Module.layers.0.attn.Attention``, ``Functional.linear``) are kept."""
@@ -210,9 +212,14 @@ class Recorder:
 
     def _scalar(self, type_name: str, v: Any, node: str, kind: str, direction: str, slot: str,
                 index: str) -> dict:
+        finite = not isinstance(v, float) or math.isfinite(v)
         self.rows.append([self.seq, node, kind, direction, slot, index, type_name, None, None,
                           None, None, None, None, None, None, None, None, None,
-                          json.dumps(v if not isinstance(v, float) or math.isfinite(v) else str(v))])
+                          json.dumps(v if finite else str(v))])
+        if not finite:
+            v = msprobe_writer.json_float(v)
+        elif type(v) is list:          # a slice's bounds may be floats
+            v = [msprobe_writer.json_float(x) if type(x) is float else x for x in v]
         return {"type": type_name, "value": v}
 
     def _tensor(self, t: Any, node: str, kind: str, direction: str, slot: str, index: str) -> dict:
@@ -457,11 +464,12 @@ class Recorder:
         if self._writer is not None:
             self._writer.drain()
         if self.store is not None and self.steps_written:
-            self.store.end_step(self.steps_written[-1])
+            self._flush_store(self.steps_written[-1])
 
     def _write_batch(self, b: "_StepBatch") -> None:
         values = self.stats.gather(b.handles) if b.handles else []
         rows = b.rows
+        json_float = msprobe_writer.json_float
         for leaf in b.leaves:
             if leaf.handle_index < 0:
                 continue
@@ -473,8 +481,10 @@ class Recorder:
                 mx, mn, s, q, nan, inf = v
                 mean = s / leaf.numel
                 norm = math.sqrt(q) if q >= 0 else q
-                e["Max"], e["Min"], e["Mean"], e["Norm"] = mx, mn, mean, norm
                 r[9:15] = [mx, mn, mean, norm, int(nan), int(inf)]
+                if not math.isfinite(mx - mn + mean + norm):   # msprobe's NaN/Infinity literals
+                    mx, mn, mean, norm = json_float(mx), json_float(mn), json_float(mean), json_float(norm)
+                e["Max"], e["Min"], e["Mean"], e["Norm"] = mx, mn, mean, norm
             elif leaf.kind == INTEGER:
                 mx, mn = int(v[0]), int(v[1])
                 e["Max"], e["Min"] = mx, mn
@@ -492,7 +502,7 @@ class Recorder:
         msprobe_writer.write_step(self.config.out, step=b.step, rank=self.rank, data=b.data,
                                   construct=b.construct, stacks=stacks, task=self.config.task,
                                   level=self.config.level, framework=self.adapter.framework,
-                                  dump_data_dir=dump_data_dir)
+                                  dump_data_dir=dump_data_dir, finite=True)
         self.steps_written.append(b.step)
         self.entries_written += len(b.data)
         if self.store is not None:
@@ -501,41 +511,58 @@ class Recorder:
     def _write_store(self, b: "_StepBatch", stacks: dict[str, list[str]]) -> None:
         from collectors.records import table_from_columns
 
-        names = ["seq", "node", "node_kind", "direction", "slot", "index", "dtype", "shape", "numel",
-                 "max", "min", "mean", "l2norm", "nan_count", "inf_count", "hash", "tensor_file",
-                 "requires_grad", "value"]
-        n = len(b.rows)
-        cols: dict[str, list] = {k: list(c) for k, c in zip(names, zip(*b.rows))} if n else {k: [] for k in names}
-        now = time.time_ns()
-        cols.update(run=[self.run] * n, rank=[self.rank] * n, step=[b.step] * n, host_ts_ns=[now] * n)
-        self.store.write("tensor", table_from_columns("tensor", cols))
-        stack_ids = {}
-        for gid, (group, _) in msprobe_writer.group_stacks(stacks).items():
-            for name in group:
-                stack_ids[name] = gid
-        depth: dict[str, int] = {}
-        node_rows = {k: [] for k in ("node", "parent", "class_name", "depth", "order", "stack_ref")}
-        for name, (kind, cls, order) in b.node_info.items():
-            parent = b.construct.get(name)
-            d = depth.get(parent, -1) + 1 if parent else 0
-            depth[name] = d
-            if name in self._nodes_written:      # the tree is the same every step: written once
-                continue
-            self._nodes_written.add(name)
-            node_rows["node"].append(name)
-            node_rows["parent"].append(parent)
-            node_rows["class_name"].append(cls)
-            node_rows["depth"].append(d)
-            node_rows["order"].append(order)
-            node_rows["stack_ref"].append(stack_ids.get(name))
-        m = len(node_rows["node"])
-        if m:
+        self._store_rows.append((b.step, time.time_ns(), b.rows))
+        written = self._nodes_written
+        if any(name not in written for name in b.node_info):   # the tree is the same every step
+            stack_ids = {}
+            for gid, (group, _) in msprobe_writer.group_stacks(stacks).items():
+                for name in group:
+                    stack_ids[name] = gid
+            depth: dict[str, int] = {}
+            node_rows: dict[str, list] = {k: [] for k in ("node", "parent", "class_name", "depth",
+                                                          "order", "stack_ref")}
+            for name, (kind, cls, order) in b.node_info.items():
+                parent = b.construct.get(name)
+                d = depth.get(parent, -1) + 1 if parent else 0
+                depth[name] = d
+                if name in written:
+                    continue
+                written.add(name)
+                node_rows["node"].append(name)
+                node_rows["parent"].append(parent)
+                node_rows["class_name"].append(cls)
+                node_rows["depth"].append(d)
+                node_rows["order"].append(order)
+                node_rows["stack_ref"].append(stack_ids.get(name))
+            m = len(node_rows["node"])
             node_rows.update(run=[self.run] * m, rank=[self.rank] * m)
             self.store.write("node", table_from_columns("node", node_rows))
         now = time.monotonic()
         if now - self._last_store_flush >= self.config.store_flush_s:
-            self.store.end_step(b.step)
+            self._flush_store(b.step)
             self._last_store_flush = now
+
+    def _flush_store(self, step: int) -> None:
+        """One tensor table for every step written since the last flush, then a durable segment."""
+        from collectors.records import table_from_columns
+
+        pending, self._store_rows = self._store_rows, []
+        if pending:
+            rows = [r for _, _, step_rows in pending for r in step_rows]
+            steps = [s for s, _, step_rows in pending for _ in step_rows]
+            times = [t for _, t, step_rows in pending for _ in step_rows]
+            n = len(rows)
+            if n:
+                cols: dict[str, list] = {k: list(c) for k, c in zip(_TENSOR_COLUMNS, zip(*rows))}
+                cols.update(run=[self.run] * n, rank=[self.rank] * n, step=steps, host_ts_ns=times)
+                self.store.write("tensor", table_from_columns("tensor", cols))
+        self.store.end_step(step)
+
+
+#: the tensor record columns of a row in ``Recorder.rows``, in order
+_TENSOR_COLUMNS = ("seq", "node", "node_kind", "direction", "slot", "index", "dtype", "shape", "numel",
+                   "max", "min", "mean", "l2norm", "nan_count", "inf_count", "hash", "tensor_file",
+                   "requires_grad", "value")
 
 
 @dataclass
@@ -555,13 +582,17 @@ class _StepBatch:
 class _Writer:
     """One background thread that gathers statistics and writes files, a step at a time.
 
-    The queue holds at most two steps: when the disk is slower than training, the training
-    thread waits at the end of a step instead of holding unbounded memory.
+    The queue holds at most :data:`QUEUE_STEPS` steps (statistics and names, a few hundred KB a
+    step): a disk that stalls for a moment (writeback, a shared volume) does not stall
+    training, while a disk slower than training for good makes the training thread wait at the
+    end of a step instead of holding unbounded memory.
     """
+
+    QUEUE_STEPS = 16
 
     def __init__(self, recorder: "Recorder") -> None:
         self.recorder = recorder
-        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.queue: queue.Queue = queue.Queue(maxsize=self.QUEUE_STEPS)
         self.thread = threading.Thread(target=self._run, name="probe-dump-writer", daemon=True)
         self.thread.start()
 

@@ -349,3 +349,13 @@ def test_compiled_blocks_keep_every_module_boundary_and_say_so(tmp_path):
               if n and not isinstance(m, (nn.ModuleList, nn.ModuleDict))}
     assert hooked <= keys
     assert "Module.decoder.layers.1.self_attention.linear_qkv.Linear.backward.0" in keys
+
+
+def test_a_non_finite_float_argument_is_written_as_msprobe_writes_it(tmp_path):
+    x = torch.tensor([1.0, 2.0])
+    with DumpSession(out=tmp_path, level="api", store=False, auto_step=False):
+        torch.clamp(x, min=float("-inf"), max=float("nan"))
+    text = next(tmp_path.rglob("dump.json")).read_text()
+    assert "-Infinity" in text and "NaN" in text and "null" not in text.split('"data"')[1]
+    kwargs = _load(tmp_path)["data"]["Torch.clamp.0.forward"]["input_kwargs"]
+    assert kwargs["min"]["value"] == -math.inf and math.isnan(kwargs["max"]["value"])

@@ -650,6 +650,8 @@ class MonitorAgentCallback(TrainCallback):
         if self._cuda is not None:
             metrics = dict(metrics, device_mem_mb=self._cuda.memory_allocated(ctx.device) / 2**20,
                            device_max_mem_mb=self._cuda.max_memory_allocated(ctx.device) / 2**20)
+        if self._active is not None:       # the deep trace's own cost is in this step's times
+            metrics = dict(metrics, traced=1.0)
         self.agent.record(step, metrics)
         if self._active is not None:
             if step >= self._active[2]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -186,7 +187,8 @@ def merge_traces(fragments: Iterable[str | os.PathLike], out: str | os.PathLike)
 def write_json(path: Path, data: dict) -> None:
     """Write ``data`` as JSON atomically (temporary name, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name("." + path.name + ".tmp")
+    # a name of this process and thread: ranks sharing a folder never rename each other's file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, separators=(",", ":"))
     os.replace(tmp, path)

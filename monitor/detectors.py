@@ -16,6 +16,10 @@ the rest of the table as history. An alert is a dict: ``kind``, ``job``, ``rank`
   healthy ranks; the straggler is the rank whose own work (compute + data loading) stands out.
 - :func:`nonfinite`: NaN/Inf in the loss or the gradients.
 
+A step a rank ran under a deep trace (``traced`` > 0, set by the agent) carries the profiler's
+own cost: it is neither judged nor used as history or as a peer by the timing detectors, so
+asking for a trace never makes the traced ranks look like stragglers or slow steps.
+
 >>> rows = [{"rank": r, "step": s, "step_time_ms": 10.0, "compute_time_ms": 30.0 if r == 2 else 8.0,
 ...          "data_time_ms": 1.0, "comm_time_ms": 1.0} for s in range(6) for r in range(4)]
 >>> [(a["kind"], a["rank"], a["evidence"]["cause"]) for a in stragglers(rows, steps=[5])]
@@ -57,6 +61,11 @@ def _robust(values: Sequence[float], floor_rel: float, floor_abs: float) -> tupl
     return med, mad, max(MAD_SCALE * mad, floor_rel * abs(med), floor_abs)
 
 
+def _untraced(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows whose timings are the training's own (not a step run under a deep trace)."""
+    return [r for r in rows if not (_num(r, "traced") or 0.0) > 0.0]
+
+
 def _by_rank(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[int, Mapping[str, Any]]]:
     out: dict[int, dict[int, Mapping[str, Any]]] = {}
     for row in rows:
@@ -79,7 +88,7 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *, job: str | Non
     >>> [(a["rank"], a["step"]) for a in slow_steps(rows)]
     [(0, 10)]
     """
-    rows = _rows(table)
+    rows = _untraced(_rows(table))
     wanted = None if steps is None else set(int(s) for s in steps)
     alerts: list[Alert] = []
     for rank, per_step in sorted(_by_rank(rows).items()):
@@ -193,7 +202,7 @@ def stragglers(table: Any, steps: Iterable[int] | None = None, *, job: str | Non
     synchronous collective is a victim, not a straggler). An alert is raised at a step in ``steps`` for a rank that was an
     outlier at that step and in at least ``persist`` of the last ``window`` steps.
     """
-    rows = _rows(table)
+    rows = _untraced(_rows(table))
     by_step: dict[int, list[Mapping[str, Any]]] = {}
     for row in rows:
         by_step.setdefault(int(row["step"]), []).append(row)

@@ -66,7 +66,7 @@ CREATE TABLE IF NOT EXISTS traces (trace_id VARCHAR, job VARCHAR, rank INTEGER,
 
 #: Metric names the detectors read, pivoted per (rank, step) by :meth:`MonitorStore.step_table`.
 STEP_COLUMNS = ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms", "loss",
-                "grad_norm", "nonfinite_grads", "tokens_per_s")
+                "grad_norm", "nonfinite_grads", "tokens_per_s", "traced")
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")

@@ -158,24 +158,75 @@ def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
     return code
 
 
+def _launched_rank() -> tuple[int, int] | None:
+    """(rank, world size) when a launcher (torchrun) started this process as one of several."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return (int(os.environ.get("RANK", "0") or 0), world) if world > 1 else None
+
+
 def _clear_old(out: str) -> None:
+    """Remove an earlier profile's files from ``out``; under a launcher each rank removes its own."""
     import shutil
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise ProbeError(f"{out}: exists and is not a directory; choose another --out")
-    for name in ("trace", "store"):
-        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-    try:
-        os.remove(os.path.join(out, "trace.json"))
-    except FileNotFoundError:
-        pass
+    launched = _launched_rank()
+    if launched is None:
+        for name in ("trace", "store"):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        old = [os.path.join(out, "trace.json")]
+    else:
+        rank = launched[0]
+        for folder in glob.glob(os.path.join(out, "store", "*", f"rank{rank}")):
+            shutil.rmtree(folder, ignore_errors=True)
+        old = [os.path.join(out, "trace", f"rank{rank}.json")]
+        if rank == 0:
+            old.append(os.path.join(out, "trace.json"))
+    for path in old:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def _fragments(out: str, wait_s: float) -> list[str]:
+    """The rank fragments under ``out/trace``; under a launcher rank 0 waits for every rank's."""
+    import time
+
+    pattern = os.path.join(out, "trace", "rank*.json")
+    launched = _launched_rank()
+    if launched is None:
+        return glob.glob(pattern)
+    rank, world = launched
+    if rank != 0:
+        return []
+    deadline = time.monotonic() + wait_s
+    while len(glob.glob(pattern)) < world and time.monotonic() < deadline:
+        time.sleep(0.1)
+    found = glob.glob(pattern)
+    if len(found) < world:
+        have = {Path(f).stem for f in found}
+        missing = [str(r) for r in range(world) if f"rank{r}" not in have]
+        click.echo(f"probe profile: no trace fragment of rank(s) {', '.join(missing)} after "
+                   f"{wait_s:.0f} s; merging the {len(found)} there are", err=True)
+    return found
 
 
 def _summarise(out: str) -> None:
+    """Merge the rank fragments into ``out/trace.json`` and print what was recorded.
+
+    Under a launcher every rank runs this command: the others only write their fragment, and
+    rank 0 waits (up to ``PROBE_MERGE_WAIT_S``, 120 s) for all of them before merging.
+    """
     from collectors.perfetto import merge_traces
     from collectors.store import open_store
 
-    fragments = glob.glob(os.path.join(out, "trace", "rank*.json"))
+    launched = _launched_rank()
+    if launched is not None and launched[0] != 0:
+        click.echo(f"probe profile: rank {launched[0]}'s trace fragment is in {out}/trace; "
+                   "rank 0 merges the trace")
+        return
+    fragments = _fragments(out, float(os.environ.get("PROBE_MERGE_WAIT_S", "120")))
     if not fragments:
         click.echo(f"probe profile: no step was recorded in {out}", err=True)
         return

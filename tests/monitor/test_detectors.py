@@ -118,3 +118,21 @@ def test_detect_takes_an_arrow_table_and_returns_alerts_with_evidence():
     alerts = detect(table, steps=range(12), job="j")
     assert alerts and all(a["kind"] == "straggler" and a["rank"] == 0 for a in alerts)
     assert all({"job", "rank", "step", "message", "evidence"} <= set(a) for a in alerts)
+
+
+def test_steps_run_under_a_deep_trace_do_not_make_the_traced_ranks_stragglers_or_slow():
+    rows = sync_job(n_steps=16, slow_rank=2)
+    for row in rows:                         # rank 0 traced at steps 6-9: 3.5x its work
+        if row["rank"] == 0 and 6 <= row["step"] <= 9:
+            row["compute_time_ms"] *= 3.5
+            row["step_time_ms"] += 2.5 * 80.0
+            row["traced"] = 1.0
+    alerts = detect(rows)
+    assert {a["rank"] for a in alerts if a["kind"] == "straggler"} == {2}
+    assert not [a for a in alerts if a["kind"] == "slow_step" and a["rank"] == 0]
+    # the untraced steps after the trace still see the slow rank against its peers
+    assert any(a["rank"] == 2 and a["step"] >= 10 for a in alerts if a["kind"] == "straggler")
+    # without the flag the same numbers would have blamed the traced ranks
+    for row in rows:
+        row.pop("traced", None)
+    assert {a["rank"] for a in stragglers(rows)} == {0, 2}

@@ -41,13 +41,18 @@ LEVELS = {"module": "L0", "api": "L1", "mix": "mix"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
+_made: set[Path] = set()
+
+
 def step_dir(out: str | os.PathLike, step: int, rank: int) -> Path:
-    """``OUT/step{N}/rank{R}`` (created)."""
+    """``OUT/step{N}/rank{R}`` (created; a folder made once is not made again every write)."""
     d = Path(out) / f"step{int(step)}" / f"rank{int(rank)}"
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ProbeError(f"{d}: cannot create the dump directory ({e.strerror})") from None
+    if d not in _made or not d.is_dir():
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ProbeError(f"{d}: cannot create the dump directory ({e.strerror})") from None
+        _made.add(d)
     return d
 
 

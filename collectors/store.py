@@ -112,7 +112,9 @@ class StoreWriter:
         folder.mkdir(parents=True, exist_ok=True)
         name = f"seg-{os.getpid()}-{self._writer_id}-{next(self._counter):08d}.parquet"
         tmp = folder / (".tmp-" + name)
-        pq.write_table(table, tmp, compression="zstd")
+        # snappy: a third of zstd's CPU time for segments about 15% larger; the writer shares
+        # the machine with the training it records
+        pq.write_table(table, tmp, compression="snappy")
         if self.fsync:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())

@@ -52,19 +52,24 @@ class StatsBackend(ABC):
     inf_count]`` for FLOAT tensors and ``[max, min]`` for INTEGER tensors.
     """
 
-    @abstractmethod
+    #: the framework's tensor class(es), for ``isinstance`` on the hot path
+    tensor_type: Any = ()
+
     def is_tensor(self, x: Any) -> bool:
         """True for the framework's tensors (parameters included)."""
+        return isinstance(x, self.tensor_type)
 
     @abstractmethod
     def describe(self, t: Any) -> TensorMeta:
         """Type, dtype, shape, numel, requires_grad and statistics kind of ``t``."""
 
     def identity(self, t: Any) -> Any:
-        """A key equal for two references to the same unchanged tensor (None: no reuse).
+        """A key equal for two references to the same unchanged data (None: no reuse).
 
-        Within a step the recorder reuses the statistics of a tensor it has already seen with
-        the same key: a module's output that is the next module's input is reduced once.
+        Within a step the recorder reuses the statistics of data it has already read under the
+        same key while the tensor it first read is still alive (so the memory cannot have been
+        reused): a module's output that is the next module's input is reduced once, also when
+        it reaches that module as another tensor object (a view of the same bytes).
         """
         return None
 

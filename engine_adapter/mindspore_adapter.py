@@ -56,8 +56,7 @@ def _on_host() -> bool:
 class MindSporeStats(StatsBackend):
     """:class:`~engine_adapter.base.StatsBackend` for ``mindspore.Tensor``."""
 
-    def is_tensor(self, x: Any) -> bool:
-        return isinstance(x, ms.Tensor)
+    tensor_type = ms.Tensor
 
     def describe(self, t: Any) -> TensorMeta:
         dtype = t.dtype

@@ -3,7 +3,7 @@
 - Modules: a forward pre-hook (inputs and kwargs, recorded as they are at the call, before
   the module can change them in place), a forward hook (outputs and the module's own
   parameters), the module's backward (gradients of its outputs and of its inputs, through one
-  identity autograd node and output tensor hooks: the same numbers as
+  identity autograd node and pre-hooks on the outputs' autograd nodes: the same numbers as
   ``register_full_backward_hook`` at a fraction of its cost) and a hook on each parameter (its
   gradient), on every sub-module of the model, named by its path as msprobe names it:
   ``Module.layers.0.attn.q_proj.Linear``.
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from engine_adapter.base import EngineAdapter, HookSink, StatsBackend
-from engine_adapter.torch_api import wrap_inputs
+from engine_adapter.torch_api import watch_gradient, wrap_inputs
 from engine_adapter.torch_stats import TorchStats
 
 
@@ -266,8 +266,8 @@ class _ModuleBackward:
     """The backward of one module call, without ``register_full_backward_hook``'s machinery.
 
     The module's differentiable inputs pass through one identity autograd node (its backward
-    sees the gradients of the inputs, msprobe's backward ``output``) and each output gets a
-    tensor hook (the gradients of the outputs, msprobe's backward ``input``). The entry is
+    sees the gradients of the inputs, msprobe's backward ``output``) and each output's autograd
+    node gets a pre-hook (the gradients of the outputs, msprobe's backward ``input``). The entry is
     emitted when the input gradients arrive, or, for a module whose inputs need no gradient
     (an embedding), when the last output gradient arrives.
     """
@@ -287,7 +287,7 @@ class _ModuleBackward:
         for i, o in enumerate(outs):
             if isinstance(o, torch.Tensor) and o.requires_grad:
                 self.waiting += 1
-                o.register_hook(self._output_hook(i))
+                watch_gradient(o, self._output_hook(i))
 
     def _output_hook(self, i: int):
         def hook(grad):

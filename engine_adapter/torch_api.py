@@ -9,8 +9,9 @@ msprobe uses (``Tensor.__mul__``, ``Functional.linear``, ``Torch.matmul``), so `
 Inputs are described *before* the call runs, so an in-place op (``add_``, ``__iadd__``,
 ``__setitem__``) records its input as it was at the call and its output as it is after.
 Backward: the differentiable tensor inputs pass through one identity autograd node whose
-backward sees the gradients of the inputs, and a hook on each output sees the gradient of that
-output; together they make the ``...backward`` entry. In-place calls and ``out=`` calls have no
+backward sees the gradients of the inputs (a C++ view node with a hook for one input, a Python
+autograd Function for several), and a pre-hook on each output's autograd node sees the gradient
+of that output; together they make the ``...backward`` entry. In-place calls and ``out=`` calls have no
 backward entry (an identity node in front of an in-place op is not allowed by autograd).
 
 ``torch.distributed`` collectives are not wrapped here: the dump registers a listener with
@@ -106,7 +107,8 @@ def _is_inplace(attr: str) -> bool:
 
 class _Capture(torch.autograd.Function):
     """Identity on the differentiable inputs of a call; its backward hands their gradients to
-    ``call.finish(grads)`` (an API call here, a module call in the adapter)."""
+    ``call.finish(grads)`` (an API call here, a module call in the adapter). Used for calls
+    with several differentiable inputs; one input goes through :func:`_alias` instead."""
 
     @staticmethod
     def forward(ctx, call, *tensors):  # noqa: ANN001 - autograd signature
@@ -117,6 +119,15 @@ class _Capture(torch.autograd.Function):
     def backward(ctx, *grads):  # noqa: ANN001 - autograd signature
         ctx.call.finish(grads)
         return (None, *grads)
+
+
+def _alias(call: Any, t: torch.Tensor) -> torch.Tensor:
+    """``t`` through one C++ view node whose post-hook hands the gradient of ``t`` along this
+    path to ``call.finish``: the same gradient as :class:`_Capture`, without a Python autograd
+    Function (its forward and backward cost several times more)."""
+    alias = t.view_as(t)
+    alias.grad_fn.register_hook(lambda grad_inputs, grad_outputs: call.finish(grad_inputs[:1]))
+    return alias
 
 
 class _Call:
@@ -145,7 +156,8 @@ class _Call:
 
 
 def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
-    """Route the differentiable tensors of ``args``/``kwargs`` through one :class:`_Capture`."""
+    """Route the differentiable tensors of ``args``/``kwargs`` through one capture node
+    (:func:`_alias` for one tensor, :class:`_Capture` for several)."""
     slots: list[tuple] = []
     tensors: list[torch.Tensor] = []
     for i, a in enumerate(args):
@@ -164,7 +176,10 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool
             tensors.append(v)
     if not tensors:
         return args, kwargs, False
-    wrapped = _Capture.apply(call, *tensors)
+    if len(tensors) == 1 and tensors[0].layout == torch.strided:
+        wrapped = (_alias(call, tensors[0]),)
+    else:
+        wrapped = _Capture.apply(call, *tensors)
     new_args = list(args)
     new_kwargs = dict(kwargs)
     for (where, key, inner), t in zip(slots, wrapped):
@@ -179,12 +194,26 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool
     return tuple(new_args), new_kwargs, True
 
 
+def watch_gradient(t: torch.Tensor, hook: Any) -> None:
+    """Call ``hook(grad)`` with the gradient of ``t`` when backward computes it.
+
+    A pre-hook on ``t``'s autograd node (C++, about half the cost of ``Tensor.register_hook``);
+    a tensor hook for a leaf, which has no node.
+    """
+    node = t.grad_fn
+    if node is None:
+        t.register_hook(hook)
+        return
+    k = t.output_nr
+    node.register_prehook(lambda grad_outputs: hook(grad_outputs[k]))
+
+
 def _hook_outputs(call: _Call, output: Any) -> None:
     outs = output if isinstance(output, (tuple, list)) else (output,)
     call.grad_outputs = [None] * len(outs)
     for i, o in enumerate(outs):
         if isinstance(o, torch.Tensor) and o.requires_grad:
-            o.register_hook(call.output_hook(i))
+            watch_gradient(o, call.output_hook(i))
 
 
 def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, backward: bool) -> Any:

@@ -48,28 +48,36 @@ def _dtype_str(dtype: torch.dtype) -> str:
     return s
 
 
+_dense = torch.ops.aten.is_non_overlapping_and_dense
+_KIND = {**{dt: FLOAT for dt in _FLOATS}, **{dt: INTEGER for dt in _INTS}}
+_STRIDED = torch.strided
+
+
 class TorchStats(StatsBackend):
     """:class:`~engine_adapter.base.StatsBackend` for ``torch.Tensor``."""
 
-    def is_tensor(self, x: Any) -> bool:
-        return isinstance(x, torch.Tensor)
+    tensor_type = torch.Tensor
 
     def describe(self, t: torch.Tensor) -> TensorMeta:
+        # quantized dtypes are in neither table: dtype and shape only, as complex and bool
         dtype = t.dtype
         numel = t.numel()
-        if numel == 0 or t.is_quantized or t.is_sparse or t.layout != torch.strided:
-            kind = OPAQUE
-        elif dtype in _FLOATS:
-            kind = FLOAT
-        elif dtype in _INTS:
-            kind = INTEGER
-        else:
-            kind = OPAQUE
-        return TensorMeta("torch.Tensor", _dtype_str(dtype), tuple(t.shape), numel,
-                          bool(t.requires_grad), kind)
+        kind = _KIND.get(dtype, OPAQUE) if numel and t.layout is _STRIDED else OPAQUE
+        return TensorMeta("torch.Tensor", _DTYPE_STR.get(dtype) or _dtype_str(dtype), t.shape,
+                          numel, t.requires_grad, kind)
 
-    def identity(self, t: torch.Tensor) -> tuple[int, int]:
-        return id(t), t._version
+    def identity(self, t: torch.Tensor) -> tuple | None:
+        # Views share their base's version counter, so equal keys mean equal bytes while the
+        # first tensor lives. A dense tensor (no gaps, no overlap) covers exactly the block
+        # [data_ptr, data_ptr + numel) whatever its shape and strides: its reshapes, transposes
+        # and permutes hold the same values in another order, and max/min/sum/sum of squares
+        # and NaN/Inf counts do not depend on the order.
+        try:
+            if t.is_contiguous() or _dense(t):
+                return t.data_ptr(), t.dtype, t.numel(), t._version
+            return t.data_ptr(), t.dtype, t.shape, t.stride(), t._version
+        except RuntimeError:        # no storage (sparse, meta, some tensor subclasses)
+            return None
 
     def reduce(self, t: torch.Tensor, kind: str) -> torch.Tensor | list[float] | None:
         if kind == OPAQUE:
@@ -130,53 +138,8 @@ class TorchStats(StatsBackend):
         return None
 
 
-_KERNEL_SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#define LANES 16
-#define BLOCK 2048
-/* One pass: max, min, sum, sum of squares; blocks of float lanes (vectorised) summed into
-   doubles. NaN/Inf are counted in a second pass only when the sum is not finite. */
-#define BODY(T)                                                                         \
-    T mx[LANES], mn[LANES];                                                             \
-    double S = 0, Q = 0;                                                                \
-    for (int k = 0; k < LANES; k++) { mx[k] = -INFINITY; mn[k] = INFINITY; }           \
-    int64_t i = 0;                                                                      \
-    while (i + LANES <= n) {                                                            \
-        T s[LANES] = {0}, q[LANES] = {0};                                               \
-        int64_t end = i + BLOCK; if (end > n) end = n;                                  \
-        for (; i + LANES <= end; i += LANES) {                                          \
-            for (int k = 0; k < LANES; k++) {                                           \
-                T v = x[i + k];                                                         \
-                mx[k] = v > mx[k] ? v : mx[k];                                          \
-                mn[k] = v < mn[k] ? v : mn[k];                                          \
-                s[k] += v; q[k] += v * v;                                               \
-            }                                                                           \
-        }                                                                               \
-        for (int k = 0; k < LANES; k++) { S += s[k]; Q += q[k]; }                       \
-    }                                                                                   \
-    for (; i < n; i++) {                                                                \
-        T v = x[i];                                                                     \
-        mx[0] = v > mx[0] ? v : mx[0]; mn[0] = v < mn[0] ? v : mn[0];                   \
-        S += v; Q += (double)v * v;                                                     \
-    }                                                                                   \
-    double MX = -INFINITY, MN = INFINITY;                                               \
-    for (int k = 0; k < LANES; k++) {                                                   \
-        if (mx[k] > MX) MX = mx[k];                                                     \
-        if (mn[k] < MN) MN = mn[k];                                                     \
-    }                                                                                   \
-    double NN = 0, NI = 0;                                                              \
-    if (!isfinite(S) || !isfinite(Q)) {                                                 \
-        for (int64_t j = 0; j < n; j++) {                                               \
-            NN += isnan(x[j]) ? 1 : 0; NI += isinf(x[j]) ? 1 : 0;                       \
-        }                                                                               \
-        if (NN) { MX = NAN; MN = NAN; }                                                 \
-    }                                                                                   \
-    out[0] = MX; out[1] = MN; out[2] = S; out[3] = Q; out[4] = NN; out[5] = NI;
-
-void probe_stats_f32(const float *x, int64_t n, double *out) { BODY(float) }
-void probe_stats_f64(const double *x, int64_t n, double *out) { BODY(double) }
-"""
+#: the native kernel's source, beside this file
+_KERNEL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stats_kernel.c")
 
 _kernel: Any = None
 
@@ -204,24 +167,24 @@ def _load_kernel() -> Any:
         cc = shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             return _kernel
+        with open(_KERNEL_SOURCE, "rb") as f:
+            source = f.read()
         flags = ""
         try:
             with open("/proc/cpuinfo") as f:
                 flags = next((ln for ln in f if ln.startswith("flags")), "")
         except OSError:
             pass
-        key = hashlib.sha256((_KERNEL_SOURCE + platform.machine() + flags).encode()).hexdigest()[:16]
+        key = hashlib.sha256(source + (platform.machine() + flags).encode()).hexdigest()[:16]
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "probe")
         lib = os.path.join(cache, f"stats-{key}.so")
         if not os.path.exists(lib):
             os.makedirs(cache, exist_ok=True)
             with tempfile.TemporaryDirectory() as tmp:
-                src = os.path.join(tmp, "stats.c")
-                with open(src, "w") as f:
-                    f.write(_KERNEL_SOURCE)
                 built = os.path.join(tmp, "stats.so")
                 subprocess.run([cc, "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC",
-                                src, "-o", built], check=True, capture_output=True, timeout=120)
+                                _KERNEL_SOURCE, "-o", built],
+                               check=True, capture_output=True, timeout=120)
                 os.replace(built, lib)
         dll = ctypes.CDLL(lib)
         for name in ("probe_stats_f32", "probe_stats_f64"):

@@ -27,11 +27,11 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from collectors import msprobe_writer
-from engine_adapter.base import FLOAT, INTEGER, EngineAdapter
+from engine_adapter.base import FLOAT, INTEGER, OPAQUE, EngineAdapter
 
 LEVELS = ("module", "api", "mix")
 TASKS = ("statistics", "tensor", "md5")
@@ -73,6 +73,12 @@ class DumpConfig:
                 raise ProbeError(f"--scope {self.scope!r}: not a regular expression ({e})") from None
 
 
+#: index texts of the first positions (no str(i) per argument)
+_POS = tuple(str(i) for i in range(64))
+#: exact scalar types and their msprobe ``type`` (subclasses take the isinstance path)
+_SCALAR_TYPES = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
 class _Leaf(NamedTuple):
     entry: dict          # the JSON dict of this tensor
     handle_index: int    # index into the step's handles, -1 when none
@@ -81,10 +87,14 @@ class _Leaf(NamedTuple):
     kind: str
 
 
-@dataclass
 class _ApiCall:
-    name: str
-    grad_outputs: dict = field(default_factory=dict)
+    """The token of one recorded API call (handed back by the adapter on return/backward)."""
+
+    __slots__ = ("name", "kind")
+
+    def __init__(self, name: str, kind: str) -> None:
+        self.name = name
+        self.kind = kind
 
 
 class Recorder:
@@ -94,6 +104,7 @@ class Recorder:
                  store: Any = None) -> None:
         self.adapter = adapter
         self.stats = adapter.stats
+        self._tensor_type = adapter.stats.tensor_type
         self.config = config
         self.rank = adapter.rank() if rank is None else int(rank)
         self.store = store
@@ -180,11 +191,13 @@ class Recorder:
 
     # ----------------------------------------------------------------- values
     def _value(self, x: Any, node: str, kind: str, direction: str, slot: str, index: str) -> Any:
-        stats = self.stats
-        if stats.is_tensor(x):
+        if isinstance(x, self._tensor_type):
             return self._tensor(x, node, kind, direction, slot, index)
         if x is None:
             return None
+        tx = type(x)
+        if tx in _SCALAR_TYPES:
+            return self._scalar(_SCALAR_TYPES[tx], x, node, kind, direction, slot, index)
         if isinstance(x, bool):
             return self._scalar("bool", x, node, kind, direction, slot, index)
         if isinstance(x, int):
@@ -193,9 +206,9 @@ class Recorder:
             return self._scalar("float", x, node, kind, direction, slot, index)
         if isinstance(x, str):
             return self._scalar("str", x, node, kind, direction, slot, index)
-        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields") and type(x).__module__ == "builtins":
+        if (tx is list or tx is tuple):
             return [self._value(v, node, kind, direction, slot, f"{index}.{i}") for i, v in enumerate(x)]
-        type_name = stats.scalar_type(x)
+        type_name = self.stats.scalar_type(x)
         if type_name is not None:
             v = list(x) if type_name.endswith("Size") else str(x)
             return self._scalar(type_name, v, node, kind, direction, slot, index)
@@ -212,34 +225,47 @@ class Recorder:
 
     def _scalar(self, type_name: str, v: Any, node: str, kind: str, direction: str, slot: str,
                 index: str) -> dict:
-        finite = not isinstance(v, float) or math.isfinite(v)
+        tv = type(v)
+        if tv is int:
+            text = int.__repr__(v)
+        elif tv is bool:
+            text = "true" if v else "false"
+        elif tv is float and math.isfinite(v):
+            text = float.__repr__(v)
+        else:
+            finite = not isinstance(v, float) or math.isfinite(v)
+            text = json.dumps(v if finite else str(v))
+            if not finite:
+                v = msprobe_writer.json_float(v)
+            elif tv is list:          # a slice's bounds may be floats
+                v = [msprobe_writer.json_float(x) if type(x) is float else x for x in v]
         self.rows.append([self.seq, node, kind, direction, slot, index, type_name, None, None,
-                          None, None, None, None, None, None, None, None, None,
-                          json.dumps(v if finite else str(v))])
-        if not finite:
-            v = msprobe_writer.json_float(v)
-        elif type(v) is list:          # a slice's bounds may be floats
-            v = [msprobe_writer.json_float(x) if type(x) is float else x for x in v]
+                          None, None, None, None, None, None, None, None, None, text])
         return {"type": type_name, "value": v}
 
     def _tensor(self, t: Any, node: str, kind: str, direction: str, slot: str, index: str) -> dict:
-        meta = self.stats.describe(t)
-        entry: dict[str, Any] = {"type": meta.type_name, "dtype": meta.dtype, "shape": list(meta.shape),
+        stats = self.stats
+        meta = stats.describe(t)
+        shape = list(meta.shape)
+        requires_grad = meta.requires_grad
+        entry: dict[str, Any] = {"type": meta.type_name, "dtype": meta.dtype, "shape": shape,
                                  "Max": None, "Min": None, "Mean": None, "Norm": None}
-        if meta.requires_grad is not None:
-            entry["requires_grad"] = meta.requires_grad
+        if requires_grad is not None:
+            entry["requires_grad"] = requires_grad
         handle_index = -1
         digest = file_name = None
-        key = self.stats.identity(t)
+        key = stats.identity(t)
         seen = self._seen.get(key) if key is not None else None
-        if seen is not None and seen[0]() is t:
+        if seen is not None and seen[0]() is not None:
             handle_index, digest = seen[1], seen[2]
         else:
-            if meta.kind != "none":
-                self.handles.append(self.stats.reduce(t, meta.kind))
-                handle_index = len(self.handles) - 1
+            stat_kind = meta.kind
+            if stat_kind != OPAQUE:
+                handles = self.handles
+                handle_index = len(handles)
+                handles.append(stats.reduce(t, stat_kind))
             if self._want_hash:
-                digest = self.stats.digest(t)
+                digest = stats.digest(t)
             if key is not None:
                 self._seen[key] = (weakref.ref(t), handle_index, digest)
         if digest is not None:
@@ -247,11 +273,10 @@ class Recorder:
         if self._want_files:
             file_name = self._save_tensor(t, f"{node}.{slot}.{index}")
             entry["data_name"] = file_name
-        row = len(self.rows)
-        self.rows.append([self.seq, node, kind, direction, slot, index, meta.dtype, list(meta.shape),
-                          meta.numel, None, None, None, None, None, None, digest, file_name,
-                          meta.requires_grad, None])
-        self.leaves.append(_Leaf(entry, handle_index, row, meta.numel, meta.kind))
+        rows = self.rows
+        self.leaves.append(_Leaf(entry, handle_index, len(rows), meta.numel, meta.kind))
+        rows.append([self.seq, node, kind, direction, slot, index, meta.dtype, shape, meta.numel,
+                     None, None, None, None, None, None, digest, file_name, requires_grad, None])
         return entry
 
     def _save_tensor(self, t: Any, name: str) -> str:
@@ -390,11 +415,13 @@ class Recorder:
             parent = self.fwd_stack[-1] if self.fwd_stack else None
             self._node(name, kind, api, parent)
             self._capture_stack(name)
+            value = self._value
             self.open_entries[name] = {
-                "input_args": [self._value(a, name, kind, "forward", "input", str(i)) for i, a in enumerate(args)],
-                "input_kwargs": {k: self._value(v, name, kind, "forward", "kwarg", k) for k, v in kwargs.items()},
+                "input_args": [value(a, name, kind, "forward", "input", _POS[i] if i < 64 else str(i))
+                               for i, a in enumerate(args)],
+                "input_kwargs": {k: value(v, name, kind, "forward", "kwarg", k) for k, v in kwargs.items()},
             }
-            return _ApiCall(name)
+            return _ApiCall(name, kind)
         except Exception as e:  # noqa: BLE001
             self.report_error("an API pre-hook", e)
             return None
@@ -408,9 +435,12 @@ class Recorder:
             if entry is None:
                 return
             self.data[name] = entry
-            kind = self.node_info[name][0]
-            outs = output if isinstance(output, (tuple, list)) and type(output).__module__ == "builtins" else [output]
-            entry["output"] = [self._value(o, name, kind, "forward", "output", str(i)) for i, o in enumerate(outs)]
+            kind = token.kind
+            to = type(output)
+            outs = output if to is tuple or to is list else (output,)
+            value = self._value
+            entry["output"] = [value(o, name, kind, "forward", "output", _POS[i] if i < 64 else str(i))
+                               for i, o in enumerate(outs)]
         except Exception as e:  # noqa: BLE001
             self.report_error("an API post-hook", e)
 

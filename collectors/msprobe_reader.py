@@ -507,27 +507,40 @@ def _depths(construct: dict) -> dict[str, int]:
     return memo
 
 
-def _node_table(names: list[str], classes: list[str], construct: dict,
+def _node_table(names: list[str], classes: pa.Array, construct: dict,
                 stack_refs: dict[str, str], run: str, rank: int | None) -> pa.Table:
-    all_names = list(names)
-    cls = list(classes)
+    """The node records: every entry, then the construct.json nodes without an entry; parents,
+    depths, execution order and stack references looked up in Arrow (no loop per node)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
     known = set(names)
-    extra = [n for n in construct if n not in known]
-    if extra:
-        all_names += extra
-        cls += _classify(extra).column("cls").to_pylist()
+    extra = [x for x in construct if x not in known]
+    node = pa.array(names + extra, type=pa.string())
+    cls = pa.concat_arrays([classes.cast(pa.string()),
+                            _classify(extra).column("cls").combine_chunks()]) if extra else classes
+    n = len(node)
+    # construct.json, in its order (calls as they start): parent and depth of each node
+    keys = pa.array(list(construct), type=pa.string())
+    where = pc.index_in(node, value_set=keys)                 # position in construct, or null
+    parents = [p if isinstance(p, str) else None for p in construct.values()]
     depth_of = _depths(construct)
-    n = len(all_names)
-    parents = [construct.get(x) for x in all_names] if construct else [None] * n
-    parents = [p if isinstance(p, str) else None for p in parents]
-    depths = [depth_of.get(x, 0) for x in all_names] if construct else [0] * n
-    # execution order: construct.json's (calls as they start), then the entries it lacks
-    position = {x: i for i, x in enumerate(construct)}
-    order = [position.get(x, len(position) + i) for i, x in enumerate(all_names)]
+    depths = pa.array([depth_of.get(x, 0) for x in construct], type=pa.int32())
+    parent = pa.array(parents, type=pa.string()).take(where) if len(keys) else pa.nulls(n, pa.string())
+    depth = pc.fill_null(depths.take(where), 0) if len(keys) else pa.array(np.zeros(n, np.int32))
+    # execution order: construct.json's, then the entries it lacks in dump order
+    order = pc.fill_null(where.cast(pa.int64()),
+                         pa.array(np.arange(len(keys), len(keys) + n, dtype=np.int64)))
+    if stack_refs:
+        ref_keys = pa.array(list(stack_refs), type=pa.string())
+        stack_ref = pa.array(list(stack_refs.values()), type=pa.string()).take(
+            pc.index_in(node, value_set=ref_keys))
+    else:
+        stack_ref = pa.nulls(n, pa.string())
     return table_from_columns("node", {
-        "run": [run] * n, "rank": [rank] * n, "node": all_names, "parent": parents,
-        "class_name": cls, "depth": depths, "order": order,
-        "stack_ref": [stack_refs.get(x) for x in all_names] if stack_refs else [None] * n})
+        "run": _constant(run, n, pa.string()), "rank": _constant(rank, n, pa.int32()),
+        "node": node, "parent": parent, "class_name": cls, "depth": depth, "order": order,
+        "stack_ref": stack_ref})
 
 
 def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> MsprobeDump:
@@ -616,7 +629,7 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
         "value": flat.column("value"), "nan_count": pa.nulls(n, pa.int64()),
         "inf_count": pa.nulls(n, pa.int64()), "host_ts_ns": pa.nulls(n, pa.int64()),
     })
-    nodes = _node_table(names, info.column("cls").to_pylist(), construct, stack_refs, run, rank)
+    nodes = _node_table(names, info.column("cls").combine_chunks(), construct, stack_refs, run, rank)
     return MsprobeDump(path=str(path), tensors=tensors, nodes=nodes,
                        framework=doc.get("framework"), task=doc.get("task"),
                        level=doc.get("level"), step=step, rank=rank,

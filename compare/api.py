@@ -84,6 +84,9 @@ class CompareResult:
     nodes: pa.Table
     summary: dict[str, Any] = field(default_factory=dict)
 
+    #: the folder :func:`compare` wrote the files to (its ``out``), None when it wrote none
+    written: Path | None = None
+
     def write(self, out_dir: str | os.PathLike) -> Path:
         """Write compare.csv, compare.parquet, nodes.parquet and summary.json into ``out_dir``."""
         from compare.report import write_result
@@ -97,22 +100,30 @@ class CompareResult:
         return "error" if v.get("error") else "warning" if v.get("warning") else "pass"
 
 
-def compare(a: str, b: str, mapping: str | None = None, progress: bool = False) -> CompareResult:
+def compare(a: str, b: str, mapping: str | None = None, progress: bool = False,
+            out: str | os.PathLike | None = None) -> CompareResult:
     """Compare dump ``a`` against dump ``b``; see the module docstring for the result's columns.
 
     ``mapping``: an msprobe mapping file (``layer_mapping.yaml``, a cell/API/data mapping
     YAML) applied before structural matching. ``progress``: show a progress bar on stderr.
+    ``out``: a folder to write compare.csv, compare.parquet, nodes.parquet and summary.json to,
+    each as soon as its part is computed (faster than :meth:`CompareResult.write` afterwards);
+    ``summary.json``'s ``elapsed_s`` then covers the writing too.
     """
-    from compare.load import load_pair
-    from compare.pipeline import run_compare
+    from compare.pipeline import compare_paths
 
     t0 = time.perf_counter()
     with _Progress(progress) as bar:
-        da, db = load_pair(a, b)
-        bar.step("read A")
-        bar.step("read B")
-        result = run_compare(da, db, mapping=mapping, bar=bar)
+        result = compare_paths(a, b, mapping=mapping, bar=bar,
+                               out=Path(out) if out is not None else None)
     result.summary["elapsed_s"] = round(time.perf_counter() - t0, 3)
+    if result.written is not None:      # summary.json was written before elapsed_s was known
+        from compare.report import write_summary
+
+        try:
+            write_summary(result.summary, result.written)
+        except OSError as e:
+            raise ProbeError(f"{result.written}: cannot write the compare result ({e.strerror})") from None
     return result
 
 

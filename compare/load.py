@@ -10,15 +10,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from probe.errors import ProbeError
 
-__all__ = ["Dump", "load_dump", "load_pair"]
+__all__ = ["Dump", "PendingDump", "load_dump", "load_pair", "start_load"]
 
-# Inputs of at least this many bytes of dump.json together are read in two processes at once.
-PARALLEL_BYTES = 64 << 20
+# Inputs of at least this many bytes of dump.json together are read in two processes at once
+# (below it the fork and the transfer of B's records cost about what they save).
+PARALLEL_BYTES = 8 << 20
 
 
 @dataclass
@@ -65,33 +67,109 @@ def load_dump(path: str | os.PathLike) -> Dump:
                 task=d.task, step=d.step, rank=d.rank, note=note)
 
 
+class PendingDump:
+    """A compare input being read: in a forked worker process when the inputs are large
+    (reading is CPU-bound Python and Arrow work, one core per side), else on demand here.
+    :meth:`result` returns the :class:`Dump` or raises :func:`load_dump`'s error."""
+
+    def __init__(self, path: str | os.PathLike, *, fork: bool) -> None:
+        self.path = path
+        self._pool: Any = None
+        self._future: Any = None
+        if fork:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(max_workers=1,
+                                             mp_context=multiprocessing.get_context("fork"))
+            self._future = self._pool.submit(_load_to_file, path)
+
+    def result(self) -> Dump:
+        if self._future is None:
+            return load_dump(self.path)
+        try:
+            return _from_file(self._future.result())
+        except ProbeError:
+            raise
+        except Exception:  # the worker died or its result did not come back: read it here
+            return load_dump(self.path)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the worker (a pending read is abandoned). Safe to call twice."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            if self._future is not None:
+                self._future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _load_to_file(path: str | os.PathLike) -> Dump:
+    """In the worker: read ``path`` and put its tables in Arrow IPC files (in /dev/shm where
+    there is one), so the parent maps them instead of receiving them through a pipe."""
+    import tempfile
+
+    import pyarrow.ipc as ipc
+
+    d = load_dump(path)
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    files: list[str] = []
+    try:
+        for table in (d.tensors, d.nodes):
+            fd, name = tempfile.mkstemp(prefix="probe-compare-", suffix=".arrow", dir=folder)
+            files.append(name)
+            with os.fdopen(fd, "wb") as f, ipc.new_file(f, table.schema) as w:
+                w.write_table(table)
+    except OSError:                       # no room: the tables go through the pipe
+        for name in files:
+            os.unlink(name)
+        return d
+    d.tensors, d.nodes = files
+    return d
+
+
+def _from_file(d: Dump) -> Dump:
+    """The worker's dump with its tables mapped from their IPC files (then unlinked)."""
+    import pyarrow.ipc as ipc
+
+    def mapped(name: Any) -> Any:
+        if not isinstance(name, str):
+            return name
+        try:
+            with pa.memory_map(name) as source:
+                return ipc.open_file(source).read_all()
+        finally:
+            os.unlink(name)
+
+    d.tensors, d.nodes = mapped(d.tensors), mapped(d.nodes)
+    return d
+
+
+def start_load(a: str | os.PathLike, b: str | os.PathLike) -> PendingDump:
+    """Start reading ``b``, the second of the inputs ``a`` and ``b``: in a worker process when
+    both together hold at least :data:`PARALLEL_BYTES` of dump.json and there are two cores."""
+    import multiprocessing
+
+    fork = ((os.cpu_count() or 1) >= 2 and "fork" in multiprocessing.get_all_start_methods()
+            and _json_bytes(a) + _json_bytes(b) >= PARALLEL_BYTES)
+    return PendingDump(b, fork=fork)
+
+
 def load_pair(a: str | os.PathLike, b: str | os.PathLike) -> tuple[Dump, Dump]:
     """Read both compare inputs: ``(load_dump(a), load_dump(b))``, B in a forked worker process
-    while A is read here when the two dump.json files are large (reading is CPU-bound Python and
-    Arrow work, one core per side). Errors are those of :func:`load_dump`, A's first.
+    while A is read here when the two dump.json files are large (see :func:`start_load`).
+    Errors are those of :func:`load_dump`, A's first.
 
     >>> da, db = load_pair("runs/A/dump.json", "runs/B/dump.json")  # doctest: +SKIP
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    if (os.cpu_count() or 1) < 2 or _json_bytes(a) + _json_bytes(b) < PARALLEL_BYTES \
-            or "fork" not in multiprocessing.get_all_start_methods():
-        return load_dump(a), load_dump(b)
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as pool:
-        fb = pool.submit(load_dump, b)
-        try:
-            da = load_dump(a)
-        except BaseException:
-            fb.cancel()
-            raise
-        try:
-            db = fb.result()
-        except ProbeError:
-            raise
-        except Exception:  # the worker died or its result did not come back: read B here
-            db = load_dump(b)
-    return da, db
+    pending = start_load(a, b)
+    try:
+        da = load_dump(a)
+    except BaseException:
+        pending.close()
+        raise
+    return da, pending.result()
 
 
 def _json_bytes(path: str | os.PathLike) -> int:

@@ -64,7 +64,11 @@ def _case_map(col: str, table: dict[str, str]) -> str:
 
 
 def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> None:
-    """Create ``{side}_g`` and ``{side}_t`` in ``con`` from one side's tensor/node records."""
+    """Create ``{side}_g`` and ``{side}_t`` in ``con``'s database from one side's records.
+
+    The tables are database tables, not temporary ones, so the two sides can be normalised at
+    once on two cursors of one in-memory database and read from any of its connections.
+    """
     import numpy as np
 
     pos = pa.array(np.arange(tensors.num_rows, dtype=np.int64))
@@ -73,7 +77,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     cls_norm = _case_map("lower(cls)", CLASS_SYNONYMS)
     canon = _case_map("canon0", API_SYNONYMS)
     con.execute(f"""
-    create or replace temp table {side}_e as
+    create or replace table {side}_e as
     with e as (
         select node, min(seq) as seq from {side}_raw_t group by node
     ), p as (
@@ -94,7 +98,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     from q
     """)
     con.execute(f"""
-    create or replace temp table {side}_g0 as
+    create or replace table {side}_g0 as
     with x as (
       select prefix || '.' || body || '#' || coalesce(call, 0) as grp, any_value(kind) as kind,
         any_value(prefix) as prefix, any_value(body) as body, any_value(call) as call,
@@ -120,7 +124,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     from y
     """)
     con.execute(f"""
-    create or replace temp table {side}_g as
+    create or replace table {side}_g as
     select g.*,
       case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
            else g.kind || ':' || coalesce(pg.path || ':' || coalesce(pg.call, 0), '') || ':' || g.canon || ':' ||
@@ -141,7 +145,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     uninit = ", ".join(f"'{u}'" for u in UNINITIALISED)
     dtype = DTYPE_SQL.format(col="raw")
     con.execute(f"""
-    create or replace temp table {side}_t as
+    create or replace table {side}_t as
     with dt as (select raw, {dtype} as norm from (select distinct dtype as raw from {side}_raw_t)),
          eg as (select e.node, g.grp, g.kind, g.canon from {side}_e e
                 join {side}_g g on g.grp = e.prefix || '.' || e.body || '#' || coalesce(e.call, 0))

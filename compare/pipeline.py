@@ -15,46 +15,139 @@ from compare.api import CompareResult
 from compare.load import Dump
 from compare.verdict import CONTEXT_FLOOR, tolerance_sql
 
-__all__ = ["run_compare"]
+__all__ = ["run_compare", "compare_paths"]
 
 
-def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None) -> CompareResult:
-    """Compare two loaded dumps; see :mod:`compare.api` for the result's columns."""
+def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None,
+                out: Any = None) -> CompareResult:
+    """Compare two loaded dumps; see :mod:`compare.api` for the result's columns. With ``out``
+    (a folder) the result files are written there as their parts are ready."""
     import duckdb
 
+    con = duckdb.connect()
+    side_a = _Normaliser(con, "a", da).start()
+    try:
+        _Normaliser(con, "b", db).run()
+    finally:
+        side_a.join()
+    _tick(bar, "normalised")
+    return _finish(con, da, db, mapping, bar, out)
+
+
+def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
+                  out: Any = None) -> CompareResult:
+    """Read and compare two inputs, overlapping the work of the two sides on two cores.
+
+    B is read in a worker process when the inputs are large (:func:`compare.load.start_load`),
+    and A's records are normalised on a DuckDB cursor in a thread (DuckDB runs without the GIL)
+    while B is read or received here. Errors are A's first, then B's.
+    """
+    import duckdb
+
+    from compare.load import load_dump, start_load
+
+    pending = start_load(a, b)
+    side_a = None
+    try:
+        da = load_dump(a)
+        _tick(bar, "read A")
+        con = duckdb.connect()
+        side_a = _Normaliser(con, "a", da).start()
+        db = pending.result()
+        _tick(bar, "read B")
+        _Normaliser(con, "b", db).run()
+    finally:
+        pending.close()
+        if side_a is not None:
+            side_a.join()
+    _tick(bar, "normalised")
+    return _finish(con, da, db, mapping, bar, out)
+
+
+class _Normaliser:
+    """:func:`compare.normalize.normalise_side` of one side on its own cursor, here or in a thread."""
+
+    def __init__(self, con: Any, side: str, dump: Dump) -> None:
+        self.cursor = con.cursor()
+        self.side = side
+        self.dump = dump
+        self.thread: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from compare.normalize import normalise_side
+
+        try:
+            normalise_side(self.cursor, self.side, self.dump.tensors, self.dump.nodes)
+        finally:
+            self.cursor.close()
+
+    def _run_caught(self) -> None:
+        try:
+            self.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised by join() on the caller's thread
+            self.error = e
+
+    def start(self) -> "_Normaliser":
+        import threading
+
+        self.thread = threading.Thread(target=self._run_caught, name=f"normalise-{self.side}",
+                                       daemon=True)
+        self.thread.start()
+        return self
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
+            out: Any = None) -> CompareResult:
+    """Match, metrics, verdicts and localisation over the two normalised sides; the result's
+    files are written to ``out`` (when given) while the later parts are computed."""
     from compare.localize import localise
     from compare.match import match_groups
     from compare.metrics import add_tensor_metrics
-    from compare.normalize import normalise_side
-    from compare.report import build_summary
+    from compare.report import ResultWriter, build_summary
 
-    con = duckdb.connect()
-    normalise_side(con, "a", da.tensors, da.nodes)
-    normalise_side(con, "b", db.tensors, db.nodes)
-    _tick(bar, "normalised")
-    mapped = None
-    if mapping:
-        from compare.mapping import mapped_pairs
+    writer = ResultWriter(out) if out is not None else None
+    try:
+        mapped = None
+        if mapping:
+            from compare.mapping import mapped_pairs
 
-        mapped = mapped_pairs(con, mapping)
-    match_groups(con, mapped, structural=mapped is None)
-    _tick(bar, "matched")
-    full = _rows(con)
-    rows = full.drop_columns(list(_HELPERS))
-    if da.task == "tensor" or db.task == "tensor":
-        rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
-        for k in ("err", "verdict", "reason"):
-            full = full.set_column(full.schema.get_field_index(k), k, rows.column(k))
-    con.register("rows", full)
-    _tick(bar, "metrics")
-    nodes = con.sql(_nodes(con)).to_arrow_table()
-    con.register("nodes", nodes)
-    _tick(bar, "verdicts")
-    summary = build_summary(con, da, db)
-    summary.update(localise(con))
-    _tick(bar, "localised")
-    con.close()
-    return CompareResult(rows=rows, nodes=nodes, summary=summary)
+            mapped = mapped_pairs(con, mapping)
+        match_groups(con, mapped, structural=mapped is None)
+        _tick(bar, "matched")
+        full = _rows(con)
+        rows = full.drop_columns(list(_HELPERS))
+        if da.task == "tensor" or db.task == "tensor":
+            rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
+            for k in ("err", "verdict", "reason"):
+                full = full.set_column(full.schema.get_field_index(k), k, rows.column(k))
+        if writer is not None:
+            writer.rows(rows)
+        con.register("rows", full)
+        _tick(bar, "metrics")
+        nodes = con.sql(_nodes(con)).to_arrow_table()
+        if writer is not None:
+            writer.nodes(nodes)
+        con.register("nodes", nodes)
+        _tick(bar, "verdicts")
+        summary = build_summary(con, da, db)
+        summary.update(localise(con))
+        _tick(bar, "localised")
+        con.close()
+        result = CompareResult(rows=rows, nodes=nodes, summary=summary)
+        if writer is not None:
+            result.written = writer.finish(summary)
+            writer = None
+        return result
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _tick(bar: Any, what: str) -> None:

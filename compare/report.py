@@ -15,7 +15,7 @@ from typing import Any
 
 from probe.errors import ProbeError
 
-__all__ = ["build_summary", "write_result", "format_summary"]
+__all__ = ["build_summary", "write_result", "write_summary", "format_summary", "ResultWriter"]
 
 _WORST_N = 5
 
@@ -51,26 +51,60 @@ def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
 
 
 def write_result(result: Any, out: Path) -> Path:
-    """Write compare.csv, compare.parquet, nodes.parquet and summary.json; return ``out``.
+    """Write compare.csv, compare.parquet, nodes.parquet and summary.json; return ``out``."""
+    writer = ResultWriter(out)
+    writer.rows(result.rows)
+    writer.nodes(result.nodes)
+    return writer.finish(result.summary)
 
-    The Parquet files are written on threads (Arrow's Parquet writer releases the GIL) while
-    the CSV is written here (Arrow's CSV writer holds it).
+
+class ResultWriter:
+    """Writes a result's files as its parts become ready, on threads, while the rest is computed.
+
+    :meth:`rows` starts compare.parquet (Arrow's Parquet writer releases the GIL) and
+    compare.csv (Arrow's CSV writer holds it, which the DuckDB queries that run meanwhile do not
+    need); :meth:`nodes` starts nodes.parquet; :meth:`finish` writes summary.json and waits.
+    An unwritable folder is a one-line :class:`~probe.errors.ProbeError`, raised by the call
+    that found it or by :meth:`finish`.
     """
-    from concurrent.futures import ThreadPoolExecutor
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            jobs = [pool.submit(_write_parquet, result.rows, out / "compare.parquet"),
-                    pool.submit(_write_parquet, result.nodes, out / "nodes.parquet")]
-            _write_csv(result.rows, out / "compare.csv")
-            for job in jobs:
+    def __init__(self, out: Path) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.out = Path(out)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ProbeError(f"{self.out}: cannot write the compare result ({e.strerror})") from None
+        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="compare-write")
+        self._jobs: list[Any] = []
+
+    def rows(self, rows: Any) -> None:
+        self._jobs += [self._pool.submit(_write_parquet, rows, self.out / "compare.parquet"),
+                       self._pool.submit(_write_csv, rows, self.out / "compare.csv")]
+
+    def nodes(self, nodes: Any) -> None:
+        self._jobs.append(self._pool.submit(_write_parquet, nodes, self.out / "nodes.parquet"))
+
+    def finish(self, summary: dict[str, Any]) -> Path:
+        try:
+            for job in self._jobs:
                 job.result()
-        (out / "summary.json").write_text(json.dumps(_json_safe(result.summary), indent=1,
-                                                     default=str, allow_nan=False) + "\n")
-    except OSError as e:
-        raise ProbeError(f"{out}: cannot write the compare result ({e.strerror})") from None
-    return out
+            write_summary(summary, self.out)
+        except OSError as e:
+            raise ProbeError(f"{self.out}: cannot write the compare result ({e.strerror})") from None
+        finally:
+            self.close()
+        return self.out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def write_summary(summary: dict[str, Any], out: Path) -> None:
+    """Write ``out/summary.json`` (strict JSON: non-finite numbers as strings)."""
+    (Path(out) / "summary.json").write_text(json.dumps(_json_safe(summary), indent=1, default=str,
+                                                       allow_nan=False) + "\n")
 
 
 #: String columns with few distinct values: dictionary-encoded in Parquet (names are not:

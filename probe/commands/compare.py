@@ -38,8 +38,8 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
 
     if progress is None:
         progress = _size(Path(a)) + _size(Path(b)) > 20 * 1024 * 1024
-    result = compare(a, b, mapping=mapping, progress=progress)
-    out = result.write(Path(out_dir) if out_dir else Path("compare_out"))
+    out = Path(out_dir) if out_dir else Path("compare_out")
+    result = compare(a, b, mapping=mapping, progress=progress, out=out)
     click.echo(format_summary(result.summary))
     click.echo(f"wrote {out}/compare.csv, compare.parquet, nodes.parquet, summary.json")
     worst = result.worst_verdict

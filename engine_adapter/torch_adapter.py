@@ -7,7 +7,8 @@
   ``register_full_backward_hook`` at a fraction of its cost) and a hook on each parameter (its
   gradient), on every sub-module of the model, named by its path as msprobe names it:
   ``Module.layers.0.attn.q_proj.Linear``.
-- APIs (``api``/``mix`` levels): a ``TorchFunctionMode`` (see :mod:`engine_adapter.torch_api`).
+- APIs (``api``/``mix`` levels): thin wrappers of the public ``torch``,
+  ``torch.nn.functional`` and ``Tensor`` functions (see :mod:`engine_adapter.torch_api`).
 - Steps: ``torch.optim`` global optimizer step post-hook.
 - Compiled models (``torch.compile``): hooks are attached to the original modules and wrapped
   in ``torch._dynamo.disable``; module boundaries are kept, each hooked boundary is a graph

@@ -13,6 +13,9 @@ computed where the tensor lives:
   numbers come from a zero-copy NumPy view (SIMD ``max``/``min``, BLAS dot, one ``torch.sum``;
   NaN/Inf counted only when the sum is not finite). The handle is then the finished list.
 
+:meth:`TorchStats.identity` keys a tensor by its bytes (address, dtype, extent, version), so
+the recorder reads the same data once a step however many tensor objects and views show it.
+
 >>> import torch
 >>> s = TorchStats()
 >>> t = torch.tensor([1.0, -2.0, float("inf")])

@@ -50,5 +50,45 @@
     }                                                                                   \
     out[0] = MX; out[1] = MN; out[2] = S; out[3] = Q; out[4] = NN; out[5] = NI;
 
-void probe_stats_f32(const float *x, int64_t n, double *out) { BODY(float) }
-void probe_stats_f64(const double *x, int64_t n, double *out) { BODY(double) }
+static void stats_f32(const float *x, int64_t n, double *out) { BODY(float) }
+static void stats_f64(const double *x, int64_t n, double *out) { BODY(double) }
+
+#ifdef _OPENMP
+#include <omp.h>
+/* A tensor of at least this many elements is read by the OpenMP threads torch itself runs
+   (the same runtime: torch's libgomp is already loaded when this library is): each thread
+   reads the contiguous share that an element-wise op of torch's wrote from that thread, so it
+   is still in that core's cache, and the threads are spinning right after that op. */
+#define PARALLEL_MIN 32768
+
+static void merge(double *acc, const double *part) {
+    if (part[4] || acc[4]) { acc[0] = NAN; acc[1] = NAN; }
+    else {
+        if (part[0] > acc[0]) acc[0] = part[0];
+        if (part[1] < acc[1]) acc[1] = part[1];
+    }
+    acc[2] += part[2]; acc[3] += part[3]; acc[4] += part[4]; acc[5] += part[5];
+}
+
+#define PARALLEL(FN, T)                                                                 \
+    int threads = omp_get_max_threads();                                                \
+    if (n < PARALLEL_MIN || threads < 2 || omp_in_parallel()) { FN(x, n, out); return; } \
+    if (threads > 64) threads = 64;                                                     \
+    double parts[64][6];                                                                \
+    int used = 1;                                                                       \
+    _Pragma("omp parallel num_threads(threads)")                                        \
+    {                                                                                   \
+        int t = omp_get_thread_num(), k = omp_get_num_threads();                        \
+        int64_t lo = n * t / k, hi = n * (t + 1) / k;                                   \
+        FN(x + lo, hi - lo, parts[t]);                                                  \
+        if (t == 0) used = k;                                                           \
+    }                                                                                   \
+    for (int k = 0; k < 6; k++) out[k] = parts[0][k];                                   \
+    for (int t = 1; t < used; t++) merge(out, parts[t]);
+
+void probe_stats_f32(const float *x, int64_t n, double *out) { PARALLEL(stats_f32, float) }
+void probe_stats_f64(const double *x, int64_t n, double *out) { PARALLEL(stats_f64, double) }
+#else
+void probe_stats_f32(const float *x, int64_t n, double *out) { stats_f32(x, n, out); }
+void probe_stats_f64(const double *x, int64_t n, double *out) { stats_f64(x, n, out); }
+#endif

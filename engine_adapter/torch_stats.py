@@ -9,7 +9,8 @@ computed where the tensor lives:
   ``tolist()`` per device: no host-device synchronisation per tensor;
 - on the CPU the tensor already is on the host: one pass of a small native kernel (compiled
   once per machine with the system C compiler, cached under ``~/.cache/probe``) reads max,
-  min, sum, sum of squares and NaN/Inf counts at memory speed. Without a compiler the same
+  min, sum, sum of squares and NaN/Inf counts at memory speed, a large tensor on torch's own
+  OpenMP threads (each reads the share it just wrote, still in its core's cache). Without a compiler the same
   numbers come from a zero-copy NumPy view (SIMD ``max``/``min``, BLAS dot, one ``torch.sum``;
   NaN/Inf counted only when the sum is not finite). The handle is then the finished list.
 
@@ -150,8 +151,10 @@ _kernel: Any = None
 def _load_kernel() -> Any:
     """The one-pass CPU statistics kernel (compiled once per machine and cached), or False.
 
-    One pass over the data gives max, min, sum, sum of squares and NaN/Inf counts; without a
-    C compiler the NumPy path below is used instead (three passes).
+    One pass over the data gives max, min, sum, sum of squares and NaN/Inf counts; built
+    against the libgomp torch runs (its own copy in a pip wheel), a large tensor is read by
+    torch's OpenMP threads, each the share it wrote (see ``stats_kernel.c``). Without a C
+    compiler the NumPy path below is used instead (three passes).
     """
     global _kernel
     if _kernel is not None:
@@ -178,16 +181,23 @@ def _load_kernel() -> Any:
                 flags = next((ln for ln in f if ln.startswith("flags")), "")
         except OSError:
             pass
-        key = hashlib.sha256(source + (platform.machine() + flags).encode()).hexdigest()[:16]
+        gomp = _torch_openmp()
+        key = hashlib.sha256(source + (platform.machine() + flags + str(gomp)).encode()).hexdigest()[:16]
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "probe")
         lib = os.path.join(cache, f"stats-{key}.so")
         if not os.path.exists(lib):
             os.makedirs(cache, exist_ok=True)
             with tempfile.TemporaryDirectory() as tmp:
                 built = os.path.join(tmp, "stats.so")
-                subprocess.run([cc, "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC",
-                                _KERNEL_SOURCE, "-o", built],
-                               check=True, capture_output=True, timeout=120)
+                base = [cc, "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC",
+                        _KERNEL_SOURCE, "-o", built]
+                try:   # linked to the libgomp already loaded, so it shares torch's threads
+                    if gomp is None:
+                        raise OSError("torch runs no libgomp")
+                    subprocess.run(base + ["-fopenmp", gomp, f"-Wl,-rpath,{os.path.dirname(gomp)}"],
+                                   check=True, capture_output=True, timeout=120)
+                except (OSError, subprocess.SubprocessError):   # serial kernel
+                    subprocess.run(base, check=True, capture_output=True, timeout=120)
                 os.replace(built, lib)
         dll = ctypes.CDLL(lib)
         for name in ("probe_stats_f32", "probe_stats_f64"):
@@ -199,6 +209,20 @@ def _load_kernel() -> Any:
     except Exception:  # noqa: BLE001 - no compiler, no cache dir: the NumPy path works everywhere
         _kernel = False
     return _kernel
+
+
+def _torch_openmp() -> str | None:
+    """The libgomp torch loaded into this process (its own copy in a pip wheel), or None when
+    torch runs another OpenMP runtime or none."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(None, 1)[-1]
+                if os.path.basename(path).startswith("libgomp") and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
 
 
 def _reduce_host(x: torch.Tensor, kind: str) -> list[float]:

@@ -123,7 +123,7 @@ class Recorder:
         self._writer: _Writer | None = None
         self._nodes_written: set[str] = set()
         self._last_store_flush = float("-inf")
-        self._store_rows: list[tuple[int, int, list]] = []   # (step, time, rows) not yet in the store
+        self._store_tables: list[Any] = []    # tensor records of steps not yet in the store
         self.step = -1
         self.active = False
         self.steps_written: list[int] = []
@@ -500,7 +500,9 @@ class Recorder:
         values = self.stats.gather(b.handles) if b.handles else []
         rows = b.rows
         json_float = msprobe_writer.json_float
-        for leaf in b.leaves:
+        for i, leaf in enumerate(b.leaves):
+            if i & 63 == 63:
+                time.sleep(0)       # let the training thread take the GIL back between chunks
             if leaf.handle_index < 0:
                 continue
             v = values[leaf.handle_index]
@@ -541,7 +543,7 @@ class Recorder:
     def _write_store(self, b: "_StepBatch", stacks: dict[str, list[str]]) -> None:
         from collectors.records import table_from_columns
 
-        self._store_rows.append((b.step, time.time_ns(), b.rows))
+        self._store_tables.append(_tensor_table(self.run, self.rank, b.step, time.time_ns(), b.rows))
         written = self._nodes_written
         if any(name not in written for name in b.node_info):   # the tree is the same every step
             stack_ids = {}
@@ -573,20 +575,25 @@ class Recorder:
             self._last_store_flush = now
 
     def _flush_store(self, step: int) -> None:
-        """One tensor table for every step written since the last flush, then a durable segment."""
-        from collectors.records import table_from_columns
+        """The tensor records of every step written since the last flush as one durable segment."""
+        import pyarrow as pa
 
-        pending, self._store_rows = self._store_rows, []
+        pending, self._store_tables = self._store_tables, []
         if pending:
-            rows = [r for _, _, step_rows in pending for r in step_rows]
-            steps = [s for s, _, step_rows in pending for _ in step_rows]
-            times = [t for _, t, step_rows in pending for _ in step_rows]
-            n = len(rows)
-            if n:
-                cols: dict[str, list] = {k: list(c) for k, c in zip(_TENSOR_COLUMNS, zip(*rows))}
-                cols.update(run=[self.run] * n, rank=[self.rank] * n, step=steps, host_ts_ns=times)
-                self.store.write("tensor", table_from_columns("tensor", cols))
+            self.store.write("tensor", pa.concat_tables(pending) if len(pending) > 1 else pending[0])
         self.store.end_step(step)
+
+
+def _tensor_table(run: str, rank: int, step: int, time_ns: int, rows: list[list]) -> Any:
+    """One step's rows as a tensor-record table (converted a step at a time on the writer thread,
+    so it never holds the GIL for long)."""
+    from collectors.records import table_from_columns
+
+    n = len(rows)
+    cols: dict[str, list] = ({k: list(c) for k, c in zip(_TENSOR_COLUMNS, zip(*rows))} if n
+                             else {k: [] for k in _TENSOR_COLUMNS})
+    cols.update(run=[run] * n, rank=[rank] * n, step=[step] * n, host_ts_ns=[time_ns] * n)
+    return table_from_columns("tensor", cols)
 
 
 #: the tensor record columns of a row in ``Recorder.rows``, in order

@@ -162,7 +162,7 @@ def _loads(text: bytes) -> Any:
     return json.loads(text)
 
 
-def _load_json(path: Path, what: str) -> Any:
+def _read_bytes(path: Path, what: str) -> bytes:
     try:
         with open(path, "rb") as f:
             text = f.read()
@@ -170,6 +170,12 @@ def _load_json(path: Path, what: str) -> Any:
         raise ProbeError(f"{path}: cannot read the {what} ({e.strerror})") from None
     if not text.strip():
         raise ProbeError(f"{path}: the {what} is empty (0 bytes of JSON)")
+    return text
+
+
+def _load_json(path: Path, what: str, text: bytes | None = None) -> Any:
+    if text is None:
+        text = _read_bytes(path, what)
     try:
         return _loads(text)
     except json.JSONDecodeError as e:
@@ -573,14 +579,26 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
         path = path / "dump.json"
     if not path.exists():
         raise ProbeError(f"{path}: no such file")
-    doc = _load_json(path, "dump.json")
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
-        raise ProbeError(f"{path}: not an msprobe dump.json (expected an object with a 'data' "
-                         "object of named entries)")
-    data = doc["data"]
-    if not data:
-        raise ProbeError(f"{path}: empty dump (its 'data' holds no entries); check the dump's "
-                         "step/rank selection and scope")
+    raw = _read_bytes(path, "dump.json")
+    from collectors.msprobe_scan import scan_dump
+
+    scanned = scan_dump(raw)                 # the common layout, natively; else the general path
+    if scanned is not None:
+        meta, names, flat = scanned.meta, scanned.names.to_pylist(), scanned.flat
+    else:
+        doc = _load_json(path, "dump.json", raw)
+        if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
+            raise ProbeError(f"{path}: not an msprobe dump.json (expected an object with a 'data' "
+                             "object of named entries)")
+        data = doc["data"]
+        if not data:
+            raise ProbeError(f"{path}: empty dump (its 'data' holds no entries); check the dump's "
+                             "step/rank selection and scope")
+        meta = {k: v for k, v in doc.items() if k != "data"}
+        names = list(data)
+        flat = _flatten_fast(names, list(data.values())) or _flatten(data, path).table()
+        del doc, data
+    del raw
     construct: dict = {}
     cpath = path.parent / "construct.json"
     if cpath.exists():
@@ -599,8 +617,6 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
             pass
     step, rank = _step_rank(path.resolve())
     run = run if run is not None else str(path)
-    names = list(data)
-    flat = _flatten_fast(names, list(data.values())) or _flatten(data, path).table()
     info = _classify(names)
     seq = flat.column("seq")
     stats = flat.column("stats").combine_chunks() if isinstance(flat.column("stats"), pa.ChunkedArray) \
@@ -609,7 +625,7 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
     shape = stats.field("shape")
     numel = _numel(shape)
     files = stats.field("data_name")
-    dump_dir = doc.get("dump_data_dir")
+    dump_dir = meta.get("dump_data_dir")
     if files.null_count < n:
         base = Path(dump_dir) if dump_dir else path.parent / "dump_tensor_data"
         if not base.is_absolute() or not base.exists():
@@ -631,7 +647,7 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
     })
     nodes = _node_table(names, info.column("cls").combine_chunks(), construct, stack_refs, run, rank)
     return MsprobeDump(path=str(path), tensors=tensors, nodes=nodes,
-                       framework=doc.get("framework"), task=doc.get("task"),
-                       level=doc.get("level"), step=step, rank=rank,
-                       dump_data_dir=dump_dir, meta={k: v for k, v in doc.items() if k != "data"},
+                       framework=meta.get("framework"), task=meta.get("task"),
+                       level=meta.get("level"), step=step, rank=rank,
+                       dump_data_dir=dump_dir, meta=meta,
                        stacks=stacks)

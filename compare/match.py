@@ -169,7 +169,7 @@ def _features(con: Any, side: str) -> list[dict]:
 
 def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = True) -> None:
     """Fill ``pairs`` (grp_a, grp_b, method, reason) in ``con``; see the module docstring."""
-    con.execute("create or replace temp table pairs (grp_a varchar, grp_b varchar, method varchar, reason varchar)")
+    con.execute("create or replace table pairs (grp_a varchar, grp_b varchar, method varchar, reason varchar)")
     if mapped is not None and mapped.num_rows:
         con.register("mapped_pairs", mapped)
         con.execute("""insert into pairs select grp_a, grp_b, 'mapping', reason from mapped_pairs""")
@@ -206,11 +206,11 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
     if any(unmatched):
         _ancestors(con)
     else:
-        con.execute("create or replace temp table covered (side varchar, grp varchar, anc_a varchar, anc_b varchar)")
-        con.execute("create or replace temp table containers (side varchar, grp varchar)")
+        con.execute("create or replace table covered (side varchar, grp varchar, anc_a varchar, anc_b varchar)")
+        con.execute("create or replace table containers (side varchar, grp varchar)")
     for side in ("a", "b"):
         con.execute(f"""
-        create or replace temp table {side}_st as
+        create or replace table {side}_st as
         select g.grp, case when p.grp_{side} is not null then 'matched'
                            when c.grp is not null then 'ancestor'
                            when k.grp is not null then 'container' else 'unmatched' end as state
@@ -308,7 +308,7 @@ def _ancestors(con: Any) -> None:
     """Attach every unmatched group to the nearest matched ancestor pair (fused/unfused)."""
     for side, other in (("a", "b"), ("b", "a")):
         con.execute(f"""
-        create or replace temp table anc_{side} as
+        create or replace table anc_{side} as
         with recursive up(grp, cur, hops) as (
             select g.grp, g.parent, 0 from {side}_g g
             where g.grp not in (select grp_{side} from pairs where grp_{side} is not null)
@@ -323,7 +323,7 @@ def _ancestors(con: Any) -> None:
         group by up.grp
         """)
     con.execute("""
-    create or replace temp table containers as
+    create or replace table containers as
     with st as (
       select 'a' as side, g.grp, g.parent, p.grp_a is not null as m from a_g g
         left join (select distinct grp_a from pairs) p on p.grp_a = g.grp
@@ -337,7 +337,7 @@ def _ancestors(con: Any) -> None:
     where not s.m
     """)
     con.execute("""
-    create or replace temp table covered as
+    create or replace table covered as
     select 'a' as side, x.grp, x.anc as anc_a, p.grp_b as anc_b from anc_a x
       join pairs p on p.grp_a = x.anc
     union all

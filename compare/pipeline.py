@@ -9,6 +9,7 @@ unmatched by name (structural alignment) and the tensor files of tensor-mode dum
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from compare.api import CompareResult
@@ -22,9 +23,7 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None,
                 out: Any = None) -> CompareResult:
     """Compare two loaded dumps; see :mod:`compare.api` for the result's columns. With ``out``
     (a folder) the result files are written there as their parts are ready."""
-    import duckdb
-
-    con = duckdb.connect()
+    con = _connect()
     side_a = _Normaliser(con, "a", da).start()
     try:
         _Normaliser(con, "b", db).run()
@@ -42,8 +41,6 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
     and A's records are normalised on a DuckDB cursor in a thread (DuckDB runs without the GIL)
     while B is read or received here. Errors are A's first, then B's.
     """
-    import duckdb
-
     from compare.load import load_dump, start_load
 
     pending = start_load(a, b)
@@ -51,7 +48,7 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
     try:
         da = load_dump(a)
         _tick(bar, "read A")
-        con = duckdb.connect()
+        con = _connect()
         side_a = _Normaliser(con, "a", da).start()
         db = pending.result()
         _tick(bar, "read B")
@@ -62,6 +59,29 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
             side_a.join()
     _tick(bar, "normalised")
     return _finish(con, da, db, mapping, bar, out)
+
+
+#: Tensor rows of both sides together from which DuckDB runs each query on every core. Below
+#: it a query runs on one thread (a table of fewer rows than a few row groups of 122,880 gains
+#: less from DuckDB's threads than their coordination costs) and the parallelism is ours: the
+#: two sides normalised at once, the rows query in two halves.
+DUCKDB_PARALLEL_ROWS = 1_000_000
+
+
+def _connect() -> Any:
+    """The compare's in-memory DuckDB, one thread per query until :func:`_size_threads`."""
+    import duckdb
+
+    return duckdb.connect(config={"threads": 1})
+
+
+def _size_threads(con: Any, rows: int) -> int:
+    """Give DuckDB every core when the inputs are large; returns its thread count."""
+    threads = os.cpu_count() or 1
+    if rows >= DUCKDB_PARALLEL_ROWS and threads > 1:
+        con.execute(f"set threads = {threads}")
+        return threads
+    return 1
 
 
 class _Normaliser:
@@ -121,7 +141,9 @@ def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
             mapped = mapped_pairs(con, mapping)
         match_groups(con, mapped, structural=mapped is None)
         _tick(bar, "matched")
-        full = _rows(con)
+        n = da.tensors.num_rows + db.tensors.num_rows
+        single = _size_threads(con, n) == 1
+        full = _rows(con, 2 if single and n >= PARTITION_ROWS and (os.cpu_count() or 1) >= 2 else 1)
         rows = full.drop_columns(list(_HELPERS))
         if da.task == "tensor" or db.task == "tensor":
             rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
@@ -159,19 +181,64 @@ def _tick(bar: Any, what: str) -> None:
 _HELPERS = ("grp_a", "grp_b", "ctx", "tol_pass", "tol_warn", "uninit")
 
 
-def _rows(con: Any) -> Any:
-    """The per-tensor rows (pyarrow.Table, in execution order, with the helper columns)."""
+#: Rows of both sides together from which the rows query, when DuckDB runs it on one thread,
+#: runs as two halves on two threads instead.
+PARTITION_ROWS = 16_384
+
+
+def _rows(con: Any, parts: int = 1) -> Any:
+    """The per-tensor rows (pyarrow.Table, in execution order, with the helper columns).
+
+    With ``parts`` = 2 the query runs in halves (the call groups split by a hash of A's group, so
+    each half holds whole groups) on two cursors at once; the rows are ordered here by (execution order, A's position, B's position), one
+    numpy sort of three integer keys instead of a DuckDB ORDER BY that moves every column.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
     import pyarrow as pa
 
+    def run(k: int) -> Any:
+        cur = con.cursor()
+        try:
+            return cur.sql(_rows_sql(k, parts)).to_arrow_table()
+        finally:
+            cur.close()
+
+    if parts == 1:
+        table = con.sql(_rows_sql(0, 1)).to_arrow_table()
+    else:
+        with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="compare-rows") as pool:
+            table = pa.concat_tables(list(pool.map(run, range(parts))))
+    order = np.lexsort([_int_key(table.column("pos_b")), _int_key(table.column("pos_a")),
+                        _int_key(table.column("ord"))])
+    table = table.drop_columns(["pos_a", "pos_b"]).take(pa.array(order))
+    row_id = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    return table.add_column(0, "row_id", row_id)
+
+
+def _int_key(col: Any) -> Any:
+    """An int64 column as a numpy sort key, nulls last."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    big = np.iinfo(np.int64).max
+    return pc.fill_null(col, big).to_numpy() if col.null_count else col.to_numpy()
+
+
+def _rows_sql(k: int, parts: int) -> str:
+    """The rows query of partition ``k`` of ``parts`` (unordered)."""
     pass_a, warn_a = tolerance_sql("r.dtype_a")
     pass_b, warn_b = tolerance_sql("r.dtype_b")
-    table = con.sql(f"""
+
+    def part(col: str) -> str:
+        return "true" if parts == 1 else f"hash({col}) % {parts} = {k}"
+    return f"""
     with pair_t as (
     with ta as (select t.*, p.grp_b as other, p.method, p.reason as mreason
-                from a_t t join pairs p on p.grp_a = t.grp),
+                from a_t t join pairs p on p.grp_a = t.grp where {part("p.grp_a")}),
          tb as (select t.*, p.grp_a as other, p.method, p.reason as mreason
-                from b_t t join pairs p on p.grp_b = t.grp)
+                from b_t t join pairs p on p.grp_b = t.grp where {part("p.grp_a")})
     select coalesce(ta.grp, tb.other) as grp_a, coalesce(ta.other, tb.grp) as grp_b,
       ta.name as name_a, tb.name as name_b, ta.node as node_a, tb.node as node_b,
       coalesce(ta.direction, tb.direction) as direction, coalesce(ta.slot, tb.slot) as slot,
@@ -191,12 +258,12 @@ def _rows(con: Any) -> Any:
     select t.grp, null, t.name, null, t.node, null, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in B', t.dtype, null, t.shape, null, t.numel, null, t.mx, t.mn, t.mean, t.norm,
       null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq, false, t.pos, null
-    from a_t t join a_st st on st.grp = t.grp and st.state = 'unmatched'
+    from a_t t join a_st st on st.grp = t.grp and st.state = 'unmatched' where {part("t.grp")}
     union all
     select null, t.grp, null, t.name, null, t.node, t.direction, t.slot, t.idx, 'unmatched',
       'no counterpart in A', null, t.dtype, null, t.shape, null, t.numel, null, null, null, null,
       t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq, false, null, t.pos
-    from b_t t join b_st st on st.grp = t.grp and st.state = 'unmatched'
+    from b_t t join b_st st on st.grp = t.grp and st.state = 'unmatched' where {part("t.grp")}
     ), c as (
       select *,
         greatest(abs(case when isfinite(max_a) then max_a end), abs(case when isfinite(min_a) then min_a end),
@@ -236,7 +303,7 @@ def _rows(con: Any) -> Any:
       null::double as rmse, null::double as one_thousandth, null::double as one_ten_thousandth,
       nonfinite_a, nonfinite_b, uninit,
       case when hash_a is not null and hash_b is not null then hash_a = hash_b end as hash_match,
-      file_a, file_b, ctx, tol_pass, tol_warn, seq_any as ord,
+      file_a, file_b, ctx, tol_pass, tol_warn, seq_any as ord, pos_a, pos_b,
       case when name_a is null or name_b is null then 'unmatched'
            when uninit then 'pass'
            when nonfinite_a is distinct from nonfinite_b then 'error'
@@ -263,10 +330,7 @@ def _rows(con: Any) -> Any:
                 coalesce(dtype_a, dtype_b, '?'),
                 case when hash_a is not null and hash_b is not null then '; md5 differs' else '' end) end as reason
     from e
-    order by ord, pos_a nulls last, pos_b
-    """).to_arrow_table()
-    row_id = pa.array(np.arange(table.num_rows, dtype=np.int64))
-    return table.add_column(0, "row_id", row_id)
+    """
 
 
 def _worst(cond: str) -> str:
@@ -278,7 +342,7 @@ def _worst(cond: str) -> str:
 def _nodes(con: Any) -> str:
     """Build the per-node tables; return the query of the node pairs (in execution order)."""
     con.execute("""
-    create or replace temp table entry_nf as
+    create or replace table entry_nf as
     select 'a' as side, node, grp, direction,
       bool_or(nonfinite) filter (where slot in ('input', 'kwarg')) as nf_in,
       bool_or(nonfinite) filter (where slot = 'output') as nf_out
@@ -290,7 +354,7 @@ def _nodes(con: Any) -> str:
     from b_t group by all
     """)
     con.execute(f"""
-    create or replace temp table pair_nodes as
+    create or replace table pair_nodes as
     select grp_a, grp_b, direction, any_value(node_a) filter (where node_a is not null) as node_a,
       any_value(node_b) filter (where node_b is not null) as node_b,
       max(err) filter (where slot in ('input', 'kwarg')) as in_err,
@@ -305,7 +369,7 @@ def _nodes(con: Any) -> str:
     from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
     """)
     con.execute("""
-    create or replace temp table nodes_all as
+    create or replace table nodes_all as
     with e as (
       select p.grp_a, p.grp_b, p.method, p.reason as mreason, d.direction,
         case d.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end as node_a,

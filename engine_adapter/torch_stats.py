@@ -164,41 +164,15 @@ def _load_kernel() -> Any:
         return _kernel
     try:
         import ctypes
-        import hashlib
-        import platform
-        import shutil
-        import subprocess
-        import tempfile
 
-        cc = shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
-            return _kernel
-        with open(_KERNEL_SOURCE, "rb") as f:
-            source = f.read()
-        flags = ""
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = next((ln for ln in f if ln.startswith("flags")), "")
-        except OSError:
-            pass
+        from probe.native import build_cached
+
         gomp = _torch_openmp()
-        key = hashlib.sha256(source + (platform.machine() + flags + str(gomp)).encode()).hexdigest()[:16]
-        cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "probe")
-        lib = os.path.join(cache, f"stats-{key}.so")
-        if not os.path.exists(lib):
-            os.makedirs(cache, exist_ok=True)
-            with tempfile.TemporaryDirectory() as tmp:
-                built = os.path.join(tmp, "stats.so")
-                base = [cc, "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC",
-                        _KERNEL_SOURCE, "-o", built]
-                try:   # linked to the libgomp already loaded, so it shares torch's threads
-                    if gomp is None:
-                        raise OSError("torch runs no libgomp")
-                    subprocess.run(base + ["-fopenmp", gomp, f"-Wl,-rpath,{os.path.dirname(gomp)}"],
-                                   check=True, capture_output=True, timeout=120)
-                except (OSError, subprocess.SubprocessError):   # serial kernel
-                    subprocess.run(base, check=True, capture_output=True, timeout=120)
-                os.replace(built, lib)
+        # linked to the libgomp already loaded, so it shares torch's threads; else serial
+        variants = ([["-fopenmp", gomp, f"-Wl,-rpath,{os.path.dirname(gomp)}"]] if gomp else []) + [[]]
+        lib = build_cached(_KERNEL_SOURCE, "stats", variants, key_extra=str(gomp))
+        if lib is None:
+            return _kernel
         dll = ctypes.CDLL(lib)
         for name in ("probe_stats_f32", "probe_stats_f64"):
             fn = getattr(dll, name)

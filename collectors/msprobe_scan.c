@@ -1,0 +1,448 @@
+/* One pass over an msprobe dump.json straight into Arrow buffers (no Python objects per value).
+ *
+ * Compiled once per machine by collectors/msprobe_scan.py and loaded with ctypes. It reads the
+ * common layout only: {"...": ..., "data": {NAME: ENTRY, ...}} where a forward/backward ENTRY
+ * is an object whose "input_args", "output" and "input" are arrays and whose "input_kwargs" and
+ * "parameters" are objects, each holding tensor-statistics objects or null, and a
+ * "*.parameters_grad*" ENTRY maps each parameter to an array of one tensor object. Anything
+ * else (nested outputs, non-tensor arguments, strings with escapes, odd value types, truncated
+ * or malformed text) makes it return a negative code, and the caller reads the file the general
+ * way (orjson and a Python walk), which also words the error for malformed input.
+ *
+ * Every read is bounds-checked against the buffer's end, every write against the capacities the
+ * caller gave (a capacity overflow is a negative code too, never a write out of bounds).
+ */
+#include <locale.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+/* A string column: Arrow offsets (int32, n+1) and data bytes, one validity byte per row. */
+typedef struct {
+    int32_t *offsets;
+    char *data;
+    uint8_t *valid;
+    int64_t data_cap;
+    int64_t data_len;
+} strcol_t;
+
+typedef struct {
+    const char *buf;
+    int64_t len;
+    /* entries */
+    int64_t ent_cap, n_ent;
+    strcol_t names;
+    /* tensors */
+    int64_t t_cap, n_t;
+    int64_t *seq;         /* entry index */
+    int8_t *slot;         /* 0 input_args, 1 input_kwargs, 2 output, 3 parameters, 4 input, 5 parameter_grad */
+    int32_t *pos;         /* position in its array, -1 for an object member (its key is in keys) */
+    strcol_t keys;        /* object member names (kwarg / parameter names) */
+    strcol_t type, dtype, md5, data_name;
+    double *stats;        /* 4 per tensor: Max, Min, Mean, Norm */
+    uint8_t *stat_valid;  /* 4 per tensor */
+    int8_t *requires_grad;/* -1 null, 0, 1 */
+    int32_t *shape_off;   /* Arrow list offsets (n+1) */
+    uint8_t *shape_valid;
+    int64_t s_cap, n_s;
+    int64_t *shape_vals;
+    /* top-level members other than "data": key and value byte ranges */
+    int64_t meta_cap, n_meta;
+    int64_t *meta_ranges; /* 4 per member: key start, key end, value start, value end */
+    int64_t err_pos;
+} scan_t;
+
+enum { E_SYNTAX = -1, E_LAYOUT = -2, E_CAPACITY = -3, E_ESCAPE = -4, E_LOCALE = -5 };
+
+#define WS(c) ((c) == ' ' || (c) == '\n' || (c) == '\r' || (c) == '\t')
+
+static inline int64_t skip_ws(const scan_t *s, int64_t i) {
+    while (i < s->len && WS(s->buf[i])) i++;
+    return i;
+}
+
+/* A string at i (the opening quote): sets [*a, *b) to its raw bytes and returns the index after
+   the closing quote; E_ESCAPE when it holds a backslash (the caller falls back). */
+static int64_t string_span(const scan_t *s, int64_t i, int64_t *a, int64_t *b) {
+    if (i >= s->len || s->buf[i] != '"') return E_SYNTAX;
+    const char *start = s->buf + i + 1;
+    const char *q = memchr(start, '"', (size_t)(s->len - i - 1));
+    if (q == NULL) return E_SYNTAX;
+    if (memchr(start, '\\', (size_t)(q - start)) != NULL) return E_ESCAPE;
+    *a = i + 1;
+    *b = q - s->buf;
+    return *b + 1;
+}
+
+static inline int lit(const scan_t *s, int64_t i, const char *w, int64_t n) {
+    return i + n <= s->len && memcmp(s->buf + i, w, (size_t)n) == 0;
+}
+
+static int64_t number(const scan_t *s, int64_t i, double *out, int *ok);
+
+/* Skip (and check) any JSON value at i, strings with escapes included; returns the index after
+   it. Nesting deeper than 256 is a layout the caller reads the general way. */
+static int64_t skip_value_d(const scan_t *s, int64_t i, int depth) {
+    i = skip_ws(s, i);
+    if (i >= s->len) return E_SYNTAX;
+    if (depth > 256) return E_LAYOUT;
+    char c = s->buf[i];
+    if (c == '"') {
+        for (i++; i < s->len; i++) {
+            if (s->buf[i] == '\\') { i++; continue; }
+            if (s->buf[i] == '"') return i + 1;
+        }
+        return E_SYNTAX;
+    }
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        i = skip_ws(s, i + 1);
+        if (i < s->len && s->buf[i] == close) return i + 1;
+        for (;;) {
+            if (c == '{') {
+                i = skip_value_d(s, i, depth + 1);          /* the member name */
+                if (i < 0) return i;
+                if (s->buf[i - 1] != '"') return E_SYNTAX;
+                i = skip_ws(s, i);
+                if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
+                i++;
+            }
+            i = skip_value_d(s, i, depth + 1);
+            if (i < 0) return i;
+            i = skip_ws(s, i);
+            if (i < s->len && s->buf[i] == ',') { i++; continue; }
+            if (i < s->len && s->buf[i] == close) return i + 1;
+            return E_SYNTAX;
+        }
+    }
+    if (lit(s, i, "true", 4) || lit(s, i, "null", 4)) return i + 4;
+    if (lit(s, i, "false", 5)) return i + 5;
+    double v;
+    int ok;
+    int64_t j = number(s, i, &v, &ok);
+    return j == E_LAYOUT ? E_SYNTAX : j;
+}
+
+static int64_t skip_value(const scan_t *s, int64_t i) { return skip_value_d(s, i, 0); }
+
+/* A number (JSON syntax, or NaN / Infinity / -Infinity as msprobe writes them) or null at i.
+   Returns the index after it; *ok = 0 for null. */
+static int64_t number(const scan_t *s, int64_t i, double *out, int *ok) {
+    if (lit(s, i, "null", 4)) { *ok = 0; return i + 4; }
+    if (lit(s, i, "NaN", 3)) { *out = NAN; *ok = 1; return i + 3; }
+    if (lit(s, i, "Infinity", 8)) { *out = INFINITY; *ok = 1; return i + 8; }
+    if (lit(s, i, "-Infinity", 9)) { *out = -INFINITY; *ok = 1; return i + 9; }
+    int64_t j = i;
+    if (j < s->len && s->buf[j] == '-') j++;
+    int64_t d0 = j;
+    while (j < s->len && s->buf[j] >= '0' && s->buf[j] <= '9') j++;
+    if (j == d0) return E_LAYOUT;           /* a string, bool, object...: not a number */
+    if (j < s->len && s->buf[j] == '.') {
+        int64_t f0 = ++j;
+        while (j < s->len && s->buf[j] >= '0' && s->buf[j] <= '9') j++;
+        if (j == f0) return E_SYNTAX;
+    }
+    if (j < s->len && (s->buf[j] == 'e' || s->buf[j] == 'E')) {
+        j++;
+        if (j < s->len && (s->buf[j] == '+' || s->buf[j] == '-')) j++;
+        int64_t e0 = j;
+        while (j < s->len && s->buf[j] >= '0' && s->buf[j] <= '9') j++;
+        if (j == e0) return E_SYNTAX;
+    }
+    char tmp[64];
+    if (j - i >= (int64_t)sizeof tmp) return E_LAYOUT;
+    memcpy(tmp, s->buf + i, (size_t)(j - i));
+    tmp[j - i] = 0;
+    *out = strtod(tmp, NULL);
+    *ok = 1;
+    return j;
+}
+
+static int str_put(strcol_t *c, int64_t row, const char *p, int64_t n) {
+    if (c->data_len + n > c->data_cap || c->data_len + n > INT32_MAX) return E_CAPACITY;
+    memcpy(c->data + c->data_len, p, (size_t)n);
+    c->data_len += n;
+    c->offsets[row + 1] = (int32_t)c->data_len;
+    c->valid[row] = 1;
+    return 0;
+}
+
+static inline void str_null(strcol_t *c, int64_t row) {
+    c->offsets[row + 1] = (int32_t)c->data_len;
+    c->valid[row] = 0;
+}
+
+/* An optional string member value (string or null) into column c at row. */
+static int64_t str_member(scan_t *s, int64_t i, strcol_t *c, int64_t row) {
+    if (lit(s, i, "null", 4)) { str_null(c, row); return i + 4; }
+    int64_t a, b;
+    int64_t j = string_span(s, i, &a, &b);
+    if (j < 0) return j == E_SYNTAX ? E_LAYOUT : j;
+    int r = str_put(c, row, s->buf + a, b - a);
+    return r < 0 ? r : j;
+}
+
+#define KEY_IS(w) (kb - ka == (int64_t)(sizeof(w) - 1) && memcmp(s->buf + ka, w, sizeof(w) - 1) == 0)
+
+/* A tensor-statistics object at i (or null: no row). Appends one tensor row. */
+static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
+                      const char *key, int64_t key_len) {
+    if (lit(s, i, "null", 4)) return i + 4;
+    if (i >= s->len || s->buf[i] != '{') return E_LAYOUT;
+    if (s->n_t >= s->t_cap) return E_CAPACITY;
+    int64_t r = s->n_t;
+    s->seq[r] = seq;
+    s->slot[r] = (int8_t)slot;
+    s->pos[r] = pos;
+    if (key != NULL) {
+        int e = str_put(&s->keys, r, key, key_len);
+        if (e < 0) return e;
+    } else {
+        str_null(&s->keys, r);
+    }
+    str_null(&s->type, r); str_null(&s->dtype, r); str_null(&s->md5, r); str_null(&s->data_name, r);
+    for (int k = 0; k < 4; k++) { s->stats[4 * r + k] = 0; s->stat_valid[4 * r + k] = 0; }
+    s->requires_grad[r] = -1;
+    s->shape_off[r + 1] = (int32_t)s->n_s;
+    s->shape_valid[r] = 0;
+    /* a member seen twice keeps its last value, as a JSON parser would; strings appended twice
+       would break the offsets, so a repeated string member is a layout the caller reads instead */
+    unsigned seen = 0;
+    i = skip_ws(s, i + 1);
+    if (i < s->len && s->buf[i] == '}') { s->n_t++; return i + 1; }
+    for (;;) {
+        int64_t ka, kb;
+        i = string_span(s, skip_ws(s, i), &ka, &kb);
+        if (i < 0) return i;
+        i = skip_ws(s, i);
+        if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
+        i = skip_ws(s, i + 1);
+        int stat = -1;
+        if (KEY_IS("Max")) stat = 0;
+        else if (KEY_IS("Min")) stat = 1;
+        else if (KEY_IS("Mean")) stat = 2;
+        else if (KEY_IS("Norm")) stat = 3;
+        if (stat >= 0) {
+            double v = 0;
+            int ok = 0;
+            i = number(s, i, &v, &ok);
+            if (i < 0) return i;
+            s->stats[4 * r + stat] = v;
+            s->stat_valid[4 * r + stat] = (uint8_t)ok;
+        } else if (KEY_IS("type") || KEY_IS("dtype") || KEY_IS("md5") || KEY_IS("data_name")) {
+            unsigned bit = KEY_IS("type") ? 1u : KEY_IS("dtype") ? 2u : KEY_IS("md5") ? 4u : 8u;
+            if (seen & bit) return E_LAYOUT;
+            seen |= bit;
+            strcol_t *c = bit == 1u ? &s->type : bit == 2u ? &s->dtype : bit == 4u ? &s->md5 : &s->data_name;
+            i = str_member(s, i, c, r);
+            if (i < 0) return i;
+        } else if (KEY_IS("requires_grad")) {
+            if (lit(s, i, "true", 4)) { s->requires_grad[r] = 1; i += 4; }
+            else if (lit(s, i, "false", 5)) { s->requires_grad[r] = 0; i += 5; }
+            else if (lit(s, i, "null", 4)) { s->requires_grad[r] = -1; i += 4; }
+            else return E_LAYOUT;
+        } else if (KEY_IS("shape")) {
+            if (seen & 16u) return E_LAYOUT;
+            seen |= 16u;
+            if (lit(s, i, "null", 4)) {
+                i += 4;
+            } else {
+                if (i >= s->len || s->buf[i] != '[') return E_LAYOUT;
+                i = skip_ws(s, i + 1);
+                if (i < s->len && s->buf[i] == ']') {
+                    i++;
+                } else {
+                    for (;;) {
+                        int64_t j = i, v = 0;
+                        int neg = 0;
+                        if (j < s->len && s->buf[j] == '-') { neg = 1; j++; }
+                        int64_t d0 = j;
+                        while (j < s->len && s->buf[j] >= '0' && s->buf[j] <= '9') {
+                            if (v > (INT64_MAX - 9) / 10) return E_LAYOUT;
+                            v = v * 10 + (s->buf[j] - '0');
+                            j++;
+                        }
+                        if (j == d0 || (j < s->len && (s->buf[j] == '.' || s->buf[j] == 'e' || s->buf[j] == 'E')))
+                            return E_LAYOUT;
+                        if (s->n_s >= s->s_cap) return E_CAPACITY;
+                        s->shape_vals[s->n_s++] = neg ? -v : v;
+                        i = skip_ws(s, j);
+                        if (i < s->len && s->buf[i] == ',') { i = skip_ws(s, i + 1); continue; }
+                        if (i < s->len && s->buf[i] == ']') { i++; break; }
+                        return E_SYNTAX;
+                    }
+                }
+                s->shape_valid[r] = 1;
+                if (s->n_s > INT32_MAX) return E_CAPACITY;
+                s->shape_off[r + 1] = (int32_t)s->n_s;
+            }
+        } else {
+            i = skip_value(s, i);
+            if (i < 0) return i;
+        }
+        i = skip_ws(s, i);
+        if (i < s->len && s->buf[i] == ',') { i++; continue; }
+        if (i < s->len && s->buf[i] == '}') break;
+        return E_SYNTAX;
+    }
+    s->n_t++;
+    return i + 1;
+}
+
+/* An array of tensors (or null) for one slot. */
+static int64_t tensor_array(scan_t *s, int64_t i, int64_t seq, int slot) {
+    if (lit(s, i, "null", 4)) return i + 4;
+    if (i >= s->len || s->buf[i] != '[') return E_LAYOUT;
+    i = skip_ws(s, i + 1);
+    if (i < s->len && s->buf[i] == ']') return i + 1;
+    for (int32_t k = 0;; k++) {
+        i = tensor(s, skip_ws(s, i), seq, slot, k, NULL, 0);
+        if (i < 0) return i;
+        i = skip_ws(s, i);
+        if (i < s->len && s->buf[i] == ',') { i++; continue; }
+        if (i < s->len && s->buf[i] == ']') return i + 1;
+        return E_SYNTAX;
+    }
+}
+
+/* An object of named tensors (or null) for one slot; for parameter gradients (grad = 1) each
+   member is an array of exactly one tensor. */
+static int64_t tensor_object(scan_t *s, int64_t i, int64_t seq, int slot, int grad) {
+    if (lit(s, i, "null", 4)) return grad ? E_LAYOUT : i + 4;
+    if (i >= s->len || s->buf[i] != '{') return E_LAYOUT;
+    i = skip_ws(s, i + 1);
+    if (i < s->len && s->buf[i] == '}') return i + 1;
+    for (;;) {
+        int64_t ka, kb;
+        i = string_span(s, skip_ws(s, i), &ka, &kb);
+        if (i < 0) return i;
+        i = skip_ws(s, i);
+        if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
+        i = skip_ws(s, i + 1);
+        if (grad) {
+            if (i >= s->len || s->buf[i] != '[') return E_LAYOUT;
+            i = skip_ws(s, i + 1);
+            if (lit(s, i, "null", 4)) return E_LAYOUT;
+            i = tensor(s, i, seq, slot, -1, s->buf + ka, kb - ka);
+            if (i < 0) return i;
+            i = skip_ws(s, i);
+            if (i >= s->len || s->buf[i] != ']') return E_LAYOUT;
+            i++;
+        } else {
+            i = tensor(s, i, seq, slot, -1, s->buf + ka, kb - ka);
+            if (i < 0) return i;
+        }
+        i = skip_ws(s, i);
+        if (i < s->len && s->buf[i] == ',') { i++; continue; }
+        if (i < s->len && s->buf[i] == '}') return i + 1;
+        return E_SYNTAX;
+    }
+}
+
+static int has(const char *p, int64_t n, const char *w) {
+    int64_t m = (int64_t)strlen(w);
+    for (int64_t k = 0; k + m <= n; k++)
+        if (p[k] == w[0] && memcmp(p + k, w, (size_t)m) == 0) return 1;
+    return 0;
+}
+
+/* One entry's value. */
+static int64_t entry(scan_t *s, int64_t i, int64_t seq, int grad) {
+    if (i >= s->len || s->buf[i] != '{') return E_LAYOUT;
+    if (grad) return tensor_object(s, i, seq, 5, 1);
+    i = skip_ws(s, i + 1);
+    if (i < s->len && s->buf[i] == '}') return i + 1;
+    unsigned seen = 0;
+    for (;;) {
+        int64_t ka, kb;
+        i = string_span(s, skip_ws(s, i), &ka, &kb);
+        if (i < 0) return i;
+        i = skip_ws(s, i);
+        if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
+        i = skip_ws(s, i + 1);
+        int slot = KEY_IS("input_args") ? 0 : KEY_IS("input_kwargs") ? 1 : KEY_IS("output") ? 2
+                 : KEY_IS("parameters") ? 3 : KEY_IS("input") ? 4 : -1;
+        if (slot >= 0) {
+            if (seen & (1u << slot)) return E_LAYOUT;     /* a repeated member: read the general way */
+            seen |= 1u << slot;
+            i = (slot == 1 || slot == 3) ? tensor_object(s, i, seq, slot, 0) : tensor_array(s, i, seq, slot);
+        } else {
+            i = skip_value(s, i);
+        }
+        if (i < 0) return i;
+        i = skip_ws(s, i);
+        if (i < s->len && s->buf[i] == ',') { i++; continue; }
+        if (i < s->len && s->buf[i] == '}') return i + 1;
+        return E_SYNTAX;
+    }
+}
+
+/* The whole document. Returns the number of entries (>= 0) or a negative code; s->err_pos is
+   where it stopped. */
+int64_t probe_scan_msprobe(scan_t *s) {
+    struct lconv *lc = localeconv();
+    if (lc == NULL || lc->decimal_point == NULL || strcmp(lc->decimal_point, ".") != 0) return E_LOCALE;
+    s->n_ent = s->n_t = s->n_s = s->n_meta = 0;
+    s->names.data_len = s->keys.data_len = s->type.data_len = s->dtype.data_len = 0;
+    s->md5.data_len = s->data_name.data_len = 0;
+    s->names.offsets[0] = s->keys.offsets[0] = s->type.offsets[0] = s->dtype.offsets[0] = 0;
+    s->md5.offsets[0] = s->data_name.offsets[0] = 0;
+    s->shape_off[0] = 0;
+    int64_t i = skip_ws(s, 0);
+    int seen_data = 0;
+    if (i >= s->len || s->buf[i] != '{') { s->err_pos = i; return E_LAYOUT; }
+    i = skip_ws(s, i + 1);
+    if (i < s->len && s->buf[i] == '}') { s->err_pos = i; return E_LAYOUT; }
+    for (;;) {
+        int64_t ka, kb;
+        i = string_span(s, skip_ws(s, i), &ka, &kb);
+        if (i < 0) { s->err_pos = -1; return i; }
+        i = skip_ws(s, i);
+        if (i >= s->len || s->buf[i] != ':') { s->err_pos = i; return E_SYNTAX; }
+        i = skip_ws(s, i + 1);
+        if (KEY_IS("data")) {
+            if (seen_data) { s->err_pos = i; return E_LAYOUT; }
+            seen_data = 1;
+            if (i >= s->len || s->buf[i] != '{') { s->err_pos = i; return E_LAYOUT; }
+            i = skip_ws(s, i + 1);
+            if (i < s->len && s->buf[i] == '}') {
+                i++;
+            } else {
+                for (;;) {
+                    int64_t na, nb;
+                    i = string_span(s, skip_ws(s, i), &na, &nb);
+                    if (i < 0) { s->err_pos = -1; return i; }
+                    if (s->n_ent >= s->ent_cap) return E_CAPACITY;
+                    int e = str_put(&s->names, s->n_ent, s->buf + na, nb - na);
+                    if (e < 0) return e;
+                    i = skip_ws(s, i);
+                    if (i >= s->len || s->buf[i] != ':') { s->err_pos = i; return E_SYNTAX; }
+                    i = skip_ws(s, i + 1);
+                    i = entry(s, i, s->n_ent, has(s->buf + na, nb - na, ".parameters_grad"));
+                    if (i < 0) { s->err_pos = i; return i; }
+                    s->n_ent++;
+                    i = skip_ws(s, i);
+                    if (i < s->len && s->buf[i] == ',') { i++; continue; }
+                    if (i < s->len && s->buf[i] == '}') { i++; break; }
+                    s->err_pos = i;
+                    return E_SYNTAX;
+                }
+            }
+        } else {
+            int64_t v0 = i;
+            i = skip_value(s, i);
+            if (i < 0) { s->err_pos = v0; return i; }
+            if (s->n_meta >= s->meta_cap) return E_CAPACITY;
+            int64_t *m = s->meta_ranges + 4 * s->n_meta++;
+            m[0] = ka; m[1] = kb; m[2] = v0; m[3] = i;
+        }
+        i = skip_ws(s, i);
+        if (i < s->len && s->buf[i] == ',') { i++; continue; }
+        if (i < s->len && s->buf[i] == '}') { i++; break; }
+        s->err_pos = i;
+        return E_SYNTAX;
+    }
+    if (skip_ws(s, i) != s->len || !seen_data) { s->err_pos = i; return E_SYNTAX; }
+    return s->n_ent;
+}

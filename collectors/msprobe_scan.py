@@ -1,0 +1,225 @@
+"""Read an msprobe dump.json's common layout straight into Arrow with a native scanner.
+
+:func:`scan_dump` runs ``msprobe_scan.c`` (built once per machine, see :mod:`probe.native`) over
+the file's bytes: one pass that writes the entry names, the tensors' statistics, dtypes, shapes
+and argument positions into Arrow buffers, with no Python object per value. It returns None for
+anything outside the common layout (nested outputs, non-tensor arguments, escaped strings, odd
+value types) and for malformed text, and the reader then takes the general path (orjson and a
+Python walk), which words the error for a malformed file. Without a C compiler it always returns
+None. The result is the table the reader's general path builds: the same columns, rows in the
+same order.
+
+>>> r = scan_dump(b'{"task": "statistics", "data": {"Module.fc.Linear.forward.0": '
+...               b'{"output": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], '
+...               b'"Max": 1.0, "Min": NaN, "Mean": 0.5, "Norm": 1.1}]}}}')
+>>> r is None or (r.names.to_pylist(), r.flat.column("slot").to_pylist(), r.meta)
+... # doctest: +ELLIPSIS
+(['Module.fc.Linear.forward.0'], ['output'], {'task': 'statistics'})
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["ScanResult", "scan_dump"]
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "msprobe_scan.c")
+#: slot codes of the scanner → slot names of the tensor records (input_args and a backward
+#: entry's input are both "input"); the codes are also the order of slots within an entry
+_SLOT_NAMES = ("input", "kwarg", "output", "parameter", "input", "parameter_grad")
+_META_CAP = 256
+
+
+class _StrCol(ctypes.Structure):
+    _fields_ = [("offsets", ctypes.c_void_p), ("data", ctypes.c_void_p), ("valid", ctypes.c_void_p),
+                ("data_cap", ctypes.c_int64), ("data_len", ctypes.c_int64)]
+
+
+class _Scan(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_char_p), ("len", ctypes.c_int64),
+                ("ent_cap", ctypes.c_int64), ("n_ent", ctypes.c_int64), ("names", _StrCol),
+                ("t_cap", ctypes.c_int64), ("n_t", ctypes.c_int64),
+                ("seq", ctypes.c_void_p), ("slot", ctypes.c_void_p), ("pos", ctypes.c_void_p),
+                ("keys", _StrCol), ("type", _StrCol), ("dtype", _StrCol), ("md5", _StrCol),
+                ("data_name", _StrCol),
+                ("stats", ctypes.c_void_p), ("stat_valid", ctypes.c_void_p),
+                ("requires_grad", ctypes.c_void_p), ("shape_off", ctypes.c_void_p),
+                ("shape_valid", ctypes.c_void_p), ("s_cap", ctypes.c_int64), ("n_s", ctypes.c_int64),
+                ("shape_vals", ctypes.c_void_p),
+                ("meta_cap", ctypes.c_int64), ("n_meta", ctypes.c_int64),
+                ("meta_ranges", ctypes.c_void_p), ("err_pos", ctypes.c_int64)]
+
+
+_fn: Any = None
+
+
+def _scanner() -> Any:
+    """The native scan function, or False (no compiler, build failed, PROBE_NO_NATIVE_SCAN set)."""
+    global _fn
+    if _fn is not None:
+        return _fn
+    _fn = False
+    if os.environ.get("PROBE_NO_NATIVE_SCAN"):
+        return _fn
+    from probe.native import build_cached
+
+    lib = build_cached(_SOURCE, "msprobe-scan")
+    if lib is None:
+        return _fn
+    try:
+        fn = ctypes.CDLL(lib).probe_scan_msprobe
+    except (OSError, AttributeError):
+        return _fn
+    fn.argtypes = (ctypes.POINTER(_Scan),)
+    fn.restype = ctypes.c_int64
+    _fn = fn
+    return _fn
+
+
+@dataclass
+class ScanResult:
+    """What :func:`scan_dump` read: entry names in file order, the flattened tensors (columns
+    ``seq, slot, index, stats, value`` as the reader's general path builds them) and the
+    document's other top-level members (``task``, ``level``, ``framework``, ...)."""
+
+    names: pa.Array
+    flat: pa.Table
+    meta: dict
+
+
+class _Col:
+    """numpy buffers of one string column, sized for the worst case (pages are touched only as
+    they are written, so a generous capacity costs address space, not memory)."""
+
+    def __init__(self, rows: int, data_cap: int) -> None:
+        import numpy as np
+
+        self.offsets = np.empty(rows + 1, dtype=np.int32)
+        self.data = np.empty(max(data_cap, 1), dtype=np.uint8)
+        self.valid = np.empty(max(rows, 1), dtype=np.uint8)
+
+    def struct(self) -> _StrCol:
+        return _StrCol(self.offsets.ctypes.data, self.data.ctypes.data, self.valid.ctypes.data,
+                       len(self.data), 0)
+
+    def array(self, n: int, data_len: int) -> pa.Array:
+        import numpy as np
+
+        valid = self.valid[:n].view(bool)
+        nulls = n - int(np.count_nonzero(valid))
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+        arr = pa.Array.from_buffers(pa.string(), n, [bitmap, pa.py_buffer(self.offsets[:n + 1]),
+                                                      pa.py_buffer(self.data[:data_len])],
+                                    null_count=nulls)
+        arr.validate(full=True)             # UTF-8: a file that is not is read the general way
+        return arr
+
+
+def scan_dump(raw: bytes) -> ScanResult | None:
+    """The dump.json in ``raw`` read by the native scanner, or None (see the module docstring)."""
+    fn = _scanner()
+    if not fn or not raw:
+        return None
+    # capacities for a dump as msprobe writes one (a tensor takes 60 bytes or more, a shape
+    # value 2 or more); a denser file overflows them and is scanned again with exact bounds
+    r = _scan(fn, raw, len(raw) // 48 + 64, len(raw) // 2 + 64)
+    if r is _TOO_SMALL:
+        r = _scan(fn, raw, raw.count(b"{") + 1, raw.count(b",") + raw.count(b"[") + 1)
+    return None if r is _TOO_SMALL else r
+
+
+_TOO_SMALL = object()
+_E_CAPACITY = -3
+
+
+def _scan(fn: Any, raw: bytes, t_cap: int, s_cap: int) -> Any:
+    import numpy as np
+
+    n_raw = len(raw)
+    names, keys = _Col(t_cap, n_raw), _Col(t_cap, n_raw)
+    cols = {k: _Col(t_cap, n_raw) for k in ("type", "dtype", "md5", "data_name")}
+    seq = np.empty(t_cap, dtype=np.int64)
+    slot = np.empty(t_cap, dtype=np.int8)
+    pos = np.empty(t_cap, dtype=np.int32)
+    stats = np.empty(4 * t_cap, dtype=np.float64)
+    stat_valid = np.empty(4 * t_cap, dtype=np.uint8)
+    grad = np.empty(t_cap, dtype=np.int8)
+    shape_off = np.empty(t_cap + 1, dtype=np.int32)
+    shape_valid = np.empty(t_cap, dtype=np.uint8)
+    shape_vals = np.empty(s_cap, dtype=np.int64)
+    meta = np.empty(4 * _META_CAP, dtype=np.int64)
+    s = _Scan(raw, n_raw, t_cap, 0, names.struct(), t_cap, 0,
+              seq.ctypes.data, slot.ctypes.data, pos.ctypes.data,
+              keys.struct(), cols["type"].struct(), cols["dtype"].struct(), cols["md5"].struct(),
+              cols["data_name"].struct(), stats.ctypes.data, stat_valid.ctypes.data,
+              grad.ctypes.data, shape_off.ctypes.data, shape_valid.ctypes.data, s_cap, 0,
+              shape_vals.ctypes.data, _META_CAP, 0, meta.ctypes.data, 0)
+    code = fn(ctypes.byref(s))
+    if code == _E_CAPACITY:
+        return _TOO_SMALL
+    if code <= 0:
+        return None
+    n_ent, n = s.n_ent, s.n_t
+    try:
+        name_arr = names.array(n_ent, s.names.data_len)
+        key_arr = keys.array(n, s.keys.data_len)
+        strs = {k: c.array(n, getattr(s, k).data_len) for k, c in cols.items()}
+        meta_doc = _meta(raw, meta[:4 * s.n_meta].reshape(-1, 4))
+    except (pa.ArrowInvalid, ValueError, UnicodeDecodeError):
+        return None
+    if name_arr.unique().__len__() != n_ent:        # repeated entry names: a JSON parser keeps the last
+        return None
+    import pyarrow.compute as pc
+
+    if n and pc.any(pc.and_(strs["dtype"].is_null(), strs["type"].is_valid())).as_py():
+        return None                          # a non-tensor argument: the general path reads it
+    sv = stat_valid[:4 * n].reshape(-1, 4).view(bool)
+    st = stats[:4 * n].reshape(-1, 4)
+    g = grad[:n]
+    shape = pa.ListArray.from_arrays(pa.array(shape_off[:n + 1]), pa.array(shape_vals[:s.n_s]),
+                                     mask=pa.array(shape_valid[:n] == 0))
+    stat_arrays = {"type": strs["type"], "dtype": strs["dtype"], "shape": shape,
+                   "Max": pa.array(st[:, 0], mask=~sv[:, 0]), "Min": pa.array(st[:, 1], mask=~sv[:, 1]),
+                   "Mean": pa.array(st[:, 2], mask=~sv[:, 2]), "Norm": pa.array(st[:, 3], mask=~sv[:, 3]),
+                   "md5": strs["md5"], "data_name": strs["data_name"],
+                   "requires_grad": pa.array(g == 1, mask=g < 0)}
+    from collectors.msprobe_reader import _STAT_TYPE, _position_names
+
+    struct = pa.StructArray.from_arrays([stat_arrays[f.name] for f in _STAT_TYPE], fields=list(_STAT_TYPE))
+    p = pos[:n]
+    index = pc.if_else(pa.array(p >= 0),
+                       _position_names(int(p.max(initial=0)) + 1).take(np.maximum(p, 0)), key_arr)
+    codes = slot[:n]
+    table = pa.table({"seq": pa.array(seq[:n]),
+                      "slot": pa.array(_SLOT_NAMES, type=pa.string()).take(codes.astype(np.int32)),
+                      "index": index, "stats": struct,
+                      "value": pa.nulls(n, type=pa.string())})
+    key = seq[:n] * 8 + codes                # entry order, then slots in the reader's order
+    if n > 1 and not bool(np.all(key[1:] >= key[:-1])):
+        table = table.take(pa.array(np.argsort(key, kind="stable")))
+    return ScanResult(names=name_arr, flat=table, meta=meta_doc)
+
+
+def _meta(raw: bytes, ranges: Any) -> dict:
+    """The top-level members other than ``data``, each value parsed from its own bytes."""
+    import json
+
+    try:
+        import orjson
+        loads = orjson.loads
+    except ImportError:                      # pragma: no cover - orjson is a dependency
+        loads = json.loads
+    out = {}
+    for k0, k1, v0, v1 in ranges.tolist():
+        text = raw[v0:v1]
+        try:
+            value = loads(text)
+        except ValueError:                   # NaN/Infinity literals: the standard library reads them
+            value = json.loads(text)
+        out[raw[k0:k1].decode()] = value
+    return out

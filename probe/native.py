@@ -1,0 +1,67 @@
+"""Small C helpers compiled once per machine with the system C compiler and loaded with ctypes.
+
+The sources ship beside the Python modules that use them (``*.c`` package data); a built library
+is cached under ``$XDG_CACHE_HOME/probe`` (``~/.cache/probe``) keyed by the source, the machine
+and the build flags, so a changed source or another CPU builds anew. Without a compiler, or when
+building fails, :func:`build_cached` returns None and the caller uses its pure-Python path.
+
+>>> lib = build_cached("/path/to/kernel.c", "kernel", [["-fopenmp"], []])   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+__all__ = ["build_cached"]
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def build_cached(source: str, prefix: str, variants: Sequence[Sequence[str]] = ((),),
+                 key_extra: str = "") -> str | None:
+    """Path of the shared library built from ``source`` (cached), or None.
+
+    ``variants`` are extra compiler arguments tried in order (the first that builds is kept,
+    e.g. an OpenMP build, then a serial one); ``key_extra`` goes into the cache key (what the
+    variants depend on, such as the path of a library linked in).
+    """
+    import hashlib
+    import platform
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    try:
+        with open(source, "rb") as f:
+            text = f.read()
+        key = hashlib.sha256(text + (platform.machine() + _cpu_flags() + key_extra).encode()).hexdigest()[:16]
+        cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "probe")
+        lib = os.path.join(cache, f"{prefix}-{key}.so")
+        if os.path.exists(lib):
+            return lib
+        os.makedirs(cache, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            built = os.path.join(tmp, f"{prefix}.so")
+            base = [cc, "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", source, "-o", built]
+            for extra in variants:
+                try:
+                    subprocess.run(base + list(extra), check=True, capture_output=True, timeout=120)
+                    break
+                except (OSError, subprocess.SubprocessError):
+                    continue
+            else:
+                return None
+            os.replace(built, lib)       # atomic: a concurrent builder sees the whole file or none
+        return lib
+    except OSError:
+        return None

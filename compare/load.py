@@ -189,7 +189,7 @@ def _load_store(root: Path) -> Dump:
 
     con = open_store(root)
     tensors, nodes, step, rank = read_step(root, con=con)
-    ranks = con.sql("select count(distinct rank), count(distinct step) from tensors").fetchall()[0]
+    ranks = con.execute("select count(distinct rank), count(distinct step) from tensors").fetchall()[0]
     note = None
     if ranks[0] > 1 or ranks[1] > 1:
         note = f"{root}: store holds {ranks[1]} steps × {ranks[0]} ranks; comparing step {step} rank {rank}"

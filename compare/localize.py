@@ -36,7 +36,7 @@ def _finding(row: tuple | None) -> dict[str, Any] | None:
 def _first_divergence(con: Any) -> dict[str, Any] | None:
     for direction in ("forward", "backward"):
         for level in ("error", "warning"):
-            row = con.sql(f"""
+            row = con.execute(f"""
             select node_a, node_b, direction, reason from nodes
             where direction = '{direction}' and match_method not in ('unmatched', 'ancestor')
               and (out_verdict = '{level}' or param_verdict = '{level}')
@@ -51,7 +51,7 @@ def _first_divergence(con: Any) -> dict[str, Any] | None:
 
 def _first_nan(con: Any) -> dict[str, Any] | None:
     for direction in ("forward", "backward"):
-        row = con.sql(f"""
+        row = con.execute(f"""
         with c as (
           select node_a, node_b, direction, ord, match_method, out_verdict,
             coalesce(nonfinite_out_a, false) and not coalesce(nonfinite_in_a, false) as new_a,

@@ -67,8 +67,8 @@ def mapped_pairs(con: Any, path: str) -> pa.Table:
     """Pairs (grp_a, grp_b, reason) that the mapping file gives, resolved in both sides."""
     doc = load_mapping(path)
     kind = kind_of(doc)
-    ga = con.sql("select grp, kind, prefix, path, cls, call, fwd, bwd, pgrad, ord_f from a_g").fetchall()
-    gb = con.sql("select grp, kind, prefix, path, cls, call, fwd, bwd, pgrad, ord_f from b_g").fetchall()
+    ga = con.execute("select grp, kind, prefix, path, cls, call, fwd, bwd, pgrad, ord_f from a_g").fetchall()
+    gb = con.execute("select grp, kind, prefix, path, cls, call, fwd, bwd, pgrad, ord_f from b_g").fetchall()
     if kind == "layer":
         pairs = _layer(doc, ga, gb)
     elif kind == "cell":

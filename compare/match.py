@@ -155,10 +155,10 @@ order by g.ord_f
 
 
 def _features(con: Any, side: str) -> list[dict]:
-    rel = con.sql(_FEATURES.format(s=side))
-    cols = rel.columns
+    cur = con.execute(_FEATURES.format(s=side))
+    cols = [d[0] for d in cur.description]
     out = []
-    for row in rel.fetchall():
+    for row in cur.fetchall():
         d = dict(zip(cols, row))
         if d["kind"] != "module":
             d["cls"] = d["canon"]
@@ -173,7 +173,7 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
     if mapped is not None and mapped.num_rows:
         con.register("mapped_pairs", mapped)
         con.execute("""insert into pairs select grp_a, grp_b, 'mapping', reason from mapped_pairs""")
-    scoped = con.sql("""
+    scoped = con.execute("""
         select (select count(*) filter (where parent is not null) > 0 or count(*) = 0 from a_g where kind <> 'module'),
                (select count(*) filter (where parent is not null) > 0 or count(*) = 0 from b_g where kind <> 'module')
     """).fetchall()[0]
@@ -197,7 +197,7 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
       and (sa.out_sig is null or sb.out_sig is null or sa.out_sig = sb.out_sig
            or not starts_with(k, 'api') and not starts_with(k, 'comm'))
     """)
-    unmatched = con.sql("""
+    unmatched = con.execute("""
         select (select count(*) from a_g g anti join pairs p on p.grp_a = g.grp),
                (select count(*) from b_g g anti join pairs p on p.grp_b = g.grp)""").fetchall()[0]
     if structural and all(unmatched):
@@ -228,7 +228,7 @@ def _structural(con: Any, kinds: tuple[str, ...]) -> None:
     fb = [f for f in _features(con, "b") if f["kind"] in kinds]
     if not fa or not fb:
         return
-    anchors = con.sql(f"""
+    anchors = con.execute(f"""
         select ga.ord_f, gb.ord_f from pairs p join a_g ga on ga.grp = p.grp_a
         join b_g gb on gb.grp = p.grp_b where ga.ord_f is not null and gb.ord_f is not null
           and ({"ga.kind = 'module'" if kinds == ("module",) else "true"})
@@ -252,9 +252,9 @@ def _structural(con: Any, kinds: tuple[str, ...]) -> None:
             found.append((seg_a[i], seg_b[j], s))
     if not found:
         return
-    matched_a = dict(con.sql("select grp_a, grp_b from pairs").fetchall())
-    parent_a = dict(con.sql("select grp, parent from a_g").fetchall())
-    parent_b = dict(con.sql("select grp, parent from b_g").fetchall())
+    matched_a = dict(con.execute("select grp_a, grp_b from pairs").fetchall())
+    parent_a = dict(con.execute("select grp, parent from a_g").fetchall())
+    parent_b = dict(con.execute("select grp, parent from b_g").fetchall())
     keep = []
     for a, b, s in sorted(found, key=lambda x: x[0]["depth"]):
         anc_a = _nearest(a["grp"], parent_a, matched_a)

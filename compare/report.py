@@ -23,14 +23,17 @@ _WORST_N = 5
 def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
     """The summary dict (matched/unmatched counts, verdict counts, worst pairs)."""
     def counts(sql: str) -> dict[str, int]:
-        return {k: int(v) for k, v in con.sql(sql).fetchall() if k is not None}
+        return {k: int(v) for k, v in con.execute(sql).fetchall() if k is not None}
 
-    matched = con.sql("select count(*) from nodes where match_method <> 'unmatched'").fetchall()[0][0]
-    un_a = con.sql("select count(*) from nodes where match_method = 'unmatched' and node_a is not null").fetchall()[0][0]
-    un_b = con.sql("select count(*) from nodes where match_method = 'unmatched' and node_b is not null").fetchall()[0][0]
-    worst = con.sql(f"""
+    matched, un_a, un_b = con.execute("""
+        select count(*) filter (where match_method <> 'unmatched'),
+               count(*) filter (where match_method = 'unmatched' and node_a is not null),
+               count(*) filter (where match_method = 'unmatched' and node_b is not null)
+        from nodes""").fetchall()[0]
+    worst = con.execute(f"""
         select name_a, name_b, verdict, err, reason from rows
         where verdict in ('error', 'warning') order by err desc nulls last, ord, row_id limit {_WORST_N}""").fetchall()
+    by_verdict = con.execute("select verdict, count(*) from rows group by all order by all").fetchall()
     mode = "statistics"
     if da.task == "tensor" or db.task == "tensor":
         mode = "tensor"
@@ -42,8 +45,8 @@ def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
         "mode": mode,
         "matched": int(matched), "unmatched_a": int(un_a), "unmatched_b": int(un_b),
         "match_methods": counts("select match_method, count(*) from nodes group by all order by all"),
-        "tensors": int(con.sql("select count(*) from rows").fetchall()[0][0]),
-        "verdicts": counts("select verdict, count(*) from rows group by all order by all"),
+        "tensors": sum(int(n) for _, n in by_verdict),
+        "verdicts": {k: int(n) for k, n in by_verdict if k is not None},
         "node_verdicts": counts("select verdict, count(*) from nodes group by all order by all"),
         "worst": [{"a": a, "b": b, "verdict": v, "err": e, "reason": r} for a, b, v, e, r in worst],
         "notes": notes,

@@ -33,6 +33,7 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     """
     from pathlib import Path
 
+    setup_process()
     from compare.api import compare
     from compare.report import format_summary
 
@@ -48,6 +49,20 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     if fail_on == "warning" and worst in ("error", "warning"):
         return 1
     return 0
+
+
+def setup_process() -> None:
+    """What ``probe compare`` sets up in its process before it imports anything heavy (the
+    benchmark times the compare after the same setup): numpy's BLAS gets one thread (a compare
+    multiplies no matrices, and OpenBLAS's idle threads spin on the cores the compare's DuckDB
+    and Arrow threads need) and glibc keeps freed buffers for reuse (the process exits after
+    one compare; see :func:`probe.native.keep_freed_memory`)."""
+    import os
+
+    from probe.native import keep_freed_memory
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    keep_freed_memory()
 
 
 def _size(p: object) -> int:

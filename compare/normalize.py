@@ -13,7 +13,8 @@ Per side ``X`` (``a`` or ``b``) two tables are built in a DuckDB connection:
   ``fwd``/``bwd``/``pgrad`` (the entry names), ``ord_f``/``ord_b`` (execution order), ``parent``
   (the parent group), ``depth``, ``leaf`` (last path component);
 - ``X_t``, one row per tensor: the group, ``direction``, ``slot``, ``idx`` (parameter names
-  normalised: ``gamma``→``weight``, ``beta``→``bias``), msprobe-style ``name``, ``dtype``
+  normalised: ``gamma``→``weight``, ``beta``→``bias``), ``pos`` (the record's position: its
+  msprobe-style name is built from the records, see :func:`compare.pipeline._tensor_names`), ``dtype``
   (``Float32`` / ``torch.float32`` / ``mindspore.float32`` → ``float32``), stats, ``nonfinite``.
 
 >>> import duckdb
@@ -151,11 +152,6 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
                 join {side}_g g on g.grp = e.prefix || '.' || e.body || '#' || coalesce(e.call, 0))
     select g.grp, t.node, t.seq, t.pos, t.direction, t.slot,
       case when t.slot in ('parameter', 'parameter_grad') then {param} else t."index" end as idx,
-      case when t.slot = 'input' then t.node || '.input.' || t."index"
-           when t.slot = 'kwarg' then t.node || '.input.' || t."index"
-           when t.slot = 'output' then t.node || '.output.' || t."index"
-           when t.slot = 'parameter' then t.node || '.parameters.' || t."index"
-           else t.node || '.' || t."index" end as name,
       dt.norm as dtype, t.shape, t.numel, t."max" as mx, t."min" as mn, t.mean as mean,
       t.l2norm as norm, t.hash, t.tensor_file,
       (isnan(coalesce(t."max", 0)) or isinf(coalesce(t."max", 0)) or isnan(coalesce(t."min", 0))

@@ -68,41 +68,89 @@ def load_dump(path: str | os.PathLike) -> Dump:
 
 
 class PendingDump:
-    """A compare input being read: in a forked worker process when the inputs are large
-    (reading is CPU-bound Python and Arrow work, one core per side), else on demand here.
-    :meth:`result` returns the :class:`Dump` or raises :func:`load_dump`'s error."""
+    """A compare input being read: in a forked child process when the inputs are large
+    (reading is CPU-bound, one core per side), else on demand here. :meth:`result` returns the
+    :class:`Dump` or raises :func:`load_dump`'s error.
+
+    The child reads the file, puts its tables in Arrow IPC files (:func:`_load_to_file`),
+    sends the rest through a pipe and leaves with ``os._exit`` (no interpreter teardown: it
+    would free every object the read made, on the parent's critical path). If the child dies
+    or its result does not come back, the file is read here instead.
+    """
 
     def __init__(self, path: str | os.PathLike, *, fork: bool) -> None:
         self.path = path
-        self._pool: Any = None
-        self._future: Any = None
+        self._pid: int | None = None
+        self._fd: int | None = None
         if fork:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+            self._start()
 
-            self._pool = ProcessPoolExecutor(max_workers=1,
-                                             mp_context=multiprocessing.get_context("fork"))
-            self._future = self._pool.submit(_load_to_file, path)
+    def _start(self) -> None:
+        import pickle
+
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return
+        if pid == 0:                                   # the child
+            code = 0
+            try:
+                os.close(r)
+                try:
+                    payload = pickle.dumps(("ok", _load_to_file(self.path)))
+                except ProbeError as e:
+                    payload = pickle.dumps(("error", str(e)))
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(w, view):]
+            except BaseException:  # noqa: BLE001 - the parent reads the file itself
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        self._pid, self._fd = pid, r
 
     def result(self) -> Dump:
-        if self._future is None:
+        if self._fd is None:
             return load_dump(self.path)
+        import pickle
+
         try:
-            return _from_file(self._future.result())
-        except ProbeError:
-            raise
-        except Exception:  # the worker died or its result did not come back: read it here
-            return load_dump(self.path)
+            chunks = []
+            while chunk := os.read(self._fd, 1 << 20):
+                chunks.append(chunk)
+            kind, value = pickle.loads(b"".join(chunks)) if chunks else ("died", None)
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            kind, value = "died", None
         finally:
             self.close()
+        if kind == "error":
+            raise ProbeError(value)
+        if kind != "ok":
+            return load_dump(self.path)
+        try:
+            return _from_file(value)
+        except (OSError, pa.ArrowException):            # its files are gone: read it here
+            return load_dump(self.path)
 
     def close(self) -> None:
-        """Stop the worker (a pending read is abandoned). Safe to call twice."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            if self._future is not None:
-                self._future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Stop waiting for the child (killed if still reading) and reap it. Safe to call twice."""
+        import signal
+
+        fd, self._fd = self._fd, None
+        pid, self._pid = self._pid, None
+        if fd is not None:
+            os.close(fd)
+        if pid is not None:
+            try:
+                if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            except (ChildProcessError, ProcessLookupError):
+                pass
 
 
 def _load_to_file(path: str | os.PathLike) -> Dump:

@@ -385,18 +385,6 @@ def _worst(cond: str) -> str:
 
 def _nodes(con: Any) -> str:
     """Build the per-node tables; return the query of the node pairs (in execution order)."""
-    con.execute("""
-    create or replace table entry_nf as
-    select 'a' as side, node, grp, direction,
-      bool_or(nonfinite) filter (where slot in ('input', 'kwarg')) as nf_in,
-      bool_or(nonfinite) filter (where slot = 'output') as nf_out
-    from a_t group by all
-    union all
-    select 'b', node, grp, direction,
-      bool_or(nonfinite) filter (where slot in ('input', 'kwarg')),
-      bool_or(nonfinite) filter (where slot = 'output')
-    from b_t group by all
-    """)
     con.execute(f"""
     create or replace table pair_nodes as
     select grp_a, grp_b, direction, any_value(node_a) filter (where node_a is not null) as node_a,
@@ -409,7 +397,12 @@ def _nodes(con: Any) -> str:
       {_worst("slot in ('parameter', 'parameter_grad')")} as param_verdict,
       arg_max(reason, [coalesce(err, -1), -row_id]) filter (where slot = 'output') as out_reason,
       arg_max(name_a, [coalesce(err, -1), -row_id]) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
-      max(tol_pass) as tol_pass
+      max(tol_pass) as tol_pass,
+      -- NaN/Inf in each side's entry: every tensor of it is a row of its group (matched or not)
+      bool_or(nonfinite_a) filter (where slot in ('input', 'kwarg')) as nf_in_a,
+      bool_or(nonfinite_a) filter (where slot = 'output') as nf_out_a,
+      bool_or(nonfinite_b) filter (where slot in ('input', 'kwarg')) as nf_in_b,
+      bool_or(nonfinite_b) filter (where slot = 'output') as nf_out_b
     from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
     """)
     con.execute("""
@@ -425,7 +418,7 @@ def _nodes(con: Any) -> str:
       cross join (values ('forward'), ('backward')) d(direction)
     )
     select e.*, pn.in_err, pn.out_err, pn.param_err, pn.in_verdict, pn.out_verdict, pn.param_verdict,
-      pn.out_reason, pn.worst_param
+      pn.out_reason, pn.worst_param, pn.nf_in_a, pn.nf_out_a, pn.nf_in_b, pn.nf_out_b
     from e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
     where e.node_a is not null or e.node_b is not null
     """)
@@ -449,14 +442,12 @@ def _nodes(con: Any) -> str:
       order_a, order_b, order_a as ord, in_err, out_err, param_err, in_verdict, out_verdict, param_verdict,
       precision_score,
       case when precision_score >= 0.6 then 'high' when precision_score >= 0.3 then 'medium' else 'low' end as precision_band,
-      na.nf_in as nonfinite_in_a, na.nf_out as nonfinite_out_a, nb.nf_in as nonfinite_in_b, nb.nf_out as nonfinite_out_b,
+      nf_in_a as nonfinite_in_a, nf_out_a as nonfinite_out_a, nf_in_b as nonfinite_in_b, nf_out_b as nonfinite_out_b,
       verdict,
       case when verdict = 'pass' then mreason || '; outputs agree'
            when coalesce(param_verdict, 'pass') <> 'pass' then mreason || '; parameter ' || coalesce(worst_param, '?') || ' differs; ' || coalesce(out_reason, '')
            else mreason || '; output ' || coalesce(out_reason, '') end as reason
     from m
-    left join entry_nf na on na.side = 'a' and na.node = m.node_a and na.direction = m.direction
-    left join entry_nf nb on nb.side = 'b' and nb.node = m.node_b and nb.direction = m.direction
     union all
     select case when c.side = 'a' then (case c.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end)
                 else (case c.direction when 'forward' then pa.fwd else coalesce(pa.bwd, pa.pgrad) end) end,

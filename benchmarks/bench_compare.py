@@ -108,7 +108,8 @@ import os, sys, time
 sys.path.insert(0, sys.argv[4])
 from probe.commands.compare import setup_process
 setup_process()                            # as `probe compare` sets up its process
-import duckdb, numpy, pyarrow.compute, pyarrow.csv, pyarrow.parquet, pyarrow.ipc  # imports outside the timing
+import duckdb, numpy, numpy.ma, pyarrow.compute, pyarrow.csv, pyarrow.parquet, pyarrow.ipc  # imports
+import concurrent.futures, logging                                  # outside the timing
 import compare.api, compare.pipeline, compare.match, compare.normalize, compare.localize
 import compare.report, compare.metrics, collectors.msprobe_reader, collectors.msprobe_scan
 def cpu():

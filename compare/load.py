@@ -197,9 +197,7 @@ def _from_file(d: Dump) -> Dump:
 def start_load(a: str | os.PathLike, b: str | os.PathLike) -> PendingDump:
     """Start reading ``b``, the second of the inputs ``a`` and ``b``: in a worker process when
     both together hold at least :data:`PARALLEL_BYTES` of dump.json and there are two cores."""
-    import multiprocessing
-
-    fork = ((os.cpu_count() or 1) >= 2 and "fork" in multiprocessing.get_all_start_methods()
+    fork = ((os.cpu_count() or 1) >= 2 and hasattr(os, "fork")
             and _json_bytes(a) + _json_bytes(b) >= PARALLEL_BYTES)
     return PendingDump(b, fork=fork)
 

@@ -135,8 +135,10 @@ def _json_safe(x: Any) -> Any:
 
 
 #: Rows per chunk of compare.csv formatted on its own thread (Arrow's CSV writer releases the
-#: GIL; formatting the floats is most of the cost of the file).
-CSV_CHUNK_ROWS = 32_768
+#: GIL; formatting the floats is most of the cost of the file). Small chunks keep each
+#: formatted buffer a few MB, which the allocator reuses instead of faulting in fresh pages
+#: (100k entries: 0.38-0.52 s at 8k rows a chunk, 0.59-0.69 s at 32k).
+CSV_CHUNK_ROWS = 8_192
 
 
 def _write_csv(rows: Any, path: Path) -> None:

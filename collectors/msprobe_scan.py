@@ -164,25 +164,36 @@ def _scan(fn: Any, raw: bytes, t_cap: int, s_cap: int) -> Any:
         return _TOO_SMALL
     if code <= 0:
         return None
-    n_ent, n = s.n_ent, s.n_t
     try:
-        name_arr = names.array(n_ent, s.names.data_len)
-        key_arr = keys.array(n, s.keys.data_len)
-        strs = {k: c.array(n, getattr(s, k).data_len) for k, c in cols.items()}
-        meta_doc = _meta(raw, meta[:4 * s.n_meta].reshape(-1, 4))
-    except (pa.ArrowInvalid, ValueError, UnicodeDecodeError):
-        return None
-    if name_arr.unique().__len__() != n_ent:        # repeated entry names: a JSON parser keeps the last
-        return None
+        return _assemble(raw, s, names, keys, cols, seq, slot, pos, stats, stat_valid, grad,
+                         shape_off, shape_valid, shape_vals, meta)
+    except (pa.ArrowException, ValueError, TypeError, UnicodeDecodeError):
+        return None                   # e.g. an older pyarrow without a call used here
+
+
+def _assemble(raw: bytes, s: _Scan, names: _Col, keys: _Col, cols: dict, seq: Any, slot: Any,
+              pos: Any, stats: Any, stat_valid: Any, grad: Any, shape_off: Any, shape_valid: Any,
+              shape_vals: Any, meta: Any) -> ScanResult | None:
+    """The scanner's buffers as the reader's tables (None: a layout the general path reads)."""
+    import numpy as np
     import pyarrow.compute as pc
 
+    n_ent, n = s.n_ent, s.n_t
+    name_arr = names.array(n_ent, s.names.data_len)      # not UTF-8: raises, read the general way
+    key_arr = keys.array(n, s.keys.data_len)
+    strs = {k: c.array(n, getattr(s, k).data_len) for k, c in cols.items()}
+    meta_doc = _meta(raw, meta[:4 * s.n_meta].reshape(-1, 4))
+    if len(name_arr.unique()) != n_ent:         # repeated entry names: a JSON parser keeps the last
+        return None
     if n and pc.any(pc.and_(strs["dtype"].is_null(), strs["type"].is_valid())).as_py():
         return None                          # a non-tensor argument: the general path reads it
     sv = stat_valid[:4 * n].reshape(-1, 4).view(bool)
     st = stats[:4 * n].reshape(-1, 4)
     g = grad[:n]
-    shape = pa.ListArray.from_arrays(pa.array(shape_off[:n + 1]), pa.array(shape_vals[:s.n_s]),
-                                     mask=pa.array(shape_valid[:n] == 0))
+    # a null offset marks a null list (the form every pyarrow version reads)
+    off_null = np.append(shape_valid[:n] == 0, False)
+    shape = pa.ListArray.from_arrays(pa.array(shape_off[:n + 1], mask=off_null),
+                                     pa.array(shape_vals[:s.n_s]))
     stat_arrays = {"type": strs["type"], "dtype": strs["dtype"], "shape": shape,
                    "Max": pa.array(st[:, 0], mask=~sv[:, 0]), "Min": pa.array(st[:, 1], mask=~sv[:, 1]),
                    "Mean": pa.array(st[:, 2], mask=~sv[:, 2]), "Norm": pa.array(st[:, 3], mask=~sv[:, 3]),

@@ -6,6 +6,10 @@ every module/API boundary), ``construct.json`` (each node's parent) and ``stack.
 stacks). This reader takes them as msprobe wrote them: ``NaN``, ``Infinity`` and ``-Infinity``
 literals, PyTorch or MindSpore names and dtype strings, statistics, md5 and tensor tasks.
 
+The common layout (tensor lists and maps, parameter gradients) is read by a native scanner
+(:mod:`collectors.msprobe_scan`) straight into Arrow; anything else, and a malformed file, is
+read here with orjson and a Python walk, which gives the same records (and the error message).
+
 A dump entry becomes tensor records (:data:`collectors.records.TENSOR`), one per tensor or
 non-tensor argument, with ``node`` = the entry's name exactly as in dump.json and ``slot``:
 

@@ -169,7 +169,7 @@ def _features(con: Any, side: str) -> list[dict]:
 
 def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = True) -> None:
     """Fill ``pairs`` (grp_a, grp_b, method, reason) in ``con``; see the module docstring."""
-    con.execute("create or replace table pairs (grp_a varchar, grp_b varchar, method varchar, reason varchar)")
+    con.execute("create or replace table pairs (grp_a bigint, grp_b bigint, method varchar, reason varchar)")
     if mapped is not None and mapped.num_rows:
         con.register("mapped_pairs", mapped)
         con.execute("""insert into pairs select grp_a, grp_b, 'mapping', reason from mapped_pairs""")
@@ -206,8 +206,8 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
     if any(unmatched):
         _ancestors(con)
     else:
-        con.execute("create or replace table covered (side varchar, grp varchar, anc_a varchar, anc_b varchar)")
-        con.execute("create or replace table containers (side varchar, grp varchar)")
+        con.execute("create or replace table covered (side varchar, grp bigint, anc_a bigint, anc_b bigint)")
+        con.execute("create or replace table containers (side varchar, grp bigint)")
     for side in ("a", "b"):
         con.execute(f"""
         create or replace table {side}_st as
@@ -269,7 +269,7 @@ def _structural(con: Any, kinds: tuple[str, ...]) -> None:
         con.execute("insert into pairs select * from struct_pairs")
 
 
-def _nearest(grp: str, parent: dict, matched: Any) -> str | None:
+def _nearest(grp: int, parent: dict, matched: Any) -> int | None:
     cur = parent.get(grp)
     hops = 0
     while cur is not None and hops < 10_000:

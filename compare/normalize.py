@@ -3,7 +3,8 @@
 Per side ``X`` (``a`` or ``b``) two tables are built in a DuckDB connection:
 
 - ``X_g``, one row per *call group* (a module's or API's forward call together with its
-  backward and parameter-gradient entries): ``grp``, ``kind`` (module|api|comm), ``path``
+  backward and parameter-gradient entries): ``grp`` (an integer id: the position of the
+  group's first entry in its dump), ``kind`` (module|api|comm), ``path``
   (module path, ``layers.0.attn``), ``cls`` / ``cls_norm`` (``Dense`` → ``linear``),
   ``canon`` (API name without framework: ``Primitive.matmul.MatMul`` / ``Torch.matmul`` →
   ``matmul``, ``Tensor.__add__`` → ``add``; in-place ``add_`` stays apart), ``call``,
@@ -91,17 +92,22 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
                when len(s) >= 4 and regexp_full_match(s[-1], '[0-9]+') then 'module'
                else 'api' end as kind
         from p
+    ), r as (
+      select node, seq, kind, s[1] as prefix,
+        array_to_string(s[2:-3], '.') as body,
+        case when kind = 'module' then s[-2] else s[-1] end as dir_raw,
+        try_cast(case when kind = 'module' then s[-1] else s[-2] end as bigint) as call
+      from q
     )
-    select node, seq, kind, s[1] as prefix,
-      array_to_string(s[2:-3], '.') as body,
-      case when kind = 'module' then s[-2] else s[-1] end as dir_raw,
-      try_cast(case when kind = 'module' then s[-1] else s[-2] end as bigint) as call
-    from q
+    -- a call group's id: the position of its first entry (an integer key joins faster than
+    -- the "prefix.body#call" text that defines the group)
+    select *, min(seq) over (partition by prefix || '.' || body || '#' || coalesce(call, 0)) as grp
+    from r
     """)
     con.execute(f"""
     create or replace table {side}_g0 as
     with x as (
-      select prefix || '.' || body || '#' || coalesce(call, 0) as grp, any_value(kind) as kind,
+      select grp, any_value(kind) as kind,
         any_value(prefix) as prefix, any_value(body) as body, any_value(call) as call,
         max(case when dir_raw = 'forward' then node end) as fwd,
         max(case when dir_raw = 'backward' then node end) as bwd,
@@ -148,8 +154,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
     con.execute(f"""
     create or replace table {side}_t as
     with dt as (select raw, {dtype} as norm from (select distinct dtype as raw from {side}_raw_t)),
-         eg as (select e.node, g.grp, g.kind, g.canon from {side}_e e
-                join {side}_g g on g.grp = e.prefix || '.' || e.body || '#' || coalesce(e.call, 0))
+         eg as (select e.node, g.grp, g.kind, g.canon from {side}_e e join {side}_g g on g.grp = e.grp)
     select g.grp, t.node, t.seq, t.pos, t.direction, t.slot,
       case when t.slot in ('parameter', 'parameter_grad') then {param} else t."index" end as idx,
       dt.norm as dtype, t.shape, t.numel, t."max" as mx, t."min" as mn, t.mean as mean,

@@ -405,9 +405,11 @@ def _nodes(con: Any) -> str:
       bool_or(nonfinite_b) filter (where slot = 'output') as nf_out_b
     from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
     """)
+    # the node pairs are a table of their own before they meet pair_nodes: DuckDB 2.0 fails a
+    # hash join whose build side is this cross join ("dict-surviving join ... build pipeline
+    # is not single-source", an internal error) once the group keys are integers
     con.execute("""
-    create or replace table nodes_all as
-    with e as (
+    create or replace table node_pairs as
       select p.grp_a, p.grp_b, p.method, p.reason as mreason, d.direction,
         case d.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end as node_a,
         case d.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end as node_b,
@@ -416,10 +418,12 @@ def _nodes(con: Any) -> str:
         case d.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end as order_b
       from pairs p join a_g ga on ga.grp = p.grp_a join b_g gb on gb.grp = p.grp_b
       cross join (values ('forward'), ('backward')) d(direction)
-    )
+    """)
+    con.execute("""
+    create or replace table nodes_all as
     select e.*, pn.in_err, pn.out_err, pn.param_err, pn.in_verdict, pn.out_verdict, pn.param_verdict,
       pn.out_reason, pn.worst_param, pn.nf_in_a, pn.nf_out_a, pn.nf_in_b, pn.nf_out_b
-    from e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
+    from node_pairs e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
     where e.node_a is not null or e.node_b is not null
     """)
     return """

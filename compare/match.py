@@ -184,11 +184,14 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
                 anti join pairs p on p.grp_a = g.grp group by all),
          ub as (select {key} as k, any_value(grp) as grp, count(*) as n from b_g g
                 anti join pairs p on p.grp_b = g.grp group by all),
+         -- output shapes decide only API and communication matches: modules need no signature
          sig as (select 'a' as side, grp, string_agg(cast(shape as varchar), ';' order by idx) as out_sig
-                 from a_t where direction = 'forward' and slot = 'output' group by grp
+                 from a_t where direction = 'forward' and slot = 'output'
+                   and grp in (select grp from a_g where kind <> 'module') group by grp
                  union all
                  select 'b', grp, string_agg(cast(shape as varchar), ';' order by idx)
-                 from b_t where direction = 'forward' and slot = 'output' group by grp)
+                 from b_t where direction = 'forward' and slot = 'output'
+                   and grp in (select grp from b_g where kind <> 'module') group by grp)
     select ua.grp, ub.grp, 'exact', 'same normalised name'
     from ua join ub using (k)
     left join sig sa on sa.side = 'a' and sa.grp = ua.grp

@@ -131,12 +131,12 @@ def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
             out: Any = None) -> CompareResult:
     """Match, metrics, verdicts and localisation over the two normalised sides; the result's
     files are written to ``out`` (when given) while the later parts are computed."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from compare.localize import localise
     from compare.match import match_groups
     from compare.metrics import add_tensor_metrics
     from compare.report import ResultWriter, build_summary
-
-    from concurrent.futures import ThreadPoolExecutor
 
     writer = ResultWriter(out) if out is not None else None
     # both sides' tensor names are built in Arrow (no GIL) while the matching runs in DuckDB

@@ -149,8 +149,26 @@ class PendingDump:
                 if os.waitpid(pid, os.WNOHANG) == (0, 0):
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
+                    _remove_ipc_files(pid)               # what it wrote before it was stopped
             except (ChildProcessError, ProcessLookupError):
                 pass
+
+
+def _remove_ipc_files(pid: int) -> None:
+    import glob
+    import tempfile
+
+    for folder in ("/dev/shm", tempfile.gettempdir()):
+        for name in glob.glob(os.path.join(folder, f"{_IPC_PREFIX}{pid}-*.arrow")):
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+
+
+#: IPC files of a reading child are named ``<prefix><its pid>-*.arrow`` (found again if it is
+#: stopped before it hands them over)
+_IPC_PREFIX = "probe-compare-"
 
 
 def _load_to_file(path: str | os.PathLike) -> Dump:
@@ -165,7 +183,8 @@ def _load_to_file(path: str | os.PathLike) -> Dump:
     files: list[str] = []
     try:
         for table in (d.tensors, d.nodes):
-            fd, name = tempfile.mkstemp(prefix="probe-compare-", suffix=".arrow", dir=folder)
+            fd, name = tempfile.mkstemp(prefix=f"{_IPC_PREFIX}{os.getpid()}-", suffix=".arrow",
+                                        dir=folder)
             files.append(name)
             with os.fdopen(fd, "wb") as f, ipc.new_file(f, table.schema) as w:
                 w.write_table(table)

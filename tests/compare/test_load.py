@@ -30,3 +30,38 @@ def test_pair_read_in_two_processes_raises_b_one_line_error(always_parallel, tmp
     b.write_text('{"task": "statistics", "data": {"Module.x.Linear.forward.0": {')
     with pytest.raises(ProbeError, match="truncated JSON"):
         load.load_pair(a, b)
+
+
+def test_a_child_stopped_early_is_reaped_and_leaves_no_files(always_parallel, tmp_path, monkeypatch):
+    import glob
+    import os
+    import time
+
+    data, c = chain(400)
+    b = write_dump(tmp_path / "b", data, c)
+    slow = load._load_to_file
+
+    def stalled(path):          # the child has written its IPC files and is still busy
+        d = slow(path)
+        time.sleep(30)
+        return d
+    monkeypatch.setattr(load, "_load_to_file", stalled)
+    pending = load.PendingDump(b, fork=True)
+    pid = pending._pid
+    deadline = time.time() + 20
+    while not glob.glob(f"/dev/shm/{load._IPC_PREFIX}{pid}-*") and time.time() < deadline:
+        time.sleep(0.05)
+    assert glob.glob(f"/dev/shm/{load._IPC_PREFIX}{pid}-*"), "the child wrote no IPC files"
+    pending.close()                                   # A failed: B's read is abandoned
+    assert not glob.glob(f"/dev/shm/{load._IPC_PREFIX}{pid}-*")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)                   # reaped, not a zombie
+    pending.close()                                   # twice is fine
+
+
+def test_a_child_that_dies_is_replaced_by_a_read_here(always_parallel, tmp_path, monkeypatch):
+    data, c = chain(4)
+    b = write_dump(tmp_path / "b", data, c)
+    monkeypatch.setattr(load, "_load_to_file", lambda path: (_ for _ in ()).throw(MemoryError()))
+    d = load.PendingDump(b, fork=True).result()
+    assert d.tensors.equals(load.load_dump(b).tensors)

@@ -212,20 +212,8 @@ def _assemble(raw: bytes, s: _Scan, names: _Col, keys: _Col, cols: dict, seq: An
 
 
 def _meta(raw: bytes, ranges: Any) -> dict:
-    """The top-level members other than ``data``, each value parsed from its own bytes."""
-    import json
+    """The top-level members other than ``data``, each value parsed from its own bytes (with the
+    reader's parser: orjson, the standard library for NaN/Infinity literals)."""
+    from collectors.msprobe_reader import _loads
 
-    try:
-        import orjson
-        loads = orjson.loads
-    except ImportError:                      # pragma: no cover - orjson is a dependency
-        loads = json.loads
-    out = {}
-    for k0, k1, v0, v1 in ranges.tolist():
-        text = raw[v0:v1]
-        try:
-            value = loads(text)
-        except ValueError:                   # NaN/Infinity literals: the standard library reads them
-            value = json.loads(text)
-        out[raw[k0:k1].decode()] = value
-    return out
+    return {raw[k0:k1].decode(): _loads(raw[v0:v1]) for k0, k1, v0, v1 in ranges.tolist()}

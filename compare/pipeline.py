@@ -202,8 +202,9 @@ def _rows(con: Any, parts: int = 1) -> Any:
     """The per-tensor rows (pyarrow.Table, in execution order, with the helper columns).
 
     With ``parts`` = 2 the query runs in halves (the call groups split by a hash of A's group, so
-    each half holds whole groups) on two cursors at once; the rows are ordered here by (execution order, A's position, B's position), one
-    numpy sort of three integer keys instead of a DuckDB ORDER BY that moves every column.
+    each half holds whole groups) on two cursors at once. The rows are ordered here by
+    (execution order, A's position, B's position): one numpy sort of three integer keys instead
+    of a DuckDB ORDER BY that moves every column.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -253,6 +254,8 @@ def _with_names(full: Any, names: tuple) -> Any:
     """The rows with both sides' tensor and entry names put in from the records by position
     (the query carries positions, not these long strings: a quarter of its time at 20k), and
     the reason of the pairs that agree. ``names``: :func:`_tensor_names` of A, then of B."""
+    import pyarrow.compute as pc
+
     (name_a, node_a), (name_b, node_b) = names
     pos_a, pos_b = full.column("pos_a"), full.column("pos_b")
     at = full.schema.get_field_index("name_slot_a")
@@ -260,8 +263,6 @@ def _with_names(full: Any, names: tuple) -> Any:
                                   ("node_a", node_a.take(pos_a)), ("node_b", node_b.take(pos_b)))):
         full = full.add_column(at + i, k, col)
     # the reason of a pair that agrees, the most common one, is put together here too
-    import pyarrow.compute as pc
-
     i = full.schema.get_field_index("reason")
     reason = full.column(i)
     agrees = pc.and_(pc.is_null(reason), pc.equal(full.column("verdict"), "pass"))

@@ -80,3 +80,32 @@ def test_summary_on_the_terminal_names_counts_and_findings(tmp_path):
     assert p.returncode == 1
     assert "matched 6 nodes" in p.stdout and "first divergence (forward): Module.layers.1.fc" in p.stdout
     assert "worst pairs" in p.stdout
+
+
+def test_large_compare_csv_in_parallel_chunks_equals_one_piece(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import compare.report as report
+    from compare.api import compare
+
+    a = write_dump(tmp_path / "a", *chain(40))
+    b = write_dump(tmp_path / "b", *chain(40, scale={3: 1.5}))
+    rows = compare(str(a), str(b)).rows
+    report._write_csv(rows, tmp_path / "one.csv")
+    monkeypatch.setattr(report, "CSV_PARALLEL_ROWS", 0)
+    monkeypatch.setattr(report, "CSV_CHUNK_ROWS", 7)           # many chunks, one header
+    report._write_csv(rows, tmp_path / "chunks.csv")
+    one, chunks = Path(tmp_path / "one.csv").read_bytes(), Path(tmp_path / "chunks.csv").read_bytes()
+    assert rows.num_rows > 7 * 3 and one == chunks
+
+
+def test_compare_process_setup_keeps_the_users_settings(monkeypatch):
+    import os
+
+    from probe.commands.compare import setup_process
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    setup_process()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"      # set by the user: kept

@@ -212,6 +212,11 @@ class MonitorAgent:
     def dropped(self) -> int:
         return self._dropped
 
+    @property
+    def uploading(self) -> bool:
+        """Trace files are queued or being sent (on the sender thread, which takes CPU time)."""
+        return bool(self._uploads)
+
     # -- the sender thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -581,6 +586,7 @@ class MonitorAgentCallback(TrainCallback):
         self._pending: list[tuple[str, int, int]] = []
         self._active: tuple[str, int, int, Any, str] | None = None
         self._stop_requested = False
+        self._uploads_at_start = 0
         self._cuda = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
@@ -617,6 +623,8 @@ class MonitorAgentCallback(TrainCallback):
 
     def on_step_start(self, ctx: TrainContext, step: int) -> None:
         self._current = step
+        if self.agent is not None:
+            self._uploads_at_start = self.agent.stats["uploads"]
         if not self._pending or self._active is not None:
             return
         with self._lock:
@@ -650,7 +658,10 @@ class MonitorAgentCallback(TrainCallback):
         if self._cuda is not None:
             metrics = dict(metrics, device_mem_mb=self._cuda.memory_allocated(ctx.device) / 2**20,
                            device_max_mem_mb=self._cuda.max_memory_allocated(ctx.device) / 2**20)
-        if self._active is not None:       # the deep trace's own cost is in this step's times
+        # the deep trace's own cost is in this step's times: profiling, or sending its files
+        # on the sender thread (which shares the interpreter and the CPU with training)
+        if (self._active is not None or self.agent.uploading
+                or self.agent.stats["uploads"] != self._uploads_at_start):
             metrics = dict(metrics, traced=1.0)
         self.agent.record(step, metrics)
         if self._active is not None:

@@ -7,7 +7,8 @@ Every query returns plain data: Arrow tables (``.to_pylist()`` gives lists of di
                                  ``127.0.0.1:50051``); ``token`` default env ``PROBE_MONITOR_TOKEN``;
                                  ``ca`` (TLS) default env ``PROBE_MONITOR_CA``.
 ``status(job=None)``             dict: ``service``; ``jobs[]`` (job, world_size, last_step, health,
-                                 alerts {kind: count}, ``ranks[]``: rank, host, pid, engine,
+                                 alerts {kind: count}, judged_step (the detectors have judged
+                                 every step up to it), ``ranks[]``: rank, host, pid, engine,
                                  health ok|stale|lost|finished, last_step, last_seen_s, points,
                                  batches, dropped, registrations, connected); ``alerts[]`` (id,
                                  time_ns, job, kind, rank, step, message, evidence dict);

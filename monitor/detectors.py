@@ -16,9 +16,15 @@ the rest of the table as history. An alert is a dict: ``kind``, ``job``, ``rank`
   healthy ranks; the straggler is the rank whose own work (compute + data loading) stands out.
 - :func:`nonfinite`: NaN/Inf in the loss or the gradients.
 
-A step a rank ran under a deep trace (``traced`` > 0, set by the agent) carries the profiler's
-own cost: it is neither judged nor used as history or as a peer by the timing detectors, so
-asking for a trace never makes the traced ranks look like stragglers or slow steps.
+A step a rank ran under a deep trace or while sending its files (``traced`` > 0, set by the
+agent) carries the trace's own cost: it is neither judged nor used as history or as a peer by the timing detectors, so
+asking for a trace never makes the traced ranks look like stragglers or slow steps. Nor does it
+make their peers look like ones: the profiler starts before the first traced step and writes
+its trace after the last, outside the measured steps, and the other ranks wait for it in their
+next collective. So the straggler detector judges a step at which some rank ran traced, or the
+step after one, on own work only (no "communication" verdict, which waiting would fake) and only
+with at least three untraced ranks there (a median over one peer is no median), and the slow
+step detector does not judge those steps at all.
 
 >>> rows = [{"rank": r, "step": s, "step_time_ms": 10.0, "compute_time_ms": 30.0 if r == 2 else 8.0,
 ...          "data_time_ms": 1.0, "comm_time_ms": 1.0} for s in range(6) for r in range(4)]
@@ -66,6 +72,13 @@ def _untraced(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in rows if not (_num(r, "traced") or 0.0) > 0.0]
 
 
+def _near_traces(rows: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Steps at which some rank ran under a deep trace, and the step after each: the other
+    ranks wait there for the traced ranks' profiler to start and to write its trace."""
+    traced = {int(r["step"]) for r in rows if (_num(r, "traced") or 0.0) > 0.0}
+    return traced | {s + 1 for s in traced}
+
+
 def _by_rank(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[int, Mapping[str, Any]]]:
     out: dict[int, dict[int, Mapping[str, Any]]] = {}
     for row in rows:
@@ -88,13 +101,14 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *, job: str | Non
     >>> [(a["rank"], a["step"]) for a in slow_steps(rows)]
     [(0, 10)]
     """
-    rows = _untraced(_rows(table))
+    all_rows = _rows(table)
+    disturbed = _near_traces(all_rows)
     wanted = None if steps is None else set(int(s) for s in steps)
     alerts: list[Alert] = []
-    for rank, per_step in sorted(_by_rank(rows).items()):
+    for rank, per_step in sorted(_by_rank(_untraced(all_rows)).items()):
         ordered = sorted(per_step)
         for i, step in enumerate(ordered):
-            if wanted is not None and step not in wanted:
+            if (wanted is not None and step not in wanted) or step in disturbed:
                 continue
             t = _num(per_step[step], "step_time_ms")
             if t is None:
@@ -139,9 +153,10 @@ def _busy(row: Mapping[str, Any]) -> float | None:
     return total - (comm or 0.0)
 
 
-def _outliers_at(rows_at_step: Sequence[Mapping[str, Any]], k: float,
-                 min_ratio: float) -> dict[int, dict[str, Any]]:
-    """Ranks that stand out from their peers at one step, with the cause and the numbers."""
+def _outliers_at(rows_at_step: Sequence[Mapping[str, Any]], k: float, min_ratio: float,
+                 disturbed: bool = False) -> dict[int, dict[str, Any]]:
+    """Ranks that stand out from their peers at one step, with the cause and the numbers
+    (``disturbed``: a step next to another rank's deep trace, judged on own work only)."""
     found: dict[int, dict[str, Any]] = {}
     if len(rows_at_step) < 2:
         return found
@@ -171,7 +186,7 @@ def _outliers_at(rows_at_step: Sequence[Mapping[str, Any]], k: float,
             cause = max(excess, key=excess.get) if excess else "compute"
             found[int(row["rank"])] = {"cause": cause, "value_ms": mine, "peer_median_ms": med,
                                        "z": z, "excess_ms": excess}
-    if found:
+    if found or disturbed:
         return found
     # No rank stands out in its own work. A rank whose whole step still stands out spent the
     # extra time communicating. (A rank that merely *waits* longer in a collective does not:
@@ -200,14 +215,18 @@ def stragglers(table: Any, steps: Iterable[int] | None = None, *, job: str | Non
     stands out in its own work, a rank whose whole step stands out, by more than half in
     communication time, is one (cause ``communication``; a rank that only waits longer in a
     synchronous collective is a victim, not a straggler). An alert is raised at a step in ``steps`` for a rank that was an
-    outlier at that step and in at least ``persist`` of the last ``window`` steps.
+    outlier at that step and in at least ``persist`` of the last ``window`` judged steps. Steps
+    at or right after another rank's deep trace are judged on own work only, and only with three
+    untraced ranks at least (else they are left out of the window).
     """
-    rows = _untraced(_rows(table))
+    all_rows = _rows(table)
+    disturbed = _near_traces(all_rows)
     by_step: dict[int, list[Mapping[str, Any]]] = {}
-    for row in rows:
+    for row in _untraced(all_rows):
         by_step.setdefault(int(row["step"]), []).append(row)
-    ordered = sorted(by_step)
-    outliers = {s: _outliers_at(by_step[s], k, min_ratio) for s in ordered}
+    # the window counts judged steps: a step too close to a trace to judge is no evidence either way
+    ordered = [s for s in sorted(by_step) if len(by_step[s]) >= (3 if s in disturbed else 2)]
+    outliers = {s: _outliers_at(by_step[s], k, min_ratio, s in disturbed) for s in ordered}
     wanted = None if steps is None else set(int(s) for s in steps)
     alerts: list[Alert] = []
     for i, step in enumerate(ordered):

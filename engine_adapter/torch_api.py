@@ -153,6 +153,7 @@ class _Call:
                 self.sink.api_backward(self.token, self.grad_outputs, grads)
         finally:
             self.guard.depth -= 1
+            self.grad_outputs = [None] * len(self.grad_outputs)   # recorded: let them go
 
 
 def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:

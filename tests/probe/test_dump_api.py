@@ -359,3 +359,36 @@ def test_a_non_finite_float_argument_is_written_as_msprobe_writes_it(tmp_path):
     assert "-Infinity" in text and "NaN" in text and "null" not in text.split('"data"')[1]
     kwargs = _load(tmp_path)["data"]["Torch.clamp.0.forward"]["input_kwargs"]
     assert kwargs["min"]["value"] == -math.inf and math.isnan(kwargs["max"]["value"])
+
+
+def test_output_gradients_are_let_go_once_their_module_is_recorded(tmp_path):
+    """The dump holds a module's output gradient only until the module's backward entry is
+    written, not until the whole backward ends (that had made backward allocate fresh memory)."""
+    import weakref
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    x = torch.randn(4, 8, requires_grad=True)
+    refs, alive_at_first_layer = [], []
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False):
+        y = net(x)
+        y.register_hook(lambda g: refs.append(weakref.ref(g)))      # the last Linear's output grad
+        net[0].weight.register_hook(lambda g: alive_at_first_layer.append(refs[0]() is not None))
+        y.sum().backward()
+    assert refs and alive_at_first_layer == [False]
+    assert "Module.4.Linear.backward.0" in _load(tmp_path)["data"]
+
+
+def test_a_retained_graph_backed_through_twice_gives_two_backward_entries(tmp_path):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False):
+        loss = net(x).pow(2).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    data = _load(tmp_path)["data"]
+    for name in ("Module.0.Linear", "Module.2.Linear"):
+        assert f"{name}.backward.0" in data and f"{name}.backward.1" in data, sorted(data)
+        assert (data[f"{name}.backward.1"]["input"][0]["Norm"]
+                == pytest.approx(data[f"{name}.backward.0"]["input"][0]["Norm"]))

@@ -73,15 +73,28 @@ def build_rank_model(spec: RunSpec, device: torch.device):
     return cfg, model, compiled
 
 
+def _intra_op_threads(world_size: int) -> int | None:
+    """Intra-op threads for one CPU rank: ``OMP_NUM_THREADS`` when set; else, with several
+    ranks, the host's cores shared among them (oversubscribed threads spin against each other:
+    every step slower); else None (torch's own default).
+
+    Set explicitly even from ``OMP_NUM_THREADS``: a rank's may come from the run's extra
+    environment, applied after torch (and its OpenMP runtime, which reads it once) was loaded.
+    """
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return max(1, (os.cpu_count() or 1) // world_size) if world_size > 1 else None
+
+
 def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
     """Train one rank for ``spec.max_steps`` steps; returns the last step's metrics."""
     dist = torch.distributed
     device = resolve_device(spec.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    elif world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # N ranks on one host share its cores: oversubscribed intra-op threads make every step slower
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    elif (threads := _intra_op_threads(world_size)) is not None:
+        torch.set_num_threads(threads)
     torch.manual_seed(spec.seed)
     cfg, model, compiled = build_rank_model(spec, device)
     faults = parse_faults(spec.faults)

@@ -110,3 +110,17 @@ def test_presets_cover_tests_demos_and_gpus():
     assert get_preset("tiny").n_params() < 1e6
     assert 20e6 < get_preset("small").n_params() < 35e6
     assert max(c.n_params() for c in PRESETS.values()) > 1e9
+
+
+def test_a_ranks_intra_op_threads_follow_omp_num_threads_set_after_torch_loaded(monkeypatch):
+    """OMP_NUM_THREADS from a run's extra environment reaches the rank after torch has loaded
+    (OpenMP read the environment already), so the rank sets it explicitly."""
+    import os
+
+    from engine_adapter.bundled.train import _intra_op_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert _intra_op_threads(4) == 1 and _intra_op_threads(1) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert _intra_op_threads(4) == max(1, (os.cpu_count() or 1) // 4)
+    assert _intra_op_threads(1) is None

@@ -17,8 +17,9 @@ the rest of the table as history. An alert is a dict: ``kind``, ``job``, ``rank`
 - :func:`nonfinite`: NaN/Inf in the loss or the gradients.
 
 A step a rank ran under a deep trace or while sending its files (``traced`` > 0, set by the
-agent) carries the trace's own cost: it is neither judged nor used as history or as a peer by the timing detectors, so
-asking for a trace never makes the traced ranks look like stragglers or slow steps. Nor does it
+agent) carries the trace's own cost: it is neither judged nor used as history or as a peer by
+the timing detectors, so asking for a trace never makes the traced ranks look like stragglers or
+slow steps. Nor does it
 make their peers look like ones: the profiler starts before the first traced step and writes
 its trace after the last, outside the measured steps, and the other ranks wait for it in their
 next collective. So the straggler detector judges a step at which some rank ran traced, or the
@@ -67,15 +68,20 @@ def _robust(values: Sequence[float], floor_rel: float, floor_abs: float) -> tupl
     return med, mad, max(MAD_SCALE * mad, floor_rel * abs(med), floor_abs)
 
 
+def _is_traced(row: Mapping[str, Any]) -> bool:
+    """The row's timings carry a deep trace's cost (set by the agent)."""
+    return (_num(row, "traced") or 0.0) > 0.0
+
+
 def _untraced(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The rows whose timings are the training's own (not a step run under a deep trace)."""
-    return [r for r in rows if not (_num(r, "traced") or 0.0) > 0.0]
+    return [r for r in rows if not _is_traced(r)]
 
 
 def _near_traces(rows: Sequence[Mapping[str, Any]]) -> set[int]:
     """Steps at which some rank ran under a deep trace, and the step after each: the other
     ranks wait there for the traced ranks' profiler to start and to write its trace."""
-    traced = {int(r["step"]) for r in rows if (_num(r, "traced") or 0.0) > 0.0}
+    traced = {int(r["step"]) for r in rows if _is_traced(r)}
     return traced | {s + 1 for s in traced}
 
 

@@ -396,6 +396,7 @@ class MonitorService(pb_grpc.MonitorServicer):
                               f"the upload ended inside file {current[3]}")
             for upload, files in uploads.items():
                 self.store.add_trace_files(*upload, files)
+            uploads.clear()
             for event in events:
                 self._broadcast(event)
         finally:
@@ -403,6 +404,10 @@ class MonitorService(pb_grpc.MonitorServicer):
                 handle.close()
                 if path is not None:
                     path.unlink(missing_ok=True)
+            for files in uploads.values():        # refused: nothing of it stays on disk either
+                for _, done, _, _ in files:
+                    if done:
+                        Path(done).unlink(missing_ok=True)
         return pb.TraceAck(ok=True, bytes=total, message="stored")
 
     # -- operator side -------------------------------------------------------------------------

@@ -595,8 +595,9 @@ class _TensorTables:
     step and used again when they are; only the statistics are converted each step.
     """
 
-    #: row positions of the describing columns (seq .. numel, requires_grad)
-    STRUCTURE = (0, 1, 2, 3, 4, 5, 6, 7, 8, 17)
+    #: the describing columns: the same every step while the model makes the same calls
+    STRUCTURE = ("seq", "node", "node_kind", "direction", "slot", "index", "dtype", "shape", "numel",
+                 "requires_grad")
 
     def __init__(self, run: str, rank: int) -> None:
         import pyarrow as pa
@@ -604,6 +605,8 @@ class _TensorTables:
         from collectors.records import schema_for
 
         self.pa, self.schema = pa, schema_for("tensor")
+        self.types = {name: self.schema.field(name).type for name in _TENSOR_COLUMNS}
+        self.structure = tuple(_TENSOR_COLUMNS.index(name) for name in self.STRUCTURE)
         self.run, self.rank = run, rank
         self.key: list | None = None
         self.arrays: dict[str, Any] = {}
@@ -612,17 +615,17 @@ class _TensorTables:
         pa, schema = self.pa, self.schema
         n = len(rows)
         columns = list(zip(*rows)) if n else [()] * len(_TENSOR_COLUMNS)
-        key = [columns[i] for i in self.STRUCTURE]
+        key = [columns[i] for i in self.structure]
         if key != self.key:
             self.key = key
-            self.arrays = {_TENSOR_COLUMNS[i]: pa.array(columns[i], type=schema.field(_TENSOR_COLUMNS[i]).type)
-                           for i in self.STRUCTURE}
+            self.arrays = {name: pa.array(col, type=self.types[name])
+                           for name, col in zip(self.STRUCTURE, key)}
             self.arrays["run"] = pa.array([self.run] * n, type=pa.string())
             self.arrays["rank"] = pa.array([self.rank] * n, type=pa.int32())
         arrays = dict(self.arrays)
         for i, name in enumerate(_TENSOR_COLUMNS):
             if name not in arrays:
-                arrays[name] = pa.array(columns[i], type=schema.field(name).type)
+                arrays[name] = pa.array(columns[i], type=self.types[name])
         arrays["step"] = pa.array([step] * n, type=pa.int64())
         arrays["host_ts_ns"] = pa.array([time_ns] * n, type=pa.int64())
         return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)

@@ -307,3 +307,5 @@ def test_a_trace_upload_cut_inside_a_file_is_refused_and_records_nothing(service
         stub.UploadTrace(_chunks(files, cut="second.json"))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "second.json" in e.value.details()
     assert MonitorClient(service.address).traces(trace_id="t1").num_rows == 0
+    finished = service.store.trace_file_path("j", "t1", 0, "rank0.json")
+    assert not finished.exists()          # the file that did arrive whole is not left behind

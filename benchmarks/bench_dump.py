@@ -36,9 +36,9 @@ DEFAULT_MSPROBE_PY = os.path.join(ROOT, ".venv-bench", "bin", "python")
 def _train_setup(preset: str):
     import torch
 
-    from engine_adapter.bundled.config import get_preset
-    from engine_adapter.bundled.data import make_batch
-    from engine_adapter.bundled.models import build_model, init_reference_state
+    from engine.config import get_preset
+    from engine.data import make_batch
+    from engine.models import build_model, init_reference_state
 
     torch.manual_seed(0)
     cfg = get_preset(preset)

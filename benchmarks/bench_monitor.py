@@ -3,7 +3,7 @@
 Three measurements, each against the target of issue 6:
 
 1. **Ingest**: one ``probe monitor serve`` (a subprocess, a DuckDB file store) and 64
-   simulated ranks, each a real :class:`collectors.agent.MonitorAgent` (spread over a few
+   simulated ranks, each a real :class:`monitor.agent.MonitorAgent` (spread over a few
    processes), recording steps of ``--metrics`` metric points as fast as they can. Rate = points
    stored / (first record .. last acknowledgement). Zero loss: the store holds every recorded
    point exactly once and no agent dropped any. Target: >= 200k points/s.
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_adapter.bundled.callbacks import TrainCallback  # noqa: E402
+from engine_adapter.callbacks import TrainCallback  # noqa: E402
 
 TARGET_POINTS_PER_S = 200_000
 TARGET_FANOUT_S = 1.0
@@ -57,7 +57,7 @@ def start_service(store: Path) -> tuple[subprocess.Popen, str]:
 def rank_group(addr: str, ranks: list[int], world: int, steps: int, n_metrics: int, spool: str,
                go, finish, ready, results, command_times) -> None:
     """One process of simulated ranks: K agents, one loop recording every rank's steps."""
-    from collectors.agent import MonitorAgent
+    from monitor.agent import MonitorAgent
 
     def on_command(rank: int):
         return lambda cmd: command_times.put((rank, time.time()))
@@ -160,7 +160,7 @@ class TimedMonitor(TrainCallback):
     """
 
     def __init__(self, addr: str, warmup: int) -> None:
-        from collectors.agent import MonitorAgentCallback
+        from monitor.agent_callback import MonitorAgentCallback
 
         self.inner = MonitorAgentCallback(addr=addr, job="overhead")
         self.warmup = warmup
@@ -206,9 +206,9 @@ def make_timed(addr: str, warmup: int) -> TimedMonitor:
 
 
 def bench_overhead(args) -> dict:
-    from engine_adapter.bundled.callbacks import PluginSpec
-    from engine_adapter.bundled.launch import run_training
-    from engine_adapter.bundled.spec import RunSpec
+    from engine_adapter.callbacks import CallbackSpec
+    from engine.launch import run_training
+    from engine.spec import RunSpec
 
     os.environ.pop("PROBE_MONITOR", None)
     tmp = Path(tempfile.mkdtemp(prefix="bench-monitor-engine-"))
@@ -217,10 +217,10 @@ def bench_overhead(args) -> dict:
     try:
         for i in range(args.rounds):
             for with_monitor in (False, True):
-                plugins = (PluginSpec(f"{__name__}:make_timed", {"addr": addr, "warmup": args.warmup}),) if with_monitor else ()
+                callbacks = (CallbackSpec(make_timed, {"addr": addr, "warmup": args.warmup}),) if with_monitor else ()
                 res = run_training(RunSpec(preset=args.preset, nproc=1, max_steps=args.engine_steps,
                                            out_dir=str(tmp / f"run{i}{int(with_monitor)}"),
-                                           quiet=True, plugins=plugins))
+                                           quiet=True, callbacks=callbacks))
                 times = [r["step_time_ms"] for r in res.steps[args.warmup:]]
                 (monitored if with_monitor else plain).append(sum(times) / len(times))
                 if with_monitor:

@@ -57,7 +57,7 @@ try:
     import orjson as _orjson
 except ImportError:  # the standard library parser is the fallback
     _orjson = None
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 __all__ = ["MsprobeDump", "read_msprobe_dump", "parse_node_name", "find_dump_files", "find_dump"]
 
@@ -557,7 +557,7 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> Msprob
     """Read one msprobe dump (a dump.json, or the folder holding it) into record tables.
 
     construct.json and stack.json are read from beside dump.json when present. Raises
-    :class:`probe.errors.ProbeError` with one line naming the file for anything unreadable.
+    :class:`ground.errors.ProbeError` with one line naming the file for anything unreadable.
     """
     with _gc_paused():
         return _read_msprobe_dump(path, run)

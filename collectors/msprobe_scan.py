@@ -1,6 +1,6 @@
 """Read an msprobe dump.json's common layout straight into Arrow with a native scanner.
 
-:func:`scan_dump` runs ``msprobe_scan.c`` (built once per machine, see :mod:`probe.native`) over
+:func:`scan_dump` runs ``msprobe_scan.c`` (built once per machine, see :mod:`ground.native`) over
 the file's bytes: one pass that writes the entry names, the tensors' statistics, dtypes, shapes
 and argument positions into Arrow buffers, with no Python object per value. It returns None for
 anything outside the common layout (nested outputs, non-tensor arguments, escaped strings, odd
@@ -63,7 +63,7 @@ def _scanner() -> Any:
     global _fn
     if _fn is not None:
         return _fn
-    from probe.native import load_cached
+    from ground.native import load_cached
 
     dll = load_cached(_SOURCE, "msprobe-scan", "PROBE_NO_NATIVE_SCAN")
     fn = getattr(dll, "probe_scan_msprobe", None) if dll is not None else None

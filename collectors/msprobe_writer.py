@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 #: msprobe's name for each of our levels.
 LEVELS = {"module": "L0", "api": "L1", "mix": "mix"}

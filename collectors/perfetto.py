@@ -161,7 +161,7 @@ def merge_traces(fragments: Iterable[str | os.PathLike], out: str | os.PathLike)
     Fragments are already on rank 0's clock and each uses ``pid = rank``, so merging is a
     concatenation; ``otherData.ranks`` lists each rank's clock offset.
     """
-    from probe.errors import ProbeError
+    from ground.errors import ProbeError
 
     events: list[dict] = []
     ranks: dict[str, Any] = {}

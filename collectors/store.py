@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collectors.records import SCHEMAS, VIEWS, conform, schema_for, table_from_rows
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 STORE_DIRNAME = "store"
 

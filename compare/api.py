@@ -71,7 +71,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 __all__ = ["CompareResult", "compare", "load_result"]
 

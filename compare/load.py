@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 __all__ = ["Dump", "PendingDump", "load_dump", "load_pair", "start_load"]
 

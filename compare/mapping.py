@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 __all__ = ["mapped_pairs", "kind_of", "load_mapping"]
 

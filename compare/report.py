@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 __all__ = ["build_summary", "write_result", "write_summary", "format_summary", "ResultWriter"]
 
@@ -67,7 +67,7 @@ class ResultWriter:
     :meth:`rows` starts compare.parquet (Arrow's Parquet writer releases the GIL) and
     compare.csv (Arrow's CSV writer holds it, which the DuckDB queries that run meanwhile do not
     need); :meth:`nodes` starts nodes.parquet; :meth:`finish` writes summary.json and waits.
-    An unwritable folder is a one-line :class:`~probe.errors.ProbeError`, raised by the call
+    An unwritable folder is a one-line :class:`~ground.errors.ProbeError`, raised by the call
     that found it or by :meth:`finish`.
     """
 

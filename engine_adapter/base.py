@@ -24,7 +24,7 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 #: statistics kinds a backend assigns to a tensor
 FLOAT = "float"       # Max, Min, Mean, Norm, NaN and Inf counts

@@ -163,7 +163,7 @@ def _load_kernel() -> Any:
     try:
         import ctypes
 
-        from probe.native import load_cached
+        from ground.native import load_cached
 
         gomp = _torch_openmp()
         # linked to the libgomp already loaded, so it shares torch's threads; else serial

@@ -7,7 +7,7 @@
 - :mod:`monitor.client`     the public client (``probe monitor``, the web UI)
 - :mod:`monitor.auth`       token and TLS
 
-The per-rank agent lives in :mod:`collectors.agent`. Quick start::
+The per-rank agent lives in :mod:`monitor.agent`. Quick start::
 
     probe monitor serve --port 50051 &
     PROBE_MONITOR=127.0.0.1:50051 probe train --nproc 4 --fault slow:2:3 --max-steps 50

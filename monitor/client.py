@@ -39,7 +39,7 @@ out_dir)``
                                  trace_request | hello.
 ===============================  ===================================================================
 
-Errors are :class:`probe.errors.ProbeError` with one line saying what to do (no service at the
+Errors are :class:`ground.errors.ProbeError` with one line saying what to do (no service at the
 address, wrong token, unknown job).
 
 >>> c = MonitorClient("127.0.0.1:50051")                       # doctest: +SKIP
@@ -61,7 +61,7 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 

@@ -1,6 +1,6 @@
 """The monitor service: one gRPC server that ingests metric batches, detects, and commands ranks.
 
-Ranks (:mod:`collectors.agent`) register, push columnar metric batches and hold a command
+Ranks (:mod:`monitor.agent`) register, push columnar metric batches and hold a command
 stream open; operators (:mod:`monitor.client`, ``probe monitor``, the web UI) query status,
 alerts, metrics and traces, request deep traces, and watch alerts live. One process owns the
 DuckDB store (:mod:`monitor.storage`), writes it and answers queries from it.
@@ -42,7 +42,7 @@ from monitor import auth, detectors
 from monitor.proto import monitor_pb2 as pb
 from monitor.proto import monitor_pb2_grpc as pb_grpc
 from monitor.storage import BatchKey, MonitorStore
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 #: The most points one batch may carry; larger batches are refused (agents split theirs).
 MAX_BATCH_POINTS = 65_536

@@ -41,7 +41,7 @@ from typing import Any, Iterable, Sequence
 import pyarrow as pa
 
 from collectors.records import METRIC
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS metrics (time_ns BIGINT, job VARCHAR, rank INTEGER, step BIGINT,

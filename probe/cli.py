@@ -16,7 +16,7 @@ import sys
 
 import click
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 VERBS: dict[str, tuple[str, str]] = {
     "train": ("probe.commands.train", "Train the bundled engine (reference or fused)."),

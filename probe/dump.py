@@ -29,7 +29,7 @@ import atexit
 import sys
 from typing import Any, Sequence
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from probe.recorder import DumpConfig, Recorder
 
 _current: "DumpSession | None" = None
@@ -40,7 +40,7 @@ def _selection(value: Any, what: str) -> list[int] | None:
         return None if value is None else sorted({int(v) for v in value})
     if isinstance(value, int):
         return [value]
-    from probe.options import parse_selection
+    from ground.selection import parse_selection
     return parse_selection(str(value), what=what)
 
 

@@ -61,7 +61,7 @@ class DumpConfig:
     store_flush_s: float = 1.0
 
     def __post_init__(self) -> None:
-        from probe.errors import ProbeError
+        from ground.errors import ProbeError
         if self.level not in LEVELS:
             raise ProbeError(f"--level {self.level!r}: use one of {', '.join(LEVELS)}")
         if self.task not in TASKS:

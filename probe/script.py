@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 
 def check_script(argv: list[str]) -> Path:

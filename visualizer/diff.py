@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from visualizer import bands as B
 from visualizer.graph import Graph, TensorStat, load_graph
 from visualizer.search import find

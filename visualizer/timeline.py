@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 #: The most spans handed to the UI (the longest are kept).
 MAX_SPANS = 20_000

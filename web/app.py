@@ -17,7 +17,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, dcc, html
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from visualizer.diff import DiffGraph
 from web.pages import graph_diff, live, query, timeline
 

@@ -59,10 +59,10 @@ def setup_process() -> None:
     fresh pages are huge pages zeroed 2 MB at a time (a sixth of a compare's CPU time went to
     zeroing them: 20k entries 0.66 -> 0.63 s, 100k 2.68 -> 2.50 s, medians); and glibc keeps
     freed buffers for reuse (the process exits after one compare; see
-    :func:`probe.native.keep_freed_memory`). Settings the user made in the environment win."""
+    :func:`ground.native.keep_freed_memory`). Settings the user made in the environment win."""
     import os
 
-    from probe.native import keep_freed_memory
+    from ground.native import keep_freed_memory
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

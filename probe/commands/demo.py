@@ -26,7 +26,7 @@ from pathlib import Path
 
 import click
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 DEFAULT_OUT = os.path.join("runs", "demo")
 
@@ -102,17 +102,18 @@ def _stop(proc: subprocess.Popen | None) -> None:
 def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor: float, fault: str,
             seed: int, out: str, serve: bool, host: str, port: int) -> int:
     """Train, monitor, dump, compare and profile the bundled engine, then serve the dashboard."""
-    from engine_adapter.bundled.callbacks import PluginSpec
-    from engine_adapter.bundled.launch import run_training, validate
-    from engine_adapter.bundled.spec import RunSpec
+    from engine_adapter.callbacks import CallbackSpec
+    from engine.launch import run_training, validate
+    from engine.spec import RunSpec
     from probe.commands.train import print_step_table
+    from profiler.engine_callbacks import FlopsCallback
 
     root = Path(out)
     job = "demo-train"
     signal.signal(signal.SIGTERM, _interrupt)   # a SIGTERM stops the monitor service too
     train_spec = RunSpec(preset=preset, nproc=nproc, max_steps=max_steps, seed=seed,
                          faults=(f"slow:{slow_rank}:{slow_factor:g}",), out_dir=str(root / job),
-                         plugins=(PluginSpec("profiler.engine_plugin:FlopsCallback", {}),))
+                         callbacks=(CallbackSpec(FlopsCallback),))
     validate(train_spec)
     if root.exists():
         shutil.rmtree(root)

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from probe.options import engine_options, selection_option
 
 DEFAULT_OUT = os.path.join("runs", "dump")
@@ -73,18 +73,20 @@ def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | N
 
 def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, nproc: int,
                 max_steps: int | None, seed: int, faults: tuple[str, ...], device: str) -> int:
-    from engine_adapter.bundled.callbacks import PluginSpec
-    from engine_adapter.bundled.launch import run_training
-    from engine_adapter.bundled.spec import RunSpec
+    from engine_adapter.callbacks import CallbackSpec
+    from engine.launch import run_training
+    from engine.spec import RunSpec
 
     steps = options["steps"]
     needed = max(steps) + 1 if steps else 1
     if max_steps is not None and max_steps < needed:
         raise ProbeError(f"--max-steps {max_steps} stops before step {needed - 1} selected by --steps; "
                          f"use --max-steps {needed} or more")
-    plugin = PluginSpec("probe.dump_plugin:DumpCallback", {**options, "out": out})
+    from probe.dump_callback import DumpCallback
+
+    dump = CallbackSpec(DumpCallback, {**options, "out": out})
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc, max_steps=max(max_steps or 0, needed),
-                   seed=seed, faults=tuple(faults), out_dir=out, device=device, plugins=(plugin,))
+                   seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(dump,))
     _clear_old_steps(out)
     run_training(spec)
     return 0

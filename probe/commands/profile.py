@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from probe.options import engine_options, selection_option
 
 DEFAULT_OUT = os.path.join("runs", "profile")
@@ -89,9 +89,10 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
 def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, engine: str,
                 preset: str, nproc: int, max_steps: int | None, seed: int,
                 faults: tuple[str, ...], device: str) -> int:
-    from engine_adapter.bundled.callbacks import PluginSpec
-    from engine_adapter.bundled.launch import run_training
-    from engine_adapter.bundled.spec import RunSpec
+    from engine_adapter.callbacks import CallbackSpec
+    from profiler.engine_callbacks import ProfileCallback
+    from engine.launch import run_training
+    from engine.spec import RunSpec
 
     steps, schedule = options["steps"], options["schedule"]
     needed = max(steps) + 1 if steps else (sum(schedule[:3]) * max(schedule[3], 1) if schedule else 1)
@@ -102,10 +103,10 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
         raise ProbeError(f"--ranks {ranks}: rank {max(ranks)} does not exist with --nproc {nproc}")
     kwargs = {k: v for k, v in options.items() if v is not None}
     kwargs["ranks"] = ranks
-    plugin = PluginSpec("profiler.engine_plugin:ProfileCallback", kwargs)
+    profile = CallbackSpec(ProfileCallback, kwargs)
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max(max_steps or 0, needed, 5 if max_steps is None else 0),
-                   seed=seed, faults=tuple(faults), out_dir=out, device=device, plugins=(plugin,))
+                   seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(profile,))
     try:
         result = run_training(spec)
     except ProbeError as e:
@@ -119,7 +120,7 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
 
 def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
     from collectors.store import StoreWriter
-    from profiler.engine_plugin import otel_exporter_from
+    from profiler.engine_callbacks import otel_exporter_from
     from probe.script import check_script, run_script
     from profiler.session import Session
 

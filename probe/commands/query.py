@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 
 @click.command("query")

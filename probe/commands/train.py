@@ -11,7 +11,7 @@ def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps:
                       seed: int, faults: tuple[str, ...], device: str, default_steps: int = 10,
                       **kw):
     """A RunSpec from the shared engine options (used by train, dump, profile and demo)."""
-    from engine_adapter.bundled.spec import RunSpec
+    from engine.spec import RunSpec
 
     return RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max_steps if max_steps is not None else default_steps, seed=seed,
@@ -37,7 +37,7 @@ def command(engine, preset, nproc, max_steps, seed, faults, device, compile_, we
 
     Example: probe train --engine fused --preset tiny --nproc 2 --max-steps 5 --out runs/t
     """
-    from engine_adapter.bundled.launch import run_training
+    from engine.launch import run_training
 
     spec = spec_from_options(out, engine, preset, nproc, max_steps, seed, faults, device,
                              compile=compile_, weights=weights)

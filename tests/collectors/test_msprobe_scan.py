@@ -15,7 +15,7 @@ import pytest
 
 import collectors.msprobe_scan as scan
 from collectors.msprobe_reader import read_msprobe_dump
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 pytestmark = pytest.mark.skipif(not scan._scanner(), reason="no C compiler: the native scanner is off")
 

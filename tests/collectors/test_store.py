@@ -13,7 +13,7 @@ import pytest
 
 from collectors.records import SCHEMAS, table_from_rows
 from collectors.store import StoreWriter, find_segments, open_store
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from tests.conftest import run_probe
 
 

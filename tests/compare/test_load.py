@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import compare.load as load
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from tests.compare.dumps import chain, write_dump
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from collectors.msprobe_reader import parse_node_name, read_msprobe_dump
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from tests.compare.dumps import chain, stat, write_dump
 
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_adapter.bundled.config import PRESETS, get_preset
-from engine_adapter.bundled.data import make_batch
-from engine_adapter.bundled.launch import run_training
-from engine_adapter.bundled.models import build_model, init_reference_state
-from engine_adapter.bundled.spec import RunSpec
-from probe.errors import ProbeError
+from engine.config import PRESETS, get_preset
+from engine.data import make_batch
+from engine.launch import run_training
+from engine.models import build_model, init_reference_state
+from engine.spec import RunSpec
+from ground.errors import ProbeError
 
 
 def _loss(engine: str, state, cfg, tokens, targets) -> float:
@@ -117,7 +117,7 @@ def test_a_ranks_intra_op_threads_follow_omp_num_threads_set_after_torch_loaded(
     (OpenMP read the environment already), so the rank sets it explicitly."""
     import os
 
-    from engine_adapter.bundled.train import _intra_op_threads
+    from engine.train import _intra_op_threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert _intra_op_threads(4) == 1 and _intra_op_threads(1) == 1

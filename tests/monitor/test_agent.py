@@ -2,7 +2,7 @@
 
 import time
 
-from collectors.agent import MonitorAgent, Spool
+from monitor.agent import MonitorAgent, Spool
 from monitor.client import MonitorClient
 from monitor.service import free_port
 

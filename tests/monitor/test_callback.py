@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.agent import MonitorAgentCallback
-from engine_adapter.bundled.callbacks import TrainContext
+from monitor.agent_callback import MonitorAgentCallback
+from engine_adapter.callbacks import TrainContext
 from monitor.client import MonitorClient
 from monitor.service import MonitorService
 from profiler import mstx

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from engine_adapter.bundled.callbacks import TrainCallback
+from engine_adapter.callbacks import TrainCallback
 from monitor.client import MonitorClient
 
 from .conftest import ServeProcess, wait_for
@@ -42,16 +42,16 @@ class Pacer(TrainCallback):
 
 @pytest.fixture(scope="module")
 def monitored_run(tmp_path_factory):
-    from engine_adapter.bundled.callbacks import PluginSpec
-    from engine_adapter.bundled.launch import run_training
-    from engine_adapter.bundled.spec import RunSpec
+    from engine_adapter.callbacks import CallbackSpec
+    from engine.launch import run_training
+    from engine.spec import RunSpec
 
     tmp = tmp_path_factory.mktemp("monitored")
     server = ServeProcess(tmp / "monitor.duckdb").start()
     client = MonitorClient(server.addr)
     spec = RunSpec(nproc=NPROC, preset=PRESET, max_steps=STEPS, faults=(f"slow:{SLOW_RANK}:{SLOW_FACTOR}",),
                    out_dir=str(tmp / "train"), quiet=True,
-                   plugins=(PluginSpec(f"{__name__}:Pacer"),),
+                   callbacks=(CallbackSpec(Pacer),),
                    extra_env=(("PROBE_MONITOR", server.addr), ("PROBE_MONITOR_JOB", "straggle"),
                               ("PROBE_MONITOR_SPOOL", str(tmp / "spool")),
                               ("OMP_NUM_THREADS", "1")))

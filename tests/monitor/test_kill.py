@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from collectors.agent import MonitorAgent
+from monitor.agent import MonitorAgent
 from monitor.client import MonitorClient
 from monitor.service import free_port
 

@@ -11,7 +11,7 @@ from monitor.client import MonitorClient
 from monitor.proto import monitor_pb2 as pb
 from monitor.proto import monitor_pb2_grpc as pb_grpc
 from monitor.service import MAX_BATCH_POINTS, MonitorService, free_port
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from tests.conftest import run_probe
 
 from .conftest import wait_for

@@ -328,9 +328,9 @@ def test_compiled_blocks_keep_every_module_boundary_and_say_so(tmp_path):
     import torch.nn.functional as F
     from torch._dynamo.utils import counters
 
-    from engine_adapter.bundled.config import get_preset
-    from engine_adapter.bundled.data import make_batch
-    from engine_adapter.bundled.models import build_model, init_reference_state
+    from engine.config import get_preset
+    from engine.data import make_batch
+    from engine.models import build_model, init_reference_state
 
     cfg = get_preset("tiny")
     model = build_model("fused", cfg)

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from engine_adapter.bundled.config import get_preset
-from engine_adapter.bundled.models import build_model, init_reference_state
+from engine.config import get_preset
+from engine.models import build_model, init_reference_state
 from profiler.flops import FlopCounter, peak_flops, utilisation
 
 

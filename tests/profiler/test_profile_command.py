@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from collectors.store import open_store
-from engine_adapter.bundled.config import get_preset
+from engine.config import get_preset
 from tests.conftest import run_probe
 from tests.profiler.test_flops import hand_count
 from tests.profiler.trace_schema import inside, slices_of, trace_problems

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from visualizer.graph import Graph, parse_name
 
 DATA = Path("/work/shared/data/msprobe")

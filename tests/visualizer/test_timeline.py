@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from visualizer.timeline import load_trace_spans
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from collectors.store import StoreWriter
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from tests.conftest import run_probe
 from web.app import create_app
 from web.pages.live import LiveSource, series

@@ -127,7 +127,7 @@ def test_live_page_refreshes_while_a_job_writes_its_store(browser, serve_app, sh
 
 def test_live_page_shows_the_monitor_alert_naming_the_slow_rank(browser, serve_app, shot, tmp_path):
     monitor_service = pytest.importorskip("monitor.service")
-    agent_mod = pytest.importorskip("collectors.agent")
+    agent_mod = pytest.importorskip("monitor.agent")
     svc = monitor_service.MonitorService(store_path=tmp_path / "monitor.duckdb", port=0,
                                          detect_interval_s=0.1)
     port = svc.start()

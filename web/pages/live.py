@@ -14,8 +14,8 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
-from probe.errors import ProbeError
-from probe.options import parse_selection
+from ground.errors import ProbeError
+from ground.selection import parse_selection
 from visualizer.diff import records
 
 #: (chart id, title, metric names tried in order, y-axis title)

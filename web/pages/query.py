@@ -9,7 +9,7 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dash_table, dcc, html
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 DEFAULT_SQL = "select rank, step, loss, step_time_ms, tokens_per_s from steps order by rank, step"
 MAX_ROWS = 2000

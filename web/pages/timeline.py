@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 from flask import request, send_file
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 from visualizer.timeline import Span, load_trace_spans, store_spans
 
 TRACE_ROUTE = "/files/trace.json"

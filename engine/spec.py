@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine_adapter.bundled.callbacks import PluginSpec
+from engine_adapter.callbacks import CallbackSpec
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class RunSpec:
     out_dir: str = "runs/train"
     device: str = "cpu"
     compile: bool | None = None        # torch.compile the fused engine; None = auto (on where it works)
-    plugins: tuple[PluginSpec, ...] = ()
+    callbacks: tuple[CallbackSpec, ...] = ()  # built in each rank, in order
     weights: str | None = None         # reference-format safetensors file to load instead of seeded init
     global_batch: int | None = None    # override the preset's global batch (sequences per step)
     seq_len: int | None = None         # override the preset's sequence length

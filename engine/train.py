@@ -4,7 +4,7 @@ Each step: fetch the synthetic batch, forward, cross-entropy, backward, all-redu
 gradients (one flat bucket through ``torch.distributed.all_reduce``), AdamW. The loop marks
 its phases with ``mstx`` ranges (domain ``step``: ``step N``; ``engine``: forward, backward,
 optimizer; ``dataloader``: fetch), writes per-step metric points to the rank's store (each
-step durable when it ends), and calls the plug-in callbacks.
+step durable when it ends), and calls the training callbacks (:mod:`engine_adapter.callbacks`).
 """
 
 from __future__ import annotations
@@ -18,40 +18,31 @@ import torch
 import torch.nn.functional as F
 
 from collectors.store import StoreWriter
-from engine_adapter.bundled.callbacks import PluginSpec, TrainCallback, TrainContext
-from engine_adapter.bundled.config import get_preset
-from engine_adapter.bundled.data import make_batch
-from engine_adapter.bundled.faults import FaultPlanter, check_faults, parse_faults
-from engine_adapter.bundled.models import build_model, init_reference_state, load_weights_file
-from engine_adapter.bundled.spec import RunSpec
+from engine_adapter.callbacks import CallbackList, CallbackSpec, TrainContext
+from engine.config import get_preset
+from engine.data import make_batch
+from engine.faults import FaultPlanter, check_faults, parse_faults
+from engine.models import build_model, init_reference_state, load_weights_file
+from engine.spec import RunSpec
 from profiler import mstx
 
 MONITOR_ENV = "PROBE_MONITOR"
-MONITOR_PLUGIN = PluginSpec("collectors.agent:MonitorAgentCallback")
 
 
-class _Callbacks:
-    """Calls every callback; one that raises is reported once and disabled."""
+def _with_monitor(callbacks: tuple[CallbackSpec, ...]) -> list[CallbackSpec]:
+    """``callbacks`` plus the monitor agent's when ``PROBE_MONITOR=host:port`` is set."""
+    from monitor.agent_callback import MonitorAgentCallback
 
-    def __init__(self, callbacks: list[TrainCallback], rank: int) -> None:
-        self.callbacks = list(callbacks)
-        self.rank = rank
-
-    def call(self, method: str, *args: Any) -> None:
-        for cb in list(self.callbacks):
-            try:
-                getattr(cb, method)(*args)
-            except Exception as e:  # noqa: BLE001 - a plug-in must never stop training
-                self.callbacks.remove(cb)
-                print(f"probe: rank {self.rank}: {type(cb).__name__}.{method} failed "
-                      f"({type(e).__name__}: {e}); it is disabled for the rest of the run",
-                      file=sys.stderr, flush=True)
+    out = list(callbacks)
+    if os.environ.get(MONITOR_ENV) and not any(c.factory is MonitorAgentCallback for c in out):
+        out.append(CallbackSpec(MonitorAgentCallback))
+    return out
 
 
 def resolve_device(name: str, rank: int) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            from probe.errors import ProbeError
+            from ground.errors import ProbeError
             raise ProbeError(f"device {name!r}: CUDA is not available on this machine; use --device cpu")
         if name == "cuda":
             return torch.device("cuda", rank % torch.cuda.device_count())
@@ -111,10 +102,7 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
                        optimizer=optimizer, config=cfg, max_steps=spec.max_steps, store=store,
                        extra={"compiled": compiled, "faults": [str(f) for f in faults],
                               "seed": spec.seed})
-    plugins = list(spec.plugins)
-    if os.environ.get(MONITOR_ENV) and MONITOR_PLUGIN not in plugins:
-        plugins.append(MONITOR_PLUGIN)
-    callbacks = _Callbacks([p.build() for p in plugins], rank)
+    callbacks = CallbackList([c.build() for c in _with_monitor(spec.callbacks)], rank)
     params = [p for p in model.parameters() if p.requires_grad]
     tokens_per_step = (spec.global_batch or cfg.global_batch) // world_size * cfg.seq_len
     progress = None

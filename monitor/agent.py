@@ -14,11 +14,9 @@ service with the next batch (``dropped``).
 The sender also samples host CPU and memory (psutil; at most every ``host_interval_s``, on the
 latest step), heartbeats when idle,
 and holds the rank's command stream open: a ``trace`` command makes
-:class:`MonitorAgentCallback` run a profiler session for exactly the asked steps on the
-training thread, and the trace files go back to the service in the background.
-
-:class:`MonitorAgentCallback` is the :class:`~engine_adapter.bundled.callbacks.TrainCallback`
-the bundled engine appends when ``PROBE_MONITOR=host:port`` is set.
+:class:`monitor.agent_callback.MonitorAgentCallback` run a profiler session for exactly the
+asked steps on the training thread, and the trace files go back to the service in the
+background.
 
 >>> agent = MonitorAgent("127.0.0.1:50051", job="demo", rank=0, world_size=1)  # doctest: +SKIP
 >>> agent.start()                                                                # doctest: +SKIP
@@ -43,7 +41,6 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from engine_adapter.bundled.callbacks import TrainCallback, TrainContext
 
 ADDR_ENV = "PROBE_MONITOR"
 JOB_ENV = "PROBE_MONITOR_JOB"
@@ -554,150 +551,3 @@ class MonitorAgent:
                     return
                 while not self._connected and not self._stop.is_set():
                     time.sleep(0.1)
-
-
-class MonitorAgentCallback(TrainCallback):
-    """The monitor agent as a training callback (the bundled engine adds it with PROBE_MONITOR).
-
-    ``addr`` defaults to env ``PROBE_MONITOR`` (``host:port``), ``job`` to env
-    ``PROBE_MONITOR_JOB`` or the run name. Each step's metrics dict (loss, step_time_ms,
-    tokens_per_s, grad_norm, data_time_ms, comm_time_ms, compute_time_ms, nonfinite_grads, and
-    flops/mfu/hfu when the profiler added them) is recorded, plus device memory on CUDA.
-    A ``trace`` command starts a profiler session (:mod:`profiler.session`) at the first asked
-    step and stops it after the last one; the trace files go to the service.
-
-    >>> from engine_adapter.bundled.callbacks import PluginSpec
-    >>> PluginSpec("collectors.agent:MonitorAgentCallback", {"addr": "127.0.0.1:50051"}).target
-    'collectors.agent:MonitorAgentCallback'
-    """
-
-    def __init__(self, addr: str | None = None, job: str | None = None, token: str | None = None,
-                 spool_path: str | None = None, trace_dir: str | None = None,
-                 **agent_options: Any) -> None:
-        self.addr = addr or os.environ.get(ADDR_ENV)
-        self.job = job or os.environ.get(JOB_ENV)
-        self.token = token
-        self.spool_path = spool_path
-        self.trace_dir = trace_dir
-        self.agent_options = agent_options
-        self.agent: MonitorAgent | None = None
-        self._current = -1
-        self._lock = threading.Lock()
-        self._pending: list[tuple[str, int, int]] = []
-        self._active: tuple[str, int, int, Any, str] | None = None
-        self._stop_requested = False
-        self._uploads_at_start = 0
-        self._cuda = None
-
-    def on_train_start(self, ctx: TrainContext) -> None:
-        if not self.addr:
-            _warn(f"no monitor address: set {ADDR_ENV}=host:port; monitoring is off")
-            return
-        self.job = self.job or ctx.run
-        if self.trace_dir is None:
-            self.trace_dir = os.path.join(ctx.out_dir, "monitor-traces", f"rank{ctx.rank}")
-        self.agent = MonitorAgent(self.addr, self.job, ctx.rank, ctx.world_size, ctx.engine,
-                                  token=self.token, spool_path=self.spool_path,
-                                  on_command=self._on_command, **self.agent_options).start()
-        if getattr(ctx.device, "type", "cpu") == "cuda":
-            import torch
-            self._cuda = torch.cuda
-
-    def _on_command(self, cmd: Any) -> None:
-        if cmd.kind == "trace":
-            with self._lock:
-                if cmd.start_step >= 0:
-                    start, end = cmd.start_step, cmd.end_step
-                else:
-                    start = self._current + 1
-                    end = start + max(1, cmd.next_steps) - 1
-                self._pending.append((cmd.id, start, end))
-        elif cmd.kind == "stop_trace":
-            with self._lock:
-                self._pending = [p for p in self._pending if cmd.trace_id not in ("", p[0])]
-            active = self._active
-            if active is not None and cmd.trace_id in ("", active[0]):
-                self._stop_requested = True
-        elif cmd.kind == "set_interval" and self.agent is not None and cmd.interval_s > 0:
-            self.agent.flush_interval_s = cmd.interval_s
-
-    def on_step_start(self, ctx: TrainContext, step: int) -> None:
-        self._current = step
-        if self.agent is not None:
-            self._uploads_at_start = self.agent.stats["uploads"]
-        if not self._pending or self._active is not None:
-            return
-        with self._lock:
-            due = [p for p in self._pending if p[1] <= step]
-            for p in due:
-                self._pending.remove(p)
-        for trace_id, start, end in due:
-            if start < step or self._active is not None:
-                why = (f"steps {start}-{end} had already started (rank {ctx.rank} was at step "
-                       f"{step})" if start < step else "another trace was running")
-                self.agent.upload_trace(trace_id, start, end, error=why)
-                continue
-            self._start_trace(ctx, trace_id, start, end)
-
-    def _start_trace(self, ctx: TrainContext, trace_id: str, start: int, end: int) -> None:
-        out = os.path.join(self.trace_dir, trace_id)
-        try:
-            from profiler.session import Session
-
-            session = Session(out, rank=ctx.rank, world_size=ctx.world_size, run=ctx.run,
-                              steps=range(start, end + 1), first_step=start).start()
-        except Exception as e:  # noqa: BLE001 - no trace, say why, keep training
-            self.agent.upload_trace(trace_id, start, end,
-                                    error=f"cannot start a profiler session: {type(e).__name__}: {e}")
-            return
-        self._active = (trace_id, start, end, session, out)
-
-    def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
-        if self.agent is None:
-            return
-        if self._cuda is not None:
-            metrics = dict(metrics, device_mem_mb=self._cuda.memory_allocated(ctx.device) / 2**20,
-                           device_max_mem_mb=self._cuda.max_memory_allocated(ctx.device) / 2**20)
-        # the deep trace's own cost is in this step's times: profiling, or sending its files
-        # on the sender thread (which shares the interpreter and the CPU with training)
-        if (self._active is not None or self.agent.uploading
-                or self.agent.stats["uploads"] != self._uploads_at_start):
-            metrics = dict(metrics, traced=1.0)
-        self.agent.record(step, metrics)
-        if self._active is not None:
-            if step >= self._active[2]:
-                self._stop_trace()
-            elif self._stop_requested:
-                self._stop_trace(last=step)
-            else:
-                self._active[3].step()
-
-    def _stop_trace(self, error: str = "", last: int | None = None) -> None:
-        trace_id, start, end, session, out = self._active
-        self._active = None
-        self._stop_requested = False
-        end = end if last is None else last
-        try:
-            session.stop()
-            files = sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*")
-                           if p.is_file())
-        except Exception as e:  # noqa: BLE001
-            self.agent.upload_trace(trace_id, start, end,
-                                    error=f"profiler session failed: {type(e).__name__}: {e}")
-            return
-        if not files and not error:
-            error = f"the profiler session wrote no files under {out}"
-        self.agent.upload_trace(trace_id, start, end, files, error=error, root=out)
-
-    def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
-        if self.agent is None:
-            return
-        if self._active is not None:
-            self._stop_trace(error=f"training ended at step {self._current} before step "
-                                   f"{self._active[2]}", last=self._current)
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for trace_id, start, end in pending:
-            self.agent.upload_trace(trace_id, start, end,
-                                    error=f"training ended at step {self._current} before step {start}")
-        self.agent.close()

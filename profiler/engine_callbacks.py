@@ -1,4 +1,4 @@
-"""The profiler as plug-ins of the bundled engine's training loop.
+"""The profiler as training callbacks (:mod:`engine_adapter.callbacks`) of the bundled engine or any loop.
 
 - :class:`FlopsCallback` counts the FLOPs of a step with :class:`profiler.flops.FlopCounter`
   (on the first step, and again every ``recount_every`` steps) and adds ``flops`` (model FLOPs),
@@ -9,10 +9,9 @@
   every rank (clocks aligned at start), includes a FlopsCallback, and puts the step metrics
   in :data:`COUNTERS` on counter tracks of the trace.
 
-Use them through :class:`~engine_adapter.bundled.callbacks.PluginSpec`::
+Use them through :class:`~engine_adapter.callbacks.CallbackSpec`::
 
-    RunSpec(..., plugins=(PluginSpec("profiler.engine_plugin:ProfileCallback",
-                                     {"steps": [0, 1, 2], "peak_tflops": 0.2}),))
+    RunSpec(..., callbacks=(CallbackSpec(ProfileCallback, {"steps": [0, 1, 2], "peak_tflops": 0.2}),))
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterable
 
-from engine_adapter.bundled.callbacks import TrainCallback, TrainContext
+from engine_adapter.callbacks import TrainCallback, TrainContext
 
 
 #: Step metrics shown as counter tracks in the trace.
@@ -170,7 +169,7 @@ def otel_exporter_from(otel: Any) -> Any:
 
         return ConsoleSpanExporter()
     if isinstance(otel, str):
-        from probe.errors import ProbeError
+        from ground.errors import ProbeError
 
         raise ProbeError(f"--otel {otel!r}: use 'console' (or pass an exporter object in Python)")
     return otel

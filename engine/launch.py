@@ -1,7 +1,7 @@
 """Launch the bundled engine: one rank in-process, or N ranks as spawned ``torch.distributed``
 processes (gloo on CPU, nccl on CUDA), data parallel with gradients all-reduced.
 
->>> from engine_adapter.bundled.spec import RunSpec
+>>> from engine.spec import RunSpec
 >>> result = run_training(RunSpec(preset="tiny", max_steps=2, out_dir=__import__("tempfile").mkdtemp(),
 ...                               quiet=True))
 >>> len(result.steps)
@@ -19,8 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 from collectors.store import STORE_DIRNAME
-from engine_adapter.bundled.spec import RunSpec
-from probe.errors import ProbeError
+from engine.spec import RunSpec
+from ground.errors import ProbeError
 
 MAX_PROCS = 64
 
@@ -40,9 +40,9 @@ class RunResult:
 
 def validate(spec: RunSpec) -> None:
     """Check the spec before any process starts; a ProbeError names the bad value."""
-    from engine_adapter.bundled.config import get_preset
-    from engine_adapter.bundled.faults import parse_faults
-    from engine_adapter.bundled.models import ENGINES
+    from engine.config import get_preset
+    from engine.faults import parse_faults
+    from engine.models import ENGINES
 
     if spec.engine not in ENGINES:
         raise ProbeError(f"unknown engine {spec.engine!r}; valid engines: {', '.join(ENGINES)}")
@@ -75,7 +75,7 @@ def run_training(spec: RunSpec) -> RunResult:
     except OSError as e:
         raise ProbeError(f"{spec.out_dir}: cannot create the run directory ({e.strerror})") from None
     if spec.nproc == 1:
-        from engine_adapter.bundled.train import run_rank
+        from engine.train import run_rank
         run_rank(spec, 0, 1)
     else:
         _spawn(spec)
@@ -127,7 +127,7 @@ def _worker(rank: int, spec: RunSpec, port: int) -> None:
     try:
         dist.init_process_group(backend, rank=rank, world_size=spec.nproc,
                                 timeout=timedelta(seconds=120))
-        from engine_adapter.bundled.train import run_rank
+        from engine.train import run_rank
         run_rank(spec, rank, spec.nproc)
     except ProbeError as e:
         print(f"probe: rank {rank}: error: {e}", file=sys.stderr, flush=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from probe.errors import ProbeError
+from ground.errors import ProbeError
 
 KINDS = {
     "scale": "scale:<parameter name>:<factor>",

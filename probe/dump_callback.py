@@ -1,4 +1,4 @@
-"""The dump as a plug-in of the bundled engine: ``PluginSpec("probe.dump_plugin:DumpCallback", {...})``.
+"""The dump as a training callback of the bundled engine: ``CallbackSpec(DumpCallback, {...})``.
 
 Each rank builds its own :class:`DumpCallback`, hooks its model, records the selected steps and
 writes ``OUT/step{N}/rank{R}/`` plus TENSOR and NODE records through the rank's store writer
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_adapter.bundled.callbacks import TrainCallback, TrainContext
+from engine_adapter.callbacks import TrainCallback, TrainContext
 
 
 class DumpCallback(TrainCallback):

@@ -143,6 +143,9 @@ SELECT job AS run, rank, step,
        max(CASE WHEN name = 'step_time_ms' THEN value END) AS step_time_ms,
        max(CASE WHEN name = 'tokens_per_s' THEN value END) AS tokens_per_s,
        max(CASE WHEN name = 'grad_norm' THEN value END) AS grad_norm,
+       max(CASE WHEN name = 'compute_time_ms' THEN value END) AS compute_time_ms,
+       max(CASE WHEN name = 'comm_time_ms' THEN value END) AS comm_time_ms,
+       max(CASE WHEN name = 'data_time_ms' THEN value END) AS data_time_ms,
        min(time_ns) AS time_ns
 FROM metrics GROUP BY job, rank, step
 """
@@ -153,7 +156,8 @@ def open_store(root: str | os.PathLike, con: Any = None) -> Any:
 
     Views: ``tensors``, ``nodes``, ``events``, ``metrics`` (one per record kind, empty when a
     kind has no records) and ``steps`` (per-step engine metrics pivoted: run, rank, step, loss,
-    step_time_ms, tokens_per_s, grad_norm).
+    step_time_ms, tokens_per_s, grad_norm, and the rank's own work apart from waiting:
+    compute_time_ms, comm_time_ms, data_time_ms).
     """
     import duckdb
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from collectors.msprobe_layout import STAT_TYPE, loads, position_names
+
 __all__ = ["ScanResult", "scan_dump"]
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "msprobe_scan.c")
@@ -194,12 +196,10 @@ def _assemble(raw: bytes, s: _Scan, names: _Col, keys: _Col, cols: dict, seq: An
                    "Mean": pa.array(st[:, 2], mask=~sv[:, 2]), "Norm": pa.array(st[:, 3], mask=~sv[:, 3]),
                    "md5": strs["md5"], "data_name": strs["data_name"],
                    "requires_grad": pa.array(g == 1, mask=g < 0)}
-    from collectors.msprobe_reader import _STAT_TYPE, _position_names
-
-    struct = pa.StructArray.from_arrays([stat_arrays[f.name] for f in _STAT_TYPE], fields=list(_STAT_TYPE))
+    struct = pa.StructArray.from_arrays([stat_arrays[f.name] for f in STAT_TYPE], fields=list(STAT_TYPE))
     p = pos[:n]
     index = pc.if_else(pa.array(p >= 0),
-                       _position_names(int(p.max(initial=0)) + 1).take(np.maximum(p, 0)), key_arr)
+                       position_names(int(p.max(initial=0)) + 1).take(np.maximum(p, 0)), key_arr)
     codes = slot[:n]
     table = pa.table({"seq": pa.array(seq[:n]),
                       "slot": pa.array(_SLOT_NAMES, type=pa.string()).take(codes.astype(np.int32)),
@@ -214,6 +214,4 @@ def _assemble(raw: bytes, s: _Scan, names: _Col, keys: _Col, cols: dict, seq: An
 def _meta(raw: bytes, ranges: Any) -> dict:
     """The top-level members other than ``data``, each value parsed from its own bytes (with the
     reader's parser: orjson, the standard library for NaN/Infinity literals)."""
-    from collectors.msprobe_reader import _loads
-
-    return {raw[k0:k1].decode(): _loads(raw[v0:v1]) for k0, k1, v0, v1 in ranges.tolist()}
+    return {raw[k0:k1].decode(): loads(raw[v0:v1]) for k0, k1, v0, v1 in ranges.tolist()}

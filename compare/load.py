@@ -43,7 +43,8 @@ def load_dump(path: str | os.PathLike) -> Dump:
     A folder is searched for ``dump.json`` files first (the lowest step, then rank, is taken
     and the choice is noted); a folder without any but with ``store/`` is read from the store.
     """
-    from collectors.msprobe_reader import find_dump_files, read_msprobe_dump
+    from collectors.msprobe_layout import find_dump_files
+    from collectors.msprobe_reader import read_msprobe_dump
 
     p = Path(path)
     if not p.exists():
@@ -239,7 +240,7 @@ def load_pair(a: str | os.PathLike, b: str | os.PathLike) -> tuple[Dump, Dump]:
 
 def _json_bytes(path: str | os.PathLike) -> int:
     """Size of the dump.json that :func:`load_dump` would read from ``path`` (0 if none)."""
-    from collectors.msprobe_reader import find_dump_files
+    from collectors.msprobe_layout import find_dump_files
 
     p = Path(path)
     try:

@@ -24,7 +24,8 @@ from typing import Iterator, Mapping
 
 import pyarrow as pa
 
-from collectors.msprobe_reader import find_dump, find_dump_files, parse_node_name, read_msprobe_dump
+from collectors.msprobe_layout import find_dump, find_dump_files, parse_node_name
+from collectors.msprobe_reader import read_msprobe_dump
 from collectors.store import STORE_DIRNAME, read_step
 
 

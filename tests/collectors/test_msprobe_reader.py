@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from collectors.msprobe_reader import parse_node_name, read_msprobe_dump
+from collectors.msprobe_layout import parse_node_name
+from collectors.msprobe_reader import read_msprobe_dump
 from ground.errors import ProbeError
 from tests.compare.dumps import chain, stat, write_dump
 

@@ -1,0 +1,162 @@
+"""msprobe's dump layout: where its files lie, how its entries are named, what a tensor holds.
+
+The vocabulary that every msprobe reader shares (:mod:`collectors.msprobe_reader`, the native
+scanner :mod:`collectors.msprobe_scan` and the flattening of entries
+:mod:`collectors.msprobe_flatten`):
+
+- folders: one per step and process, ``step{N}/rank{R}/`` (or ``proc<pid>`` when no distributed
+  group was initialised), holding ``dump.json``, ``construct.json`` and ``stack.json``;
+- entry names: ``(Module|Cell).<path.Class>.(forward|backward|parameters_grad).<call>`` for
+  modules, ``<Prefix>.<api>.<call>.(forward|backward)`` for APIs (:func:`parse_node_name`);
+- an entry's keys and the record slot each becomes (:data:`SLOTS`), and the fields of a tensor
+  (:data:`STAT_TYPE`);
+- the JSON itself, with the ``NaN``, ``Infinity`` and ``-Infinity`` literals msprobe writes
+  (:func:`loads`).
+
+>>> parse_node_name("Module.fc.Linear.forward.0")
+('module', 'Module', 'fc.Linear', 'forward', 0)
+>>> loads(b'{"Max": NaN}')
+{'Max': nan}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ground.errors import ProbeError
+
+try:
+    import orjson as _orjson
+except ImportError:  # the standard library parser is the fallback
+    _orjson = None
+
+__all__ = ["MODULE_PREFIXES", "STAT_TYPE", "SLOTS", "loads", "position_names", "parse_node_name",
+           "step_rank", "find_dump_files", "find_dump"]
+
+#: The first part of a module entry's name (PyTorch, MindSpore).
+MODULE_PREFIXES = ("Module", "Cell")
+
+#: The fields of one tensor of an entry, as msprobe writes them.
+STAT_TYPE = pa.struct([
+    ("type", pa.string()), ("dtype", pa.string()), ("shape", pa.list_(pa.int64())),
+    ("Max", pa.float64()), ("Min", pa.float64()), ("Mean", pa.float64()), ("Norm", pa.float64()),
+    ("md5", pa.string()), ("data_name", pa.string()), ("requires_grad", pa.bool_()),
+])
+
+#: An entry's keys, in the order an entry holds them, and the slot of the tensor records each
+#: becomes (``input`` is a backward entry's: the incoming gradients); a ``parameters_grad``
+#: entry's tensors are ``parameter_grad``.
+SLOTS: dict[str, str] = {"input_args": "input", "input_kwargs": "kwarg", "output": "output",
+                         "parameters": "parameter", "input": "input"}
+
+_STEP_RE = re.compile(r"^step(\d+)$")
+_RANK_RE = re.compile(r"^(?:rank|proc)(\d+)$")
+
+
+def loads(text: bytes) -> Any:
+    """Parse JSON; orjson when available, the standard library when orjson refuses the text
+    (it rejects the NaN/Infinity literals that the standard library reads as msprobe writes them).
+
+    >>> loads(b'[1, -Infinity]')
+    [1, -inf]
+    """
+    if _orjson is not None:
+        try:
+            return _orjson.loads(text)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+def position_names(n: int) -> pa.Array:
+    """``["0", "1", ..., str(n - 1)]`` as an Arrow array (a list's positions are taken from it).
+
+    >>> position_names(3).to_pylist()
+    ['0', '1', '2']
+    """
+    return pa.array([str(i) for i in range(n)], type=pa.string())
+
+
+def parse_node_name(name: str) -> tuple[str, str, str, str, int]:
+    """Split an msprobe dump name into (kind, prefix, body, direction, call index).
+
+    ``kind`` is ``module``, ``api`` or ``comm``; ``direction`` is ``forward``, ``backward``
+    or ``parameters_grad``; ``body`` is ``path.Class`` for modules and the API name otherwise.
+
+    >>> parse_node_name("Module.layers.0.attn.q_proj.Linear.forward.0")
+    ('module', 'Module', 'layers.0.attn.q_proj.Linear', 'forward', 0)
+    >>> parse_node_name("Primitive.matmul.MatMul.3.backward")
+    ('api', 'Primitive', 'matmul.MatMul', 'backward', 3)
+    >>> parse_node_name("Cell.head.Dense.parameters_grad.0")
+    ('module', 'Cell', 'head.Dense', 'parameters_grad', 0)
+    """
+    parts = name.split(".")
+    prefix = parts[0]
+    if prefix in MODULE_PREFIXES and len(parts) >= 4 and parts[-1].isdigit():
+        return "module", prefix, ".".join(parts[1:-2]), parts[-2], int(parts[-1])
+    if len(parts) >= 4 and parts[-2].isdigit():
+        kind = "comm" if prefix == "Distributed" else "api"
+        return kind, prefix, ".".join(parts[1:-2]), parts[-1], int(parts[-2])
+    if len(parts) >= 4 and parts[-1].isdigit():
+        return "module", prefix, ".".join(parts[1:-2]), parts[-2], int(parts[-1])
+    return "api", prefix, ".".join(parts[1:]), "forward", 0
+
+
+def step_rank(path: Path) -> tuple[int | None, int | None]:
+    """The step and rank named by ``path``'s ``step{N}`` and ``rank{R}``/``proc{R}`` folders.
+
+    >>> step_rank(Path("OUT/step2/rank1/dump.json"))
+    (2, 1)
+    """
+    step = rank = None
+    for part in path.parts:
+        m = _STEP_RE.match(part)
+        if m:
+            step = int(m.group(1))
+        m = _RANK_RE.match(part)
+        if m:
+            rank = int(m.group(1))
+    return step, rank
+
+
+def find_dump_files(root: str | os.PathLike) -> list[Path]:
+    """Every ``dump.json`` under ``root`` (or ``root`` itself), sorted by step then rank.
+
+    >>> find_dump_files("OUT")                 # doctest: +SKIP
+    [PosixPath('OUT/step0/rank0/dump.json'), PosixPath('OUT/step0/rank1/dump.json')]
+    """
+    root = Path(root)
+    if root.is_file():
+        return [root]
+    found = [Path(dp) / "dump.json" for dp, _, files in os.walk(root) if "dump.json" in files]
+
+    def key(p: Path) -> tuple:
+        step, rank = step_rank(p)
+        return (step if step is not None else -1, rank if rank is not None else -1, str(p))
+    return sorted(found, key=key)
+
+
+def find_dump(path: str | os.PathLike, step: int | None = None, rank: int | None = None) -> Path:
+    """The ``dump.json`` named by ``path``: the file itself, or the one of ``step`` and ``rank``
+    under a folder (a rank, step or dump root; the lowest step, then rank, when not given).
+
+    >>> find_dump("OUT", step=2, rank=1)                 # doctest: +SKIP
+    PosixPath('OUT/step2/rank1/dump.json')
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ProbeError(f"{p}: no such dump; give a dump.json file or a dump folder")
+    files = find_dump_files(p)
+    if not files:
+        raise ProbeError(f"{p}: no dump.json found (expected step<N>/rank<R>/dump.json under it)")
+    picked = [f for f in files if step in (None, step_rank(f)[0]) and rank in (None, step_rank(f)[1])]
+    if not picked:
+        found = ", ".join(str(f.relative_to(p).parent) for f in files[:8])
+        raise ProbeError(f"{p}: no dump of step {step} rank {rank} (found {found})")
+    return picked[0]

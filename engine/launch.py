@@ -11,7 +11,7 @@ processes (gloo on CPU, nccl on CUDA), data parallel with gradients all-reduced.
 from __future__ import annotations
 
 import os
-import shutil
+import signal
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ from typing import Any
 from collectors.store import STORE_DIRNAME
 from engine.spec import RunSpec
 from ground.errors import ProbeError
+from ground.outdir import claim
 
 MAX_PROCS = 64
 
@@ -66,14 +67,11 @@ def validate(spec: RunSpec) -> None:
 def run_training(spec: RunSpec) -> RunResult:
     """Run ``spec`` to completion and return the per-step table read back from the store.
 
-    A run directory holds one run: the records of an earlier run in it are replaced.
+    The run directory is claimed for ``spec.owner`` (see :mod:`ground.outdir`): a store that
+    verb wrote before is replaced, anything else there stops the run unless ``spec.force``.
     """
     validate(spec)
-    try:
-        os.makedirs(spec.out_dir, exist_ok=True)
-        shutil.rmtree(os.path.join(spec.out_dir, STORE_DIRNAME), ignore_errors=True)
-    except OSError as e:
-        raise ProbeError(f"{spec.out_dir}: cannot create the run directory ({e.strerror})") from None
+    claim(spec.out_dir, spec.owner, [STORE_DIRNAME], force=spec.force)
     if spec.nproc == 1:
         from engine.train import run_rank
         run_rank(spec, 0, 1)
@@ -83,17 +81,42 @@ def run_training(spec: RunSpec) -> RunResult:
 
 
 def step_table(out_dir: str) -> list[dict[str, Any]]:
-    """Per-step rows over all ranks: mean loss, slowest rank's step time, summed tokens/s."""
+    """Per-step rows over all ranks: mean loss, the step time, summed tokens/s, and the slowest
+    rank by its own work (compute time, not the step time: in a synchronous job every rank's
+    step lasts as long as the slowest one's, so step time cannot tell them apart)."""
     from collectors.store import open_store
 
     con = open_store(out_dir)
     rows = con.sql("""
         SELECT step, avg(loss) AS loss, max(step_time_ms) AS step_time_ms,
-               sum(tokens_per_s) AS tokens_per_s, arg_max(rank, step_time_ms) AS slowest_rank,
+               sum(tokens_per_s) AS tokens_per_s,
+               arg_max(rank, coalesce(compute_time_ms, step_time_ms)) AS slowest_rank,
+               max(coalesce(compute_time_ms, step_time_ms)) AS slowest_compute_ms,
                count(*) AS ranks
         FROM steps GROUP BY step ORDER BY step""").fetchall()
-    cols = ["step", "loss", "step_time_ms", "tokens_per_s", "slowest_rank", "ranks"]
+    cols = ["step", "loss", "step_time_ms", "tokens_per_s", "slowest_rank", "slowest_compute_ms",
+            "ranks"]
     return [dict(zip(cols, r)) for r in rows]
+
+
+def rank_table(out_dir: str) -> list[dict[str, Any]]:
+    """Per-rank own work over the run: mean compute, communication and step time, slowest first.
+
+    The rank whose compute is far above its peers' is the straggler; its peers show the wait for
+    it as communication time.
+    """
+    from collectors.store import open_store
+
+    rows = open_store(out_dir).sql("""
+        SELECT rank, avg(coalesce(compute_time_ms, step_time_ms)) AS compute_ms,
+               avg(comm_time_ms) AS comm_ms, avg(step_time_ms) AS step_ms, count(*) AS steps
+        FROM steps GROUP BY rank ORDER BY compute_ms DESC""").fetchall()
+    return [dict(zip(["rank", "compute_ms", "comm_ms", "step_ms", "steps"], r)) for r in rows]
+
+
+#: The query that names the straggler: each rank's own compute, slowest first.
+STRAGGLER_QUERY = ("select rank, round(avg(compute_time_ms), 2) as compute_ms, "
+                   "round(avg(comm_time_ms), 2) as comm_ms from steps group by rank order by compute_ms desc")
 
 
 def _free_port() -> int:
@@ -102,23 +125,93 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: seconds the ranks get to stop after SIGTERM before they are killed
+STOP_GRACE_S = 5.0
+
+
 def _spawn(spec: RunSpec) -> None:
+    """Start ``spec.nproc`` ranks and wait for them; the ranks never outlive this process.
+
+    A rank that fails stops the others (torch's process context). SIGINT or SIGTERM to the
+    launcher stops every rank (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`); a launcher
+    killed outright (``kill -9``, the OOM killer) is noticed by each rank (parent-death signal,
+    and a watchdog on the launcher's pid) and the rank exits.
+    """
     import torch.multiprocessing as mp
 
     port = _free_port()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    context = None
     try:
-        mp.start_processes(_worker, args=(spec, port), nprocs=spec.nproc, join=True,
-                           start_method="spawn")
+        context = mp.start_processes(_worker, args=(spec, port, os.getpid()), nprocs=spec.nproc,
+                                     join=False, start_method="spawn")
+        while not context.join():
+            pass
     except mp.ProcessExitedException as e:
         raise ProbeError(f"rank {e.error_index} exited with code {e.exit_code}; the other ranks "
                          "were stopped (see its message above)", exit_code=1) from None
     except mp.ProcessRaisedException as e:
         last = [ln for ln in str(e).strip().splitlines() if ln.strip()][-1]
         raise ProbeError(f"rank {e.error_index} failed: {last}", exit_code=1) from None
+    finally:
+        if context is not None:
+            _stop_ranks(context.processes)
+        signal.signal(signal.SIGTERM, previous)
 
 
-def _worker(rank: int, spec: RunSpec, port: int) -> None:
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_ranks(processes: list) -> None:
+    """SIGTERM every rank still alive, wait up to STOP_GRACE_S, then SIGKILL what is left."""
+    import time
+
+    alive = [p for p in processes if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+def _die_with(launcher_pid: int) -> None:
+    """Make this rank exit when the launcher dies, however it dies.
+
+    Linux delivers SIGKILL on the parent's death (``PR_SET_PDEATHSIG``); a daemon thread also
+    polls the parent pid (other systems, and a launcher that died before the signal was set).
+    """
+    import threading
+    import time
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)      # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != launcher_pid:
+                os._exit(1)
+            time.sleep(0.5)
+
+    if os.getppid() != launcher_pid:
+        os._exit(1)
+    threading.Thread(target=watch, name="probe-launcher-watchdog", daemon=True).start()
+
+
+def _worker(rank: int, spec: RunSpec, port: int, launcher_pid: int) -> None:
     import torch.distributed as dist
+
+    _die_with(launcher_pid)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "RANK": str(rank), "WORLD_SIZE": str(spec.nproc), "LOCAL_RANK": str(rank)})

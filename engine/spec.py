@@ -31,4 +31,6 @@ class RunSpec:
     seq_len: int | None = None         # override the preset's sequence length
     lr: float = 3e-3
     quiet: bool = False
+    owner: str = "train"               # the verb whose run directory this is (ground.outdir.claim)
+    force: bool = False                # replace entries of the run directory probe cannot prove it wrote
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)

@@ -47,3 +47,10 @@ def engine_options(func: Callable) -> Callable:
     for opt in reversed(opts):
         func = opt(func)
     return func
+
+
+def force_option(func: Callable) -> Callable:
+    """``--force``: replace entries of ``--out`` that probe cannot prove it wrote (see ground.outdir)."""
+    return click.option("--force", is_flag=True,
+                        help="Replace what is in --out even where probe cannot prove it wrote it "
+                             "(by default only a verb's own earlier output is replaced).")(func)

@@ -16,7 +16,6 @@ Exit codes: 0 done; 1 a stage failed (its one-line reason is printed); 2 bad inp
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,8 +26,11 @@ from pathlib import Path
 import click
 
 from ground.errors import ProbeError
+from probe.options import force_option
 
 DEFAULT_OUT = os.path.join("runs", "demo")
+#: what the demo writes in --out, and replaces on the next run (nothing else there is touched)
+DEMO_ENTRIES = ["monitor", "demo-train", "dump-reference", "dump-fused", "compare", "profile"]
 
 
 def _free_port() -> int:
@@ -95,12 +97,14 @@ def _stop(proc: subprocess.Popen | None) -> None:
 @click.option("--fault", default="scale:decoder.layers.1.mlp.linear_fc2.weight:3", show_default=True,
               metavar="KIND:TARGET:ARG", help="Fault planted in the fused engine's dump.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed.")
-@click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory (replaced).")
+@click.option("--out", default=DEFAULT_OUT, show_default=True,
+              help="Output directory (an earlier demo's output in it is replaced; nothing else).")
+@force_option
 @click.option("--serve/--no-serve", default=True, help="Serve the dashboard at the end.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Dashboard address.")
 @click.option("--port", default=8050, show_default=True, type=int, help="Dashboard port.")
 def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor: float, fault: str,
-            seed: int, out: str, serve: bool, host: str, port: int) -> int:
+            seed: int, out: str, force: bool, serve: bool, host: str, port: int) -> int:
     """Train, monitor, dump, compare and profile the bundled engine, then serve the dashboard."""
     from engine_adapter.callbacks import CallbackSpec
     from engine.launch import run_training, validate
@@ -115,8 +119,9 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
                          faults=(f"slow:{slow_rank}:{slow_factor:g}",), out_dir=str(root / job),
                          callbacks=(CallbackSpec(FlopsCallback),))
     validate(train_spec)
-    if root.exists():
-        shutil.rmtree(root)
+    from ground.outdir import claim
+
+    claim(root, "demo", DEMO_ENTRIES, force=force)
     (root / "monitor").mkdir(parents=True)
     monitor_port = _free_port()
     addr = f"127.0.0.1:{monitor_port}"
@@ -186,9 +191,17 @@ def _monitor_findings(addr: str, job: str, wait_s: float = 20.0) -> list[dict]:
 def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) -> None:
     import json
 
+    from engine.launch import STRAGGLER_QUERY, rank_table
+
     stragglers = sorted({a["rank"] for a in alerts if a["kind"] == "straggler"})
     click.echo(f"training: {len(result.steps)} steps on {result.nproc} ranks, final loss "
                f"{result.final_loss:.4f}")
+    ranks = rank_table(result.out_dir)
+    if ranks:
+        click.echo(f"          slowest by own work: rank {ranks[0]['rank']} "
+                   f"(compute {ranks[0]['compute_ms']:.1f} ms/step vs "
+                   + ", ".join(f"rank {r['rank']} {r['compute_ms']:.1f}" for r in ranks[1:])
+                   + "; step time is the same on every rank of a synchronous job)")
     click.echo(f"monitor:  {len(alerts)} alert(s); straggler rank(s): "
                f"{', '.join(map(str, stragglers)) or 'none'}")
     for a in alerts[:5]:
@@ -198,4 +211,4 @@ def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) 
     click.echo(f"compare:  {summary.get('matched')} matched, verdicts {summary.get('verdicts')}")
     click.echo("          first divergence: " + (f"{first['b']} ({first['direction']})" if first else "none"))
     click.echo(f"trace:    {prof / 'trace.json'} (open in https://ui.perfetto.dev)")
-    click.echo(f"records:  probe query {root} \"select rank, avg(step_time_ms) from steps group by rank\"")
+    click.echo(f"records:  probe query {root / 'demo-train'} \"{STRAGGLER_QUERY}\"")

@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from ground.errors import ProbeError
-from probe.options import engine_options, selection_option
+from probe.options import engine_options, force_option, selection_option
 
 DEFAULT_OUT = os.path.join("runs", "dump")
 
@@ -45,11 +45,12 @@ DEFAULT_OUT = os.path.join("runs", "dump")
               show_default=True, help="Framework of the SCRIPT (the bundled engine is PyTorch).")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory.")
 @click.option("--no-stack", is_flag=True, help="Do not record call stacks (stack.json stays empty).")
+@force_option
 @engine_options
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
 def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | None,
             scope: str | None, names: str | None, framework: str, out: str, no_stack: bool,
-            engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
+            force: bool, engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
             faults: tuple[str, ...], device: str, script: tuple[str, ...]) -> int:
     """Dump statistics, tensors or hashes of every module/API of a run."""
     if scope:
@@ -60,19 +61,20 @@ def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | N
     options: dict[str, Any] = {"level": level, "task": task, "steps": steps, "ranks": ranks,
                                "scope": scope, "names": names, "stack": not no_stack}
     if script:
-        code = _run_script(list(script), framework, out, options)
+        code = _run_script(list(script), framework, out, options, force)
     else:
         if framework != "torch":
             raise ProbeError("--framework mindspore needs a SCRIPT (probe dump --framework mindspore "
                              "-- train.py); the bundled engine is PyTorch")
         code = _run_engine(out, options, engine=engine, preset=preset, nproc=nproc,
-                           max_steps=max_steps, seed=seed, faults=faults, device=device)
+                           max_steps=max_steps, seed=seed, faults=faults, device=device, force=force)
     _summarise(out, options, code)
     return code
 
 
 def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, nproc: int,
-                max_steps: int | None, seed: int, faults: tuple[str, ...], device: str) -> int:
+                max_steps: int | None, seed: int, faults: tuple[str, ...], device: str,
+                force: bool) -> int:
     from engine_adapter.callbacks import CallbackSpec
     from engine.launch import run_training
     from engine.spec import RunSpec
@@ -86,18 +88,20 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
 
     dump = CallbackSpec(DumpCallback, {**options, "out": out})
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc, max_steps=max(max_steps or 0, needed),
-                   seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(dump,))
-    _clear_old_steps(out)
+                   seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(dump,),
+                   owner="dump", force=force)
+    _claim(out, force)
     run_training(spec)
     return 0
 
 
-def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any]) -> int:
+def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any],
+                force: bool) -> int:
     from probe.dump import DumpSession
     from probe.script import check_script, run_script
 
     check_script(argv)
-    _clear_old_steps(out)
+    _claim(out, force)
     session = DumpSession(None, out=out, framework=framework, auto_step=True, **options)
     session.start()
     try:
@@ -107,18 +111,12 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     return code
 
 
-def _clear_old_steps(out: str) -> None:
-    """A dump directory holds one dump: earlier step folders are removed (never anything else)."""
-    import shutil
+def _claim(out: str, force: bool) -> None:
+    """A dump directory holds one dump: an earlier dump's step folders and store are replaced;
+    anything probe cannot prove the dump wrote stops it (``--force`` overrides)."""
+    from ground.outdir import claim
 
-    root = Path(out)
-    if root.exists() and not root.is_dir():
-        raise ProbeError(f"{out}: exists and is not a directory; choose another --out")
-    if root.is_dir():
-        for child in root.iterdir():
-            if child.is_dir() and re.fullmatch(r"step\d+", child.name):
-                shutil.rmtree(child, ignore_errors=True)
-        shutil.rmtree(root / "store", ignore_errors=True)
+    claim(out, "dump", ["store", "step*", "dump_summary.json"], force=force)
 
 
 def _summarise(out: str, options: dict[str, Any], code: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from probe.options import engine_options
+from probe.options import engine_options, force_option
 
 
 def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps: int | None,
@@ -19,11 +19,13 @@ def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps:
 
 
 def print_step_table(result, echo=click.echo) -> None:
-    """The human summary of a run: one line per step."""
-    echo(f"{'step':>5} {'loss':>10} {'step ms':>9} {'tokens/s':>10} {'slowest':>8}")
+    """The human summary of a run: one line per step; "slowest" is the rank with the most own
+    work (compute) in that step, which the synchronised step time cannot show."""
+    echo(f"{'step':>5} {'loss':>10} {'step ms':>9} {'tokens/s':>10} {'slowest (compute ms)':>21}")
     for row in result.steps:
+        slowest = f"rank {row['slowest_rank']} ({row['slowest_compute_ms']:.1f})"
         echo(f"{row['step']:>5} {row['loss']:>10.4f} {row['step_time_ms']:>9.1f} "
-             f"{row['tokens_per_s']:>10.0f} {'rank ' + str(row['slowest_rank']):>8}")
+             f"{row['tokens_per_s']:>10.0f} {slowest:>21}")
 
 
 @click.command("train")
@@ -32,7 +34,9 @@ def print_step_table(result, echo=click.echo) -> None:
               help="torch.compile the fused engine's blocks (default: on CUDA only).")
 @click.option("--weights", default=None, type=click.Path(), help="Reference-format safetensors weights.")
 @click.option("--out", default="runs/train", show_default=True, help="Run directory.")
-def command(engine, preset, nproc, max_steps, seed, faults, device, compile_, weights, out) -> int:
+@force_option
+def command(engine, preset, nproc, max_steps, seed, faults, device, compile_, weights, out,
+            force) -> int:
     """Train the bundled Llama-style engine on synthetic tokens and print a step table.
 
     Example: probe train --engine fused --preset tiny --nproc 2 --max-steps 5 --out runs/t
@@ -40,7 +44,7 @@ def command(engine, preset, nproc, max_steps, seed, faults, device, compile_, we
     from engine.launch import run_training
 
     spec = spec_from_options(out, engine, preset, nproc, max_steps, seed, faults, device,
-                             compile=compile_, weights=weights)
+                             compile=compile_, weights=weights, force=force)
     result = run_training(spec)
     print_step_table(result)
     click.echo(f"trained {engine}/{preset} on {nproc} rank(s) for {len(result.steps)} steps; "

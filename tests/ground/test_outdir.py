@@ -1,0 +1,67 @@
+"""Output folders: a verb replaces only what it can prove it wrote (ground.outdir), end to end."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ground.errors import ProbeError
+from ground.outdir import MANIFEST, claim, created_by
+from tests.conftest import run_probe
+
+
+def test_a_verb_replaces_its_own_output_and_nothing_else(tmp_path):
+    claim(tmp_path, "dump", ["store", "step*"])
+    (tmp_path / "step0").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    claim(tmp_path, "dump", ["store", "step*"])
+    assert not (tmp_path / "step0").exists() and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_what_probe_did_not_write_stops_the_verb_and_force_overrides(tmp_path):
+    (tmp_path / "step7").mkdir()
+    (tmp_path / "step7" / "data.bin").write_bytes(b"precious")
+    with pytest.raises(ProbeError, match="step7 was not written by probe.*--force"):
+        claim(tmp_path, "dump", ["step*"])
+    assert (tmp_path / "step7" / "data.bin").exists()
+    claim(tmp_path, "dump", ["step*"], force=True)
+    assert not (tmp_path / "step7").exists()
+
+
+def test_the_folder_itself_is_never_removed_and_its_creator_is_known(tmp_path):
+    out = tmp_path / "new"
+    claim(out, "demo", ["compare"])
+    assert created_by(out) == "demo" and (out / MANIFEST).exists()
+    claim(tmp_path, "demo", ["compare"])
+    assert created_by(tmp_path) is None and out.is_dir()
+
+
+def test_a_corrupt_manifest_is_one_line(tmp_path):
+    (tmp_path / MANIFEST).write_text("{not json")
+    with pytest.raises(ProbeError, match="unreadable output manifest"):
+        claim(tmp_path, "dump", ["store"])
+
+
+@pytest.mark.slow
+def test_probe_dump_does_not_remove_a_train_runs_store(tmp_path):
+    out = tmp_path / "run"
+    trained = run_probe("train", "--max-steps", "1", "--out", str(out))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    segments = sorted(os.listdir(out / "store" / "metric" / "rank0"))
+    dumped = run_probe("dump", "--max-steps", "1", "--out", str(out))
+    assert dumped.returncode == 2
+    assert dumped.stderr.count("\n") == 1 and "was written by 'probe train'" in dumped.stderr
+    assert sorted(os.listdir(out / "store" / "metric" / "rank0")) == segments
+    forced = run_probe("dump", "--max-steps", "1", "--out", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert (out / "step0" / "rank0" / "dump.json").exists()
+
+
+@pytest.mark.slow
+def test_probe_dump_into_the_current_folder_keeps_what_was_there(tmp_path):
+    (tmp_path / "train.py").write_text("print('mine')\n")
+    first = run_probe("dump", "--max-steps", "1", "--out", ".", cwd=str(tmp_path))
+    second = run_probe("dump", "--max-steps", "1", "--out", ".", cwd=str(tmp_path))
+    assert first.returncode == 0 and second.returncode == 0, second.stderr[-2000:]
+    assert (tmp_path / "train.py").read_text() == "print('mine')\n"

@@ -9,7 +9,9 @@ ends (:meth:`StoreWriter.end_step`) or when its buffer passes ``max_buffer_rows`
 is written to a temporary name and renamed, so a reader never sees half a file and a crash or
 ``kill -9`` loses at most the step in flight. :func:`open_store` exposes every segment under a
 directory as the views ``tensors``, ``nodes``, ``events``, ``metrics`` and ``steps`` (the
-engine's per-step metrics pivoted to one row per rank and step).
+engine's per-step metrics pivoted to one row per rank and step). A segment whose Parquet footer
+cannot be read (a disk fault, a file copied in half) is left out of the views with one warning on
+stderr naming it; the rest of the store stays readable.
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -151,16 +154,42 @@ FROM metrics GROUP BY job, rank, step
 """
 
 
-def open_store(root: str | os.PathLike, con: Any = None) -> Any:
-    """A DuckDB connection with views over every record segment found under ``root``.
+_checked: dict[str, tuple[tuple[int, int], str | None]] = {}
+_warned: set[str] = set()
 
-    Views: ``tensors``, ``nodes``, ``events``, ``metrics`` (one per record kind, empty when a
-    kind has no records) and ``steps`` (per-step engine metrics pivoted: run, rank, step, loss,
-    step_time_ms, tokens_per_s, grad_norm, and the rank's own work apart from waiting:
-    compute_time_ms, comm_time_ms, data_time_ms).
+
+def segment_problem(path: str) -> str | None:
+    """Why the segment at ``path`` cannot be read, or None when its Parquet footer is sound.
+
+    Reads only the footer, and only once per file size and modification time (segments are
+    immutable once written, and the live page reopens the store every few seconds).
+
+    >>> segment_problem("/nonexistent.parquet")
+    'No such file or directory'
     """
-    import duckdb
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return e.strerror
+    key = (st.st_size, st.st_mtime_ns)
+    seen = _checked.get(path)
+    if seen is not None and seen[0] == key:
+        return seen[1]
+    try:
+        pq.read_metadata(path)
+        problem = None
+    except (OSError, ValueError, pa.ArrowException) as e:
+        problem = str(e).splitlines()[0] if str(e) else type(e).__name__
+    _checked[path] = (key, problem)
+    return problem
 
+
+def load_segments(root: str | os.PathLike) -> tuple[dict[str, list[str]], list[str]]:
+    """The readable segments under the run directory ``root`` per record kind, and one line per
+    segment left out (each also warned once on stderr).
+
+    ``ProbeError`` when ``root`` is not a run directory or holds no store at all.
+    """
     root = Path(root)
     if not root.exists():
         raise ProbeError(f"{root}: no such run directory")
@@ -170,19 +199,55 @@ def open_store(root: str | os.PathLike, con: Any = None) -> Any:
     if not any(segments.values()):
         raise ProbeError(f"{root}: no record store found (expected {STORE_DIRNAME}/<kind>/rank<R>/*.parquet "
                          "under it); give the --out directory of a probe run")
-    con = con or duckdb.connect()
+    good: dict[str, list[str]] = {}
+    skipped: list[str] = []
     for kind, files in segments.items():
-        view = VIEWS[kind]
-        if files:
-            file_list = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet([{file_list}], "
-                        "union_by_name = true)")
-        else:
-            empty = schema_for(kind).empty_table()
-            con.register(f"_empty_{view}", empty)
-            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM _empty_{view}")
-    con.execute(STEPS_VIEW)
+        good[kind] = []
+        for f in files:
+            problem = segment_problem(f)
+            if problem is None:
+                good[kind].append(f)
+                continue
+            skipped.append(f"{f}: {problem}")
+            if f not in _warned:
+                _warned.add(f)
+                print(f"probe: warning: {f}: not a readable Parquet segment ({problem}); skipped, "
+                      "the rest of the store is read", file=sys.stderr, flush=True)
+    return good, skipped
+
+
+def create_views(con: Any, segments: Mapping[str, list[str]], root: str | os.PathLike) -> Any:
+    """Create the store's views on the DuckDB connection ``con`` over ``segments`` (per record
+    kind, as :func:`load_segments` gives them); ``root`` names the store in errors."""
+    import duckdb
+
+    try:
+        for kind in SCHEMAS:
+            view, files = VIEWS[kind], segments.get(kind, [])
+            if files:
+                file_list = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+                con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet([{file_list}], "
+                            "union_by_name = true)")
+            else:
+                con.register(f"_empty_{view}", schema_for(kind).empty_table())
+                con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM _empty_{view}")
+        con.execute(STEPS_VIEW)
+    except duckdb.Error as e:
+        raise ProbeError(f"{root}: cannot read the record store ({str(e).splitlines()[0]})") from None
     return con
+
+
+def open_store(root: str | os.PathLike, con: Any = None) -> Any:
+    """A DuckDB connection with views over every readable record segment found under ``root``.
+
+    Views: ``tensors``, ``nodes``, ``events``, ``metrics`` (one per record kind, empty when a
+    kind has no records) and ``steps`` (per-step engine metrics pivoted: run, rank, step, loss,
+    step_time_ms, tokens_per_s, grad_norm). Unreadable segments are skipped with a warning.
+    """
+    import duckdb
+
+    segments, _ = load_segments(root)
+    return create_views(con or duckdb.connect(), segments, root)
 
 
 def read_step(root: str | os.PathLike, step: int | None = None, rank: int | None = None,

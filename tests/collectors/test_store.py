@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from collectors.records import SCHEMAS, table_from_rows
-from collectors.store import StoreWriter, find_segments, open_store
+from collectors.store import StoreWriter, find_segments, load_segments, open_store
 from ground.errors import ProbeError
 from tests.conftest import run_probe
 
@@ -117,3 +117,35 @@ def test_a_run_killed_with_sigkill_keeps_every_finished_step(tmp_path):
     assert count >= finished_before_kill and lo == 0 and hi == count - 1
     full = run_probe("query", str(out), "select count(*) from steps where loss is null", "--csv")
     assert full.stdout.strip().splitlines()[1] == "0"
+
+
+def _three_steps(tmp_path):
+    with StoreWriter(tmp_path) as w:
+        for step in range(3):
+            w.write_rows("metric", [{"job": "r", "rank": 0, "step": step, "name": "loss", "value": 1.0}])
+            w.end_step(step)
+    return find_segments(tmp_path)["metric"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_corrupt_segment_is_skipped_with_a_warning_naming_it(tmp_path, capfd, damage):
+    segments = _three_steps(tmp_path)
+    bad = segments[1]
+    data = open(bad, "rb").read()
+    with open(bad, "wb") as f:
+        f.write({"truncated": data[:len(data) // 2], "garbage": b"not parquet" * 50, "empty": b""}[damage])
+    assert open_store(tmp_path).sql("select step from steps order by step").fetchall() == [(0,), (2,)]
+    err = capfd.readouterr().err
+    assert bad in err and "skipped" in err and err.count("\n") == 1
+
+
+def test_a_segment_mended_after_a_skip_is_read_again(tmp_path):
+    segments = _three_steps(tmp_path)
+    good = open(segments[0], "rb").read()
+    with open(segments[0], "wb") as f:
+        f.write(b"junk")
+    _, skipped = load_segments(tmp_path)
+    assert len(skipped) == 1 and skipped[0].startswith(segments[0])
+    with open(segments[0], "wb") as f:
+        f.write(good)
+    assert load_segments(tmp_path) == ({"tensor": [], "node": [], "event": [], "metric": segments}, [])

@@ -11,30 +11,33 @@ from ground.errors import ProbeError
 @click.argument("run_dir", type=click.Path())
 @click.argument("sql")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV instead of a table.")
-@click.option("--max-rows", default=200, show_default=True, help="Rows to print in table mode.")
-def command(run_dir: str, sql: str, as_csv: bool, max_rows: int) -> None:
+@click.option("--max-rows", default=200, show_default=True,
+              help="Rows to print in table mode (with --safe: rows to fetch at all).")
+@click.option("--safe", is_flag=True,
+              help="The SQL is untrusted: run it in the read-only sandbox (one SELECT over the run's "
+                   "views, no other file, network, extension or setting; --max-rows, --timeout).")
+@click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=float,
+              help="With --safe: seconds before the query is interrupted.")
+def command(run_dir: str, sql: str, as_csv: bool, max_rows: int, safe: bool, timeout_s: float) -> None:
     """Run SQL over the records of RUN_DIR.
 
-    Views: tensors, nodes, events, metrics, steps. Example:
+    Views: tensors, nodes, events, metrics, steps. Unreadable store segments are skipped with a
+    warning. Examples:
 
         probe query runs/demo "select rank, step, loss from steps order by step"
+
+        probe query --safe runs/demo "$UNTRUSTED_SQL"
     """
-    import duckdb
+    if safe:
+        from collectors.sql_sandbox import Limits, run_untrusted
 
-    from collectors.store import open_store
-
-    con = open_store(run_dir)
-    try:
-        rel = con.sql(sql)
-    except duckdb.Error as e:
-        raise ProbeError(f"SQL error: {str(e).splitlines()[0]}") from None
-    if rel is None:
+        result = run_untrusted(run_dir, sql, Limits(max_rows=max_rows, timeout_s=timeout_s))
+        cols, rows, more = result.columns, result.rows, result.truncated
+    else:
+        cols, rows = _run_trusted(run_dir, sql)
+        more = len(rows) > max_rows
+    if cols is None:
         return
-    try:
-        cols = rel.columns
-        rows = rel.fetchall()
-    except duckdb.Error as e:
-        raise ProbeError(f"SQL error: {str(e).splitlines()[0]}") from None
     if as_csv:
         import csv
         import sys
@@ -43,8 +46,28 @@ def command(run_dir: str, sql: str, as_csv: bool, max_rows: int) -> None:
         w.writerows(rows)
         return
     click.echo(format_table(cols, rows[:max_rows]))
-    more = f" (showing {max_rows})" if len(rows) > max_rows else ""
-    click.echo(f"({len(rows)} rows{more})")
+    if safe:
+        click.echo(f"({len(rows)} rows{'; the rest cut at --max-rows' if more else ''})")
+    else:
+        click.echo(f"({len(rows)} rows{f' (showing {max_rows})' if more else ''})")
+
+
+def _run_trusted(run_dir: str, sql: str) -> tuple[list[str] | None, list[tuple]]:
+    """Columns and rows of ``sql`` with all of DuckDB at hand (None columns: no result set)."""
+    import duckdb
+
+    from collectors.store import open_store
+
+    con = open_store(run_dir)
+    try:
+        rel = con.sql(sql)
+        if rel is None:
+            return None, []
+        return rel.columns, rel.fetchall()
+    except duckdb.Error as e:
+        raise ProbeError(f"SQL error: {str(e).splitlines()[0]}") from None
+    finally:
+        con.close()
 
 
 def format_table(cols: list[str], rows: list[tuple]) -> str:

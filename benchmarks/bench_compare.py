@@ -110,8 +110,9 @@ from probe.commands.compare import setup_process
 setup_process()                            # as `probe compare` sets up its process
 import duckdb, numpy, numpy.ma, pyarrow.compute, pyarrow.csv, pyarrow.parquet, pyarrow.ipc  # imports
 import concurrent.futures, logging                                  # outside the timing
-import compare.api, compare.pipeline, compare.match, compare.normalize, compare.localize
-import compare.report, compare.metrics, collectors.msprobe_reader, collectors.msprobe_scan
+import compare.api, compare.pipeline, compare.match, compare.normalise, compare.localise
+import compare.report, compare.metrics, compare.tensor_rows, compare.node_rows
+import collectors.msprobe_reader, collectors.msprobe_scan
 def cpu():
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system

@@ -1,14 +1,16 @@
 """Compare: load two dumps, normalise, match, compute metrics, give verdicts and localise.
 
 The public entry point is :func:`compare.api.compare` (``probe compare A B`` on the command
-line); the modules, in pipeline order:
+line), which returns a :class:`compare.result.CompareResult`; ``pipeline`` runs the modules,
+in pipeline order:
 
 - ``load``: resolve an input (dump.json, step/rank folder, run folder with ``store/``);
-- ``normalize``: framework-free names, dtypes, parameter and class names (DuckDB SQL);
+- ``normalise``: framework-free names, dtypes, parameter and class names (DuckDB SQL);
 - ``mapping``: msprobe's layer/cell/API/data mapping files;
 - ``match``: exact names, mapping pairs, structural alignment, nearest common ancestors;
-- ``pipeline``: statistics metrics and per-tensor/per-node verdicts (DuckDB SQL);
+- ``tensor_rows``: statistics metrics and per-tensor verdicts (DuckDB SQL);
 - ``metrics``: element-wise metrics of tensor-mode dumps;
-- ``verdict``: dtype-aware tolerances; ``localize``: first divergence and first NaN/Inf;
+- ``node_rows``: per-node pairs and verdicts (DuckDB SQL);
+- ``verdict``: dtype-aware tolerances; ``localise``: first divergence and first NaN/Inf;
 - ``report``: summary.json, the output files and the terminal summary.
 """

@@ -1,6 +1,6 @@
 """Match the call groups of two sides: exact normalised names, then structure, then ancestors.
 
-Works on the tables :func:`compare.normalize.normalise_side` builds (``a_g``/``b_g``,
+Works on the tables :func:`compare.normalise.normalise_side` builds (``a_g``/``b_g``,
 ``a_t``/``b_t``) and fills ``pairs(grp_a, grp_b, method, reason)``:
 
 1. ``exact``: the same framework-free name (module path + call; API name + call within the

@@ -1,7 +1,7 @@
 """Tensor-mode metrics: cosine similarity, max abs/rel error, RMSE, shares within 1e-3 / 1e-4.
 
 Statistics-mode metrics (differences and relative errors of max/min/mean/norm) are SQL in
-:mod:`compare.pipeline`; this module adds the element-wise metrics when both sides of a row
+:mod:`compare.tensor_rows`; this module adds the element-wise metrics when both sides of a row
 have a readable tensor file (``.npy``, or ``.safetensors`` through safetensors' numpy API;
 ``.pt`` files need torch, which compare never imports, so those rows keep their statistics).
 

@@ -15,8 +15,9 @@ Per side ``X`` (``a`` or ``b``) two tables are built in a DuckDB connection:
   (the parent group), ``depth``, ``leaf`` (last path component);
 - ``X_t``, one row per tensor: the group, ``direction``, ``slot``, ``idx`` (parameter names
   normalised: ``gamma``→``weight``, ``beta``→``bias``), ``pos`` (the record's position: its
-  msprobe-style name is built from the records, see :func:`compare.pipeline._tensor_names`), ``dtype``
-  (``Float32`` / ``torch.float32`` / ``mindspore.float32`` → ``float32``), stats, ``nonfinite``.
+  msprobe-style name is built from the records, see :func:`compare.tensor_rows.tensor_names`),
+  ``dtype`` (``Float32`` / ``torch.float32`` / ``mindspore.float32`` → ``float32``), stats,
+  ``nonfinite``.
 
 >>> import duckdb
 >>> con = duckdb.connect()

@@ -1,0 +1,166 @@
+"""The per-node rows of a compare (``CompareResult.nodes``): node pairs and their verdicts.
+
+Over the tensor rows (``rows``, :mod:`compare.tensor_rows`) and the matched call groups
+(``pairs``, ``covered``, ``containers``, ``a_st``/``b_st``, :mod:`compare.match`), DuckDB SQL:
+
+1. each matched group pair, per direction, gets the worst error and verdict of its inputs,
+   outputs and parameters, and whether NaN/Inf are in each side's inputs and outputs;
+2. its verdict is its outputs' and parameters' (its inputs' when it has neither), its
+   precision score the growth of the error from inputs to outputs (each clipped at 1),
+   floored at 0;
+3. the groups without a counterpart are added: ``ancestor`` (compared at the nearest matched
+   ancestor, taking its verdict), ``container`` (an extra wrapper level of one side, taking
+   its children's worst verdict) and ``unmatched``; all in execution order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["node_rows"]
+
+
+def _worst(cond: str) -> str:
+    """SQL: the worst verdict over the rows matching ``cond``."""
+    return ("case max(case verdict when 'error' then 2 when 'warning' then 1 when 'pass' then 0 end) "
+            f"filter (where {cond}) when 2 then 'error' when 1 then 'warning' when 0 then 'pass' end")
+
+
+def node_rows(con: Any) -> Any:
+    """The per-node rows (pyarrow.Table, in execution order), from the ``rows`` (the tensor rows)
+    and the matched groups in ``con``; the tables they are built from are left in ``con``."""
+    con.execute(f"""
+    create or replace table pair_nodes as
+    select grp_a, grp_b, direction, any_value(node_a) filter (where node_a is not null) as node_a,
+      any_value(node_b) filter (where node_b is not null) as node_b,
+      max(err) filter (where slot in ('input', 'kwarg')) as in_err,
+      max(err) filter (where slot = 'output') as out_err,
+      max(err) filter (where slot in ('parameter', 'parameter_grad')) as param_err,
+      {_worst("slot in ('input', 'kwarg')")} as in_verdict,
+      {_worst("slot = 'output'")} as out_verdict,
+      {_worst("slot in ('parameter', 'parameter_grad')")} as param_verdict,
+      arg_max(reason, [coalesce(err, -1), -row_id]) filter (where slot = 'output') as out_reason,
+      arg_max(name_a, [coalesce(err, -1), -row_id]) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
+      max(tol_pass) as tol_pass,
+      -- NaN/Inf in each side's entry: every tensor of it is a row of its group (matched or not)
+      bool_or(nonfinite_a) filter (where slot in ('input', 'kwarg')) as nf_in_a,
+      bool_or(nonfinite_a) filter (where slot = 'output') as nf_out_a,
+      bool_or(nonfinite_b) filter (where slot in ('input', 'kwarg')) as nf_in_b,
+      bool_or(nonfinite_b) filter (where slot = 'output') as nf_out_b
+    from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
+    """)
+    # the node pairs (and below, the sources of the node query that are unions or cross joins)
+    # are tables of their own before they meet a hash join: DuckDB 2.0 fails a hash join whose
+    # build side is a cross join ("dict-surviving join ... build pipeline is not single-source",
+    # an internal error) once the group keys are integers
+    con.execute("""
+    create or replace table node_pairs as
+      select p.grp_a, p.grp_b, p.method, p.reason as mreason, d.direction,
+        case d.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end as node_a,
+        case d.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end as node_b,
+        ga.kind, ga.cls as class_a, gb.cls as class_b, ga.parent_node as parent_a, gb.parent_node as parent_b,
+        case d.direction when 'forward' then ga.ord_f else ga.ord_b + 1000000000 end as order_a,
+        case d.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end as order_b
+      from pairs p join a_g ga on ga.grp = p.grp_a join b_g gb on gb.grp = p.grp_b
+      cross join (values ('forward'), ('backward')) d(direction)
+    """)
+    con.execute("""
+    create or replace table both_g as
+    select 'a' as sd, * from a_g union all select 'b', * from b_g
+    """)
+    con.execute("""
+    create or replace table cov as
+    select c.side, c.grp, c.anc_a, c.anc_b, d.direction, ga.kind as kind_a, gb.kind as kind_b
+    from covered c cross join (values ('forward'), ('backward')) d(direction)
+    left join a_g ga on c.side = 'a' and ga.grp = c.grp
+    left join b_g gb on c.side = 'b' and gb.grp = c.grp
+    """)
+    con.execute("""
+    create or replace table nodes_all as
+    select e.*, pn.in_err, pn.out_err, pn.param_err, pn.in_verdict, pn.out_verdict, pn.param_verdict,
+      pn.out_reason, pn.worst_param, pn.nf_in_a, pn.nf_out_a, pn.nf_in_b, pn.nf_out_b
+    from node_pairs e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
+    where e.node_a is not null or e.node_b is not null
+    """)
+    return con.sql("""
+    with m as (
+      select n.*,
+        case when coalesce(param_verdict, 'pass') = 'error' or coalesce(out_verdict, 'pass') = 'error' then 'error'
+             when coalesce(param_verdict, 'pass') = 'warning' or coalesce(out_verdict, 'pass') = 'warning' then 'warning'
+             when out_verdict is null and param_verdict is null then coalesce(in_verdict, 'pass')
+             else 'pass' end as verdict,
+        greatest(0.0, least(1.0, coalesce(out_err, 0)) - least(1.0, coalesce(in_err, 0))) as precision_score
+      from nodes_all n
+    )
+    select m.node_a, m.node_b, m.kind, m.class_a, m.class_b, m.parent_a, m.parent_b, m.direction,
+      m.method as match_method,
+      order_a, order_b, order_a as ord, in_err, out_err, param_err, in_verdict, out_verdict, param_verdict,
+      precision_score,
+      case when precision_score >= 0.6 then 'high' when precision_score >= 0.3 then 'medium' else 'low' end as precision_band,
+      nf_in_a as nonfinite_in_a, nf_out_a as nonfinite_out_a, nf_in_b as nonfinite_in_b, nf_out_b as nonfinite_out_b,
+      verdict,
+      case when verdict = 'pass' then mreason || '; outputs agree'
+           when coalesce(param_verdict, 'pass') <> 'pass' then mreason || '; parameter ' || coalesce(worst_param, '?') || ' differs; ' || coalesce(out_reason, '')
+           else mreason || '; output ' || coalesce(out_reason, '') end as reason
+    from m
+    union all
+    select case when c.side = 'a' then (case c.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end)
+                else (case c.direction when 'forward' then pa.fwd else coalesce(pa.bwd, pa.pgrad) end) end,
+           case when c.side = 'b' then (case c.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end)
+                else (case c.direction when 'forward' then pb.fwd else coalesce(pb.bwd, pb.pgrad) end) end,
+      coalesce(ga.kind, gb.kind), ga.cls, gb.cls, ga.parent_node, gb.parent_node, c.direction, 'ancestor',
+      case when c.side = 'a' then (case c.direction when 'forward' then ga.ord_f else ga.ord_b + 1000000000 end) end,
+      case when c.side = 'b' then (case c.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end) end,
+      coalesce(case c.direction when 'forward' then coalesce(ga.ord_f, gb.ord_f) else coalesce(ga.ord_b, gb.ord_b) + 1000000000 end, 0),
+      null, null, null, null, null, null, null, null, null, null, null, null,
+      coalesce(an.verdict, 'pass'),
+      printf('no counterpart in %s (fused/unfused structure); compared at the nearest common ancestor %s <-> %s',
+             case c.side when 'a' then 'B' else 'A' end, pa.fwd, pb.fwd)
+    from cov c
+    left join a_g ga on c.side = 'a' and ga.grp = c.grp
+    left join b_g gb on c.side = 'b' and gb.grp = c.grp
+    join a_g pa on pa.grp = c.anc_a join b_g pb on pb.grp = c.anc_b
+    left join m an on an.grp_a = c.anc_a and an.grp_b = c.anc_b and an.direction = c.direction
+    where (case when c.side = 'a' then (case c.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end)
+                else (case c.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end) end) is not null
+    union all
+    select case when k.side = 'a' then (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) end,
+      case when k.side = 'b' then (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) end,
+      g.kind, case when k.side = 'a' then g.cls end, case when k.side = 'b' then g.cls end,
+      case when k.side = 'a' then g.parent_node end, case when k.side = 'b' then g.parent_node end,
+      d.direction, 'container',
+      case when k.side = 'a' then (case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end) end,
+      case when k.side = 'b' then (case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end) end,
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
+      null, null, null, null, null, null, null, null, null, null, null, null,
+      coalesce((select case max(case verdict when 'error' then 2 when 'warning' then 1 else 0 end)
+                  when 2 then 'error' when 1 then 'warning' else 'pass' end
+                from m where m.direction = d.direction
+                  and (case k.side when 'a' then m.grp_a else m.grp_b end) in
+                      (select c.grp from both_g c where c.sd = k.side and c.parent = k.grp)), 'pass'),
+      printf('a container level only in %s (no counterpart, its children are matched)',
+             case k.side when 'a' then 'A' else 'B' end)
+    from containers k
+    join both_g g on g.sd = k.side and g.grp = k.grp
+    cross join (values ('forward'), ('backward')) d(direction)
+    where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
+    union all
+    select case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end, null, g.kind, g.cls, null,
+      g.parent_node, null, d.direction, 'unmatched',
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end, null,
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
+      null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in B'
+    from a_g g join a_st st on st.grp = g.grp and st.state = 'unmatched'
+    cross join (values ('forward'), ('backward')) d(direction)
+    where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
+    union all
+    select null, case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end, g.kind, null, g.cls,
+      null, g.parent_node, d.direction, 'unmatched', null,
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
+      case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
+      null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in A'
+    from b_g g join b_st st on st.grp = g.grp and st.state = 'unmatched'
+    cross join (values ('forward'), ('backward')) d(direction)
+    where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
+    order by ord, node_a nulls last, node_b nulls last, direction
+    """).to_arrow_table()

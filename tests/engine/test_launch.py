@@ -55,6 +55,15 @@ def _gone(procs: list[psutil.Process], within_s: float) -> bool:
     return False
 
 
+def _kill_all(launcher: subprocess.Popen, ranks: list[psutil.Process]) -> None:
+    launcher.kill()
+    for p in ranks:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 @pytest.mark.slow
 def test_no_rank_survives_a_launcher_killed_with_sigkill(tmp_path):
     launcher, ranks = _start_long_training(tmp_path / "run")
@@ -63,11 +72,7 @@ def test_no_rank_survives_a_launcher_killed_with_sigkill(tmp_path):
         launcher.wait(10)
         assert _gone(ranks, 10), "rank processes kept running after the launcher was killed"
     finally:
-        for p in ranks:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _kill_all(launcher, ranks)
 
 
 @pytest.mark.slow
@@ -80,12 +85,7 @@ def test_sigint_or_sigterm_to_the_launcher_alone_stops_every_rank(tmp_path):
             assert code == 130, launcher.stderr.read().decode()[-2000:]
             assert _gone(ranks, 5), f"rank processes kept running after SIG{name.upper()}"
         finally:
-            launcher.kill()
-            for p in ranks:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
+            _kill_all(launcher, ranks)
 
 
 @pytest.mark.slow

@@ -3,14 +3,18 @@
 >>> app = create_app(dump_a="/work/shared/data/msprobe/torch_L0",        # doctest: +SKIP
 ...                  dump_b="/work/shared/data/msprobe/mindspore_L0")
 >>> serve(app, "127.0.0.1", 8050)                                        # doctest: +SKIP
+probe web: serving on http://127.0.0.1:8050/?token=...  (Ctrl-C to stop)
 
 Pages: ``/`` (graph diff), ``/live``, ``/timeline``, ``/query``. The app reads its data through
 :mod:`visualizer`, ``monitor.client`` and ``collectors.store``; it computes no numerics itself.
+Served, it sits behind :class:`web.security.Guard`: a Host allow-list, and a token for every
+request when bound beyond loopback, for the SQL page everywhere (docs/SECURITY.md).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,8 +24,10 @@ from dash import Dash, Input, Output, dcc, html
 from ground.errors import ProbeError
 from visualizer.diff import DiffGraph
 from web.pages import graph_diff, live, query, timeline
+from web.security import TOKEN_ENV, WILDCARDS, Guard, new_token
 
 PAGES = [("/", "Graph diff"), ("/live", "Live cluster"), ("/timeline", "Timeline"), ("/query", "Query")]
+PRIVATE_PATHS = ("/query",)           # need the token on loopback too
 ASSETS = Path(__file__).with_name("assets")
 
 
@@ -84,37 +90,52 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
 
 
 class ServerThread:
-    """Serve ``app`` from a background thread (tests, the demo); ``stop()`` ends it.
+    """Serve ``app`` behind its guard from a background thread (tests, the demo); ``stop()``
+    ends it.
+
+    ``token``: the dashboard's token (default: ``$PROBE_WEB_TOKEN``, else a fresh random one);
+    ``allow_hosts``: more names the server may be reached by (the Host allow-list).
 
     >>> srv = ServerThread(create_app(), "127.0.0.1", 0)    # doctest: +SKIP
-    >>> srv.url                                               # doctest: +SKIP
-    'http://127.0.0.1:40123'
+    >>> srv.url, srv.signed_url("/query")                     # doctest: +SKIP
+    ('http://127.0.0.1:40123', 'http://127.0.0.1:40123/query?token=...')
     """
 
-    def __init__(self, app: Dash, host: str = "127.0.0.1", port: int = 8050) -> None:
+    def __init__(self, app: Dash, host: str = "127.0.0.1", port: int = 8050, *, token: str | None = None,
+                 allow_hosts: tuple[str, ...] | list = ()) -> None:
         import logging
 
         from werkzeug.serving import make_server
 
+        self.token = token or os.environ.get(TOKEN_ENV) or new_token()
+        guard = Guard(app.server, token=self.token, host=host, allow_hosts=allow_hosts,
+                      private_paths=PRIVATE_PATHS)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         try:
-            self._server = make_server(host, port, app.server, threaded=True)
+            self._server = make_server(host, port, guard, threaded=True)
         except OSError as e:
             raise ProbeError(f"{host}:{port}: cannot listen ({e.strerror}); pick another --port") from None
         self.host, self.port = host, self._server.server_port
-        self.url = f"http://{host}:{self.port}"
+        shown = socket.gethostname() if host in WILDCARDS else host
+        self.url = f"http://{f'[{shown}]' if ':' in shown else shown}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="probe-web", daemon=True)
         self._thread.start()
+
+    def signed_url(self, path: str = "/") -> str:
+        """The URL of page ``path`` with the token: opening it signs the browser in."""
+        return f"{self.url}{path}?token={self.token}"
 
     def stop(self) -> None:
         self._server.shutdown()
         self._thread.join(timeout=5)
 
 
-def serve(app: Dash, host: str = "127.0.0.1", port: int = 8050) -> None:
-    """Serve ``app`` until interrupted (Ctrl-C)."""
-    srv = ServerThread(app, host, port)
-    print(f"probe web: serving on {srv.url}/  (Ctrl-C to stop)", flush=True)
+def serve(app: Dash, host: str = "127.0.0.1", port: int = 8050, *, token: str | None = None,
+          allow_hosts: tuple[str, ...] | list = ()) -> None:
+    """Serve ``app`` until interrupted (Ctrl-C), printing the URL to open (it carries the token;
+    see :class:`ServerThread` for ``token`` and ``allow_hosts``)."""
+    srv = ServerThread(app, host, port, token=token, allow_hosts=allow_hosts)
+    print(f"probe web: serving on {srv.signed_url()}  (Ctrl-C to stop)", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

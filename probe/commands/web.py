@@ -1,4 +1,9 @@
-"""``probe web``: serve the dashboard (graph diff, live cluster, timeline, SQL)."""
+"""``probe web``: serve the dashboard (graph diff, live cluster, timeline, SQL).
+
+The URL it prints carries the dashboard's token (``--token``, ``$PROBE_WEB_TOKEN``, else a fresh
+random one): bound beyond loopback every request needs it, on loopback the SQL page does. Only
+requests whose Host header names this server are answered (``--allow-host`` adds names).
+"""
 
 from __future__ import annotations
 
@@ -14,16 +19,23 @@ from ground.errors import ProbeError
 @click.argument("more_dumps", nargs=-1, type=click.Path())
 @click.option("--compare", "compare_dir", type=click.Path(), help="A `probe compare --out` directory.")
 @click.option("--monitor", "monitor_addr", metavar="HOST:PORT", help="The `probe monitor serve` address.")
-@click.option("--token", envvar="PROBE_MONITOR_TOKEN", help="Monitor token (or PROBE_MONITOR_TOKEN).")
+@click.option("--monitor-token", envvar="PROBE_MONITOR_TOKEN",
+              help="The monitor's token (or PROBE_MONITOR_TOKEN).")
 @click.option("--job", help="The job the live page follows (default: the latest).")
 @click.option("--store", "stores", multiple=True, type=click.Path(),
               help="A run directory whose record store the live, timeline and query pages read.")
 @click.option("--trace", "trace_file", type=click.Path(), help="A merged Chrome/Perfetto trace JSON.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8050, show_default=True, type=int, help="Port to listen on.")
+@click.option("--token", envvar="PROBE_WEB_TOKEN",
+              help="The dashboard's token (or PROBE_WEB_TOKEN; default: a fresh random one, in the "
+                   "printed URL).")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="Another name this server may be reached by (a Host header it answers).")
 def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: str | None,
-            monitor_addr: str | None, token: str | None, job: str | None, stores: tuple[str, ...],
-            trace_file: str | None, host: str, port: int) -> int:
+            monitor_addr: str | None, monitor_token: str | None, job: str | None, stores: tuple[str, ...],
+            trace_file: str | None, host: str, port: int, token: str | None,
+            allow_hosts: tuple[str, ...]) -> int:
     """Serve the dashboard at http://HOST:PORT/.
 
     Examples:
@@ -39,12 +51,10 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
         raise ProbeError(f"{more_dumps[0]}: give dumps with --dump A [B]")
     if len(paths) > 2:
         raise ProbeError(f"{paths[2]}: --dump takes one or two dumps")
-    if host not in ("127.0.0.1", "localhost", "::1") and not token:
-        click.echo(f"probe web: warning: serving on {host}, reachable from other machines", err=True)
     from web.app import create_app, serve
 
     app = create_app(dump_a=paths[0] if paths else None, dump_b=paths[1] if len(paths) > 1 else None,
                      compare_dir=compare_dir, monitor_addr=monitor_addr, store_dirs=stores,
-                     trace_file=trace_file, job=job, monitor_token=token)
-    serve(app, host, port)
+                     trace_file=trace_file, job=job, monitor_token=monitor_token)
+    serve(app, host, port, token=token, allow_hosts=allow_hosts)
     return 0

@@ -68,15 +68,16 @@ def shot(browser, request):
 
 @pytest.fixture
 def serve_app():
-    """``serve_app(app)`` serves it on a free port and returns the base URL."""
+    """``serve_app(app, path)`` serves it on a free port and returns the URL of page ``path``
+    with the dashboard's token (opening it signs the browser in, as the printed URL does)."""
     from web.app import ServerThread
 
     servers = []
 
-    def start(app) -> str:
+    def start(app, path: str = "/") -> str:
         srv = ServerThread(app, "127.0.0.1", 0)
         servers.append(srv)
-        return srv.url
+        return srv.signed_url(path)
     yield start
     for srv in servers:
         srv.stop()

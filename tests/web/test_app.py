@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from collectors.sql_sandbox import run_untrusted
 from collectors.store import StoreWriter
 from ground.errors import ProbeError
 from tests.conftest import run_probe
 from web.app import create_app
 from web.pages.live import LiveSource, series
-from web.pages.query import quick_chart, run_sql
+from web.pages.query import LIMITS, quick_chart
 
 
 def _store(tmp_path, steps=3):
@@ -38,11 +39,12 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 
 def test_query_runs_sql_over_the_store_and_reports_sql_errors(tmp_path):
-    cols, rows = run_sql(str(_store(tmp_path)), "select step, step_time_ms from steps order by step")
+    result = run_untrusted(str(_store(tmp_path)), "select step, step_time_ms from steps order by step", LIMITS)
+    cols, rows = result.columns, result.rows
     assert cols == ["step", "step_time_ms"] and rows == [(0, 50.0), (1, 50.0), (2, 50.0)]
     assert len(quick_chart(cols, rows).data) == 1
     with pytest.raises(ProbeError, match="SQL error"):
-        run_sql(str(tmp_path), "select nope from steps")
+        run_untrusted(str(tmp_path), "select nope from steps", LIMITS)
 
 
 def test_live_source_reads_the_store_and_derives_the_communication_share(tmp_path):

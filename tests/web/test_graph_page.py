@@ -49,8 +49,7 @@ def selected(browser, side):
 
 
 def test_graph_diff_page_expands_selects_searches_filters_and_jumps(browser, serve_app, shot, diff):
-    url = serve_app(create_app(diff=diff))
-    browser.get(url + "/")
+    browser.get(serve_app(create_app(diff=diff), "/"))
     wait_for(lambda: len(rows(browser, "a")) == len(diff.graph("a").roots()) and rows(browser, "b"),
              timeout=60, what="both trees")
     block = "Module.layers.3.Block.forward.0"
@@ -121,7 +120,7 @@ def test_graph_diff_page_expands_selects_searches_filters_and_jumps(browser, ser
 
 def test_single_dump_page_shows_one_tree_and_finds_nan(browser, serve_app, shot, tmp_path):
     _, b = write_dump_pair(tmp_path, blocks=3, width=4, fault_block=1, nan=True)
-    browser.get(serve_app(create_app(dump_a=b)) + "/")
+    browser.get(serve_app(create_app(dump_a=b), "/"))
     wait_for(lambda: rows(browser, "a"), what="tree")
     assert not browser.find_elements(By.ID, "g-tree-b")
     browser.find_element(By.ID, "g-jump-nan").click()
@@ -145,7 +144,7 @@ def test_planted_fault_in_the_bundled_engine_is_red_and_jumped_to(browser, serve
     r = run_probe("compare", str(tmp_path / "ref"), str(tmp_path / "fused"), "--out", str(tmp_path / "cmp"))
     assert r.returncode in (0, 1), r.stderr
     app = create_app(dump_a=tmp_path / "ref", dump_b=tmp_path / "fused", compare_dir=tmp_path / "cmp")
-    browser.get(serve_app(app) + "/")
+    browser.get(serve_app(app, "/"))
     wait_for(lambda: rows(browser, "a") and rows(browser, "b"), timeout=60, what="both trees")
     browser.find_element(By.ID, "g-jump").click()
     faulty = "Module.layers.1.mlp.down_proj.Linear.forward.0"

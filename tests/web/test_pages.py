@@ -55,7 +55,7 @@ def points(browser, graph_id):
 
 def test_query_page_runs_sql_and_draws_a_table_and_chart(browser, serve_app, shot, tmp_path):
     write_steps(tmp_path, steps=6)
-    browser.get(serve_app(create_app(store_dirs=[str(tmp_path)])) + "/query")
+    browser.get(serve_app(create_app(store_dirs=[str(tmp_path)]), "/query"))
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#q-table td"), timeout=60, what="default query")
     sql = browser.find_element(By.ID, "q-sql")
     set_text(sql, "select step, avg(step_time_ms) as ms from steps group by step order by step")
@@ -65,6 +65,10 @@ def test_query_page_runs_sql_and_draws_a_table_and_chart(browser, serve_app, sho
     set_text(sql, "select nope from steps")
     browser.find_element(By.ID, "q-run").click()
     wait_for(lambda: "SQL error" in browser.find_element(By.ID, "q-error").text, what="SQL error line")
+    set_text(sql, "select content from read_text('/etc/hostname')")
+    browser.find_element(By.ID, "q-run").click()
+    wait_for(lambda: "SQL refused" in browser.find_element(By.ID, "q-error").text, what="file read refused")
+    assert "Read-only sandbox" in browser.find_element(By.ID, "q-limits").text
     set_text(sql, "select rank, step, step_time_ms from steps order by rank, step")
     browser.find_element(By.ID, "q-run").click()
     wait_for(lambda: browser.find_element(By.ID, "q-count").text == "12 row(s)", what="12 rows")
@@ -72,6 +76,18 @@ def test_query_page_runs_sql_and_draws_a_table_and_chart(browser, serve_app, sho
         "return document.querySelector('#q-chart .js-plotly-plot').data.map(t => t.name).join(',')")
         == "step_time_ms rank 0,step_time_ms rank 1", what="one series per rank over steps")
     shot("query")
+
+
+def test_query_page_without_the_token_says_how_to_get_it(browser, serve_app, shot, tmp_path):
+    write_steps(tmp_path, steps=2)
+    signed = serve_app(create_app(store_dirs=[str(tmp_path)]), "/")
+    browser.get(signed.split("?")[0])                       # the open graph page, not signed in
+    wait_for(lambda: browser.find_elements(By.ID, "nav-query"), what="the navigation bar")
+    browser.find_element(By.ID, "nav-query").click()
+    wait_for(lambda: "needs the dashboard's token" in browser.find_element(By.ID, "page").text,
+             what="the page saying it needs the token")
+    assert not browser.find_elements(By.ID, "q-sql")
+    shot("query_needs_token")
 
 
 def test_timeline_page_draws_ranks_and_links_perfetto(browser, serve_app, shot, tmp_path):
@@ -89,7 +105,7 @@ def test_timeline_page_draws_ranks_and_links_perfetto(browser, serve_app, shot, 
                 s.step()
     trace = tmp_path / "trace" / "rank0.json"
     assert trace.is_file()
-    browser.get(serve_app(create_app(trace_file=trace)) + "/timeline")
+    browser.get(serve_app(create_app(trace_file=trace), "/timeline"))
     wait_for(lambda: points(browser, "t-graph") >= 9, timeout=60, what="9 spans")
     link = browser.find_element(By.ID, "t-perfetto").get_attribute("href")
     assert link.startswith("https://ui.perfetto.dev/#!/?url=") and "files%2Ftrace.json" in link
@@ -97,7 +113,7 @@ def test_timeline_page_draws_ranks_and_links_perfetto(browser, serve_app, shot, 
     assert "traceEvents" in body
     shot("timeline_trace")
     # the same page from the record store: both ranks' events
-    browser.get(serve_app(create_app(store_dirs=[str(tmp_path)])) + "/timeline")
+    browser.get(serve_app(create_app(store_dirs=[str(tmp_path)]), "/timeline"))
     wait_for(lambda: points(browser, "t-graph") >= 18, timeout=30, what="18 spans from 2 ranks")
     lanes = browser.execute_script(
         "var g = document.querySelector('#t-graph .js-plotly-plot');"
@@ -109,7 +125,7 @@ def test_timeline_page_draws_ranks_and_links_perfetto(browser, serve_app, shot, 
 def test_live_page_refreshes_while_a_job_writes_its_store(browser, serve_app, shot, tmp_path):
     (tmp_path / "store").mkdir()
     app = create_app(store_dirs=[str(tmp_path)], refresh_ms=300)
-    browser.get(serve_app(app) + "/live")
+    browser.get(serve_app(app, "/live"))
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-step-time .js-plotly-plot"), timeout=60,
              what="the live page")
     writers = [StoreWriter(tmp_path, rank=r, run="t") for r in (0, 1)]
@@ -137,7 +153,7 @@ def test_live_page_shows_the_monitor_alert_naming_the_slow_rank(browser, serve_a
         for a in agents:
             a.start()
         app = create_app(monitor_addr=addr, refresh_ms=400)
-        browser.get(serve_app(app) + "/live")
+        browser.get(serve_app(app, "/live"))
 
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-step-time .js-plotly-plot"), timeout=60,
                  what="the live page")
@@ -176,7 +192,7 @@ def test_live_page_follows_a_real_two_rank_training_and_names_the_slowed_rank(br
     addr = f"127.0.0.1:{svc.start()}"
     train = None
     try:
-        browser.get(serve_app(create_app(monitor_addr=addr, refresh_ms=500)) + "/live")
+        browser.get(serve_app(create_app(monitor_addr=addr, refresh_ms=500), "/live"))
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-step-time .js-plotly-plot"), timeout=60,
                  what="the live page")
         train = subprocess.Popen(

@@ -1,4 +1,9 @@
-"""Query page: DuckDB SQL over a run's record store, the result as a table and a quick chart."""
+"""Query page: DuckDB SQL over a run's record store, the result as a table and a quick chart.
+
+The SQL comes from whoever holds the page, so it runs in :mod:`collectors.sql_sandbox` (one
+SELECT over the run's own views, nothing else, within row, time and memory limits), and the page
+and its callback need the dashboard's token (:mod:`web.security`).
+"""
 
 from __future__ import annotations
 
@@ -9,28 +14,12 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dash_table, dcc, html
 
+from collectors.sql_sandbox import Limits, run_untrusted
 from ground.errors import ProbeError
+from web.security import NEEDS_TOKEN, authorized, require
 
 DEFAULT_SQL = "select rank, step, loss, step_time_ms, tokens_per_s from steps order by rank, step"
-MAX_ROWS = 2000
-
-
-def run_sql(store_dir: str, sql: str) -> tuple[list[str], list[tuple]]:
-    """Columns and rows of ``sql`` over the store under ``store_dir`` (``ProbeError`` on bad SQL)."""
-    import duckdb
-
-    from collectors.store import open_store
-
-    con = open_store(store_dir)
-    try:
-        rel = con.sql(sql)
-        if rel is None:
-            return [], []
-        return list(rel.columns), rel.limit(MAX_ROWS).fetchall()
-    except duckdb.Error as e:
-        raise ProbeError(f"SQL error: {str(e).splitlines()[0]}") from None
-    finally:
-        con.close()
+LIMITS = Limits(max_rows=2000, timeout_s=10.0)
 
 
 def _cell(v: Any) -> Any:
@@ -66,6 +55,9 @@ def quick_chart(cols: list[str], rows: list[tuple]) -> go.Figure:
 
 
 def layout(store_dirs: tuple[str, ...]) -> html.Div:
+    """The page: a store picker, the SQL box, the sandbox's limits, the table and the chart."""
+    if not authorized():
+        return html.Div([html.H2("Query"), html.P(f"This page {NEEDS_TOKEN}.", className="empty")])
     if not store_dirs:
         return html.Div([html.H2("Query"), html.P(
             "No record store given. Start with: probe web --store RUN_DIR", className="empty")])
@@ -77,6 +69,7 @@ def layout(store_dirs: tuple[str, ...]) -> html.Div:
             html.Span("views: tensors, nodes, events, metrics, steps", className="hint-text"),
         ], className="toolbar"),
         dcc.Textarea(id="q-sql", value=DEFAULT_SQL, className="sql"),
+        html.P(f"Read-only sandbox: {LIMITS.describe()}.", id="q-limits", className="hint-text"),
         html.Button("Run", id="q-run", n_clicks=0, className="primary"),
         html.Div(id="q-error", className="error-text"),
         html.Div(id="q-count", className="count"),
@@ -88,6 +81,7 @@ def layout(store_dirs: tuple[str, ...]) -> html.Div:
 
 
 def register(app: Dash, store_dirs: tuple[str, ...]) -> None:
+    """The Run button's callback: the SQL in the sandbox over the chosen store (token required)."""
     if not store_dirs:
         return
 
@@ -95,13 +89,16 @@ def register(app: Dash, store_dirs: tuple[str, ...]) -> None:
                   Output("q-error", "children"), Output("q-count", "children"),
                   Input("q-run", "n_clicks"), State("q-sql", "value"), State("q-store", "value"))
     def on_run(_n, sql, store):
+        require("running SQL")
         if store not in store_dirs or not Path(store).exists():
             return [], [], quick_chart([], []), f"{store}: not a store of this dashboard", ""
         try:
-            cols, rows = run_sql(store, sql or "")
+            result = run_untrusted(store, sql or "", LIMITS)
         except ProbeError as e:
             return [], [], quick_chart([], []), str(e), ""
+        cols, rows = result.columns, result.rows
         data = [{c: _cell(v) for c, v in zip(cols, r)} for r in rows]
-        more = f" (first {MAX_ROWS})" if len(rows) >= MAX_ROWS else ""
-        return (data, [{"name": c, "id": c} for c in cols], quick_chart(cols, rows), "",
-                f"{len(rows)} row(s){more}")
+        count = f"{len(rows)} row(s)" + (f" (the first {LIMITS.max_rows}: the sandbox's limit)" if result.truncated else "")
+        if result.skipped:
+            count += f"; {len(result.skipped)} unreadable store segment(s) left out: " + "; ".join(result.skipped)
+        return data, [{"name": c, "id": c} for c in cols], quick_chart(cols, rows), "", count

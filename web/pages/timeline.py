@@ -15,6 +15,7 @@ from ground.errors import ProbeError
 from visualizer.timeline import Span, load_trace_spans, store_spans
 
 TRACE_ROUTE = "/files/trace.json"
+PERFETTO = "https://ui.perfetto.dev"
 PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d",
            "#bab0ac", "#eeca3b"]
 
@@ -64,7 +65,7 @@ def layout(trace_file: str | os.PathLike | None, stores: tuple[str, ...]) -> htm
     links = []
     if trace_file is not None:
         links = [html.A("Download trace.json", href=TRACE_ROUTE, id="t-download"), " · ",
-                 html.A("Open in Perfetto", id="t-perfetto", target="_blank", href="https://ui.perfetto.dev")]
+                 html.A("Open in Perfetto", id="t-perfetto", target="_blank", href=PERFETTO)]
     return html.Div([
         html.H2("Timeline"),
         html.Div(links + [html.Span(id="t-info", className="hint-text")], className="toolbar"),
@@ -82,7 +83,7 @@ def register(app: Dash, trace_file: str | os.PathLike | None, stores: tuple[str,
         @app.server.route(TRACE_ROUTE)
         def trace_json():
             resp = send_file(path, mimetype="application/json")
-            resp.headers["Access-Control-Allow-Origin"] = "*"     # lets ui.perfetto.dev fetch it
+            resp.headers["Access-Control-Allow-Origin"] = PERFETTO    # it alone may read it cross-site
             return resp
 
     @app.callback(Output("t-graph", "figure"), Output("t-info", "children"), Input("t-loc", "pathname"))
@@ -97,4 +98,4 @@ def register(app: Dash, trace_file: str | os.PathLike | None, stores: tuple[str,
         @app.callback(Output("t-perfetto", "href"), Input("t-loc", "href"))
         def perfetto_link(href):
             base = (href or request.host_url).split("/timeline")[0].rstrip("/")
-            return "https://ui.perfetto.dev/#!/?url=" + quote(base + TRACE_ROUTE, safe="")
+            return PERFETTO + "/#!/?url=" + quote(base + TRACE_ROUTE, safe="")

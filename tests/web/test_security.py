@@ -1,0 +1,199 @@
+"""Who may use the dashboard, over real HTTP to a real server: the Host allow-list, the token
+and its cookie, the origin check, and the Query page's SQL sandbox behind them."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from collectors.store import StoreWriter, find_segments
+from tests.conftest import run_probe
+from web.app import ServerThread, create_app
+
+TOKEN = "t0ken-for-tests"
+
+
+def _store(run_dir):
+    with StoreWriter(run_dir, rank=0, run="r") as w:
+        for step in range(3):
+            w.write_rows("metric", [{"job": "r", "rank": 0, "step": step, "name": "loss", "value": 2.0}])
+            w.end_step(step)
+        w.write_rows("tensor", [{"run": "r", "rank": 0, "step": 0, "seq": i, "node": f"Module.m{i}.forward.0",
+                                 "node_kind": "module", "direction": "forward", "slot": "output"}
+                                for i in range(4)])
+    return str(run_dir)
+
+
+@pytest.fixture
+def server():
+    """``server(app, host=...)`` serves ``app`` with the token ``TOKEN``; the servers stop after."""
+    started = []
+
+    def start(app, host="127.0.0.1", token=TOKEN, **kw):
+        srv = ServerThread(app, host, 0, token=token, **kw)
+        started.append(srv)
+        return srv
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+def request(srv, method, path, headers=None, body=None):
+    """``(status, headers, body text)`` of one request to ``srv`` over loopback."""
+    con = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    try:
+        con.request(method, path, body=body, headers=headers or {})
+        r = con.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode()
+    finally:
+        con.close()
+
+
+def sign_in(srv):
+    """The cookie header value a browser holds after opening the printed URL."""
+    status, headers, _ = request(srv, "GET", f"/?token={TOKEN}")
+    assert status == 303 and headers["location"] == "/"
+    assert "HttpOnly" in headers["set-cookie"] and "SameSite=Strict" in headers["set-cookie"]
+    return headers["set-cookie"].split(";")[0]
+
+
+def run_sql(srv, store, sql, cookie=None, origin=None):
+    """What the Query page's Run button sends (Dash's callback request), as ``request`` returns."""
+    body = json.dumps({
+        "output": "..q-table.data...q-table.columns...q-chart.figure...q-error.children...q-count.children..",
+        "outputs": [{"id": i, "property": p} for i, p in (("q-table", "data"), ("q-table", "columns"),
+                                                            ("q-chart", "figure"), ("q-error", "children"),
+                                                            ("q-count", "children"))],
+        "inputs": [{"id": "q-run", "property": "n_clicks", "value": 1}],
+        "changedPropIds": ["q-run.n_clicks"],
+        "state": [{"id": "q-sql", "property": "value", "value": sql},
+                  {"id": "q-store", "property": "value", "value": store}]})
+    headers = {"Content-Type": "application/json"}
+    headers.update({"Cookie": cookie} if cookie else {})
+    headers.update({"Origin": origin} if origin else {})
+    return request(srv, "POST", "/_dash-update-component", headers, body)
+
+
+def answer(text):
+    """The table rows and the error text of a Query callback reply."""
+    out = json.loads(text)["response"]
+    return out["q-table"]["data"], out["q-error"]["children"], out["q-count"]["children"]
+
+
+def test_the_query_page_and_its_sql_need_the_token_on_loopback(server, tmp_path):
+    store = _store(tmp_path)
+    srv = server(create_app(store_dirs=[store]))
+    assert request(srv, "GET", "/")[0] == 200                 # the other pages are open on loopback
+    status, _, text = request(srv, "GET", "/query")
+    assert status == 401 and "token" in text and text.count("\n") == 1
+    status, _, text = run_sql(srv, store, "select content from read_text('/etc/hostname')")
+    assert status == 403 and "running SQL needs the dashboard's token" in text and text.count("\n") == 1
+    assert request(srv, "GET", "/query?token=wrong")[0] == 401
+    cookie = sign_in(srv)
+    assert request(srv, "GET", "/query", {"Cookie": cookie})[0] == 200
+    assert request(srv, "GET", "/query", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+    status, _, text = run_sql(srv, store, "select count(*) as n from tensors", cookie)
+    assert status == 200 and answer(text)[0] == [{"n": 4}]
+
+
+def test_two_dashboards_on_one_machine_keep_their_own_cookies(server, tmp_path):
+    store = _store(tmp_path)
+    one, two = server(create_app(store_dirs=[store])), server(create_app(store_dirs=[store]))
+    assert sign_in(one).split("=")[0] != sign_in(two).split("=")[0]
+    assert run_sql(two, store, "select 1", sign_in(one))[0] == 403
+
+
+def test_beyond_loopback_every_request_needs_the_token(server):
+    srv = server(create_app(), host="0.0.0.0")
+    for path in ("/", "/_dash-layout", "/_dash-dependencies", "/assets/style.css"):
+        status, _, text = request(srv, "GET", path)
+        assert status == 401 and text.startswith("probe web:"), path
+    cookie = sign_in(srv)
+    assert request(srv, "GET", "/_dash-layout", {"Cookie": cookie})[0] == 200
+    assert srv.signed_url().endswith(f":{srv.port}/?token={TOKEN}")
+
+
+@pytest.mark.parametrize("host, status", [
+    ("evil.example", 400), ("evil.example:8050", 400), ("127.0.0.1.evil.example", 400), ("10.1.2.3", 400),
+    ("127.0.0.1", 200), ("localhost:8050", 200), ("[::1]:8050", 200), ("dash.lab.example", 200),
+])
+def test_only_requests_naming_this_server_are_answered(server, host, status):
+    srv = server(create_app(), allow_hosts=("dash.lab.example",))
+    got, _, text = request(srv, "GET", "/", {"Host": host})
+    assert got == status, text
+    if status == 400:
+        assert f"host '{host}' is not served here" in text and "--allow-host" in text
+
+
+def test_a_cross_site_post_is_refused_even_with_the_cookie(server, tmp_path):
+    store = _store(tmp_path)
+    srv = server(create_app(store_dirs=[store]))
+    cookie = sign_in(srv)
+    status, _, text = run_sql(srv, store, "select 1", cookie, origin="http://evil.example")
+    assert status == 403 and "another site" in text
+    assert run_sql(srv, store, "select 1", cookie, origin=f"http://127.0.0.1:{srv.port}")[0] == 200
+
+
+@pytest.mark.parametrize("sql", ["select content from read_text('/etc/hostname')",
+                                 "copy (select 1) to '{tmp}/written.csv'",
+                                 "attach '{tmp}/written.duckdb' as other",
+                                 "set enable_external_access = true"])
+def test_the_query_page_refuses_files_and_settings_even_signed_in(server, tmp_path, sql):
+    store = _store(tmp_path / "run")
+    srv = server(create_app(store_dirs=[store]))
+    status, _, text = run_sql(srv, store, sql.format(tmp=tmp_path), sign_in(srv))
+    rows, error, _ = answer(text)
+    assert status == 200 and rows == [] and error.startswith("SQL refused")
+    assert not list(tmp_path.glob("written*"))
+
+
+def test_the_query_page_answers_past_a_corrupt_segment_and_says_so(server, tmp_path):
+    store = _store(tmp_path)
+    bad = find_segments(tmp_path)["metric"][0]
+    with open(bad, "wb") as f:
+        f.write(b"PAR1 half a segment")
+    srv = server(create_app(store_dirs=[store]))
+    status, _, text = run_sql(srv, store, "select count(*) as n from steps", sign_in(srv))
+    rows, error, count = answer(text)
+    assert status == 200 and rows == [{"n": 2}] and not error and bad in count
+    assert request(srv, "GET", "/live")[0] == 200
+
+
+def test_the_trace_file_is_readable_cross_site_by_perfetto_alone(server, tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_text('{"traceEvents": []}')
+    srv = server(create_app(trace_file=trace))
+    _, headers, _ = request(srv, "GET", "/files/trace.json")
+    assert headers["access-control-allow-origin"] == "https://ui.perfetto.dev"
+
+
+def test_a_token_that_cannot_travel_in_a_url_is_refused_in_one_line():
+    r = run_probe("web", "--token", "a b;c", "--port", "0", timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--token" in r.stderr
+
+
+def test_probe_web_prints_a_url_that_signs_in(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    store = _store(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "probe.cli", "web", "--store", store, "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"serving on (http://127\.0\.0\.1:\d+)/\?token=([\w.~-]{20,})", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            browser.open(m.group(1) + "/query", timeout=30)
+        assert refused.value.code == 401
+        with browser.open(f"{m.group(1)}/query?token={m.group(2)}", timeout=30) as r:
+            assert r.status == 200 and r.url == m.group(1) + "/query"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

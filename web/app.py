@@ -24,7 +24,7 @@ from dash import Dash, Input, Output, dcc, html
 from ground.errors import ProbeError
 from visualizer.diff import DiffGraph
 from web.pages import graph_diff, live, query, timeline
-from web.security import TOKEN_ENV, WILDCARDS, Guard, new_token
+from web.security import TOKEN_ENV, WILDCARDS, Guard, new_token, tls_context
 
 PAGES = [("/", "Graph diff"), ("/live", "Live cluster"), ("/timeline", "Timeline"), ("/query", "Query")]
 PRIVATE_PATHS = ("/query",)           # need the token on loopback too
@@ -94,7 +94,8 @@ class ServerThread:
     ends it.
 
     ``token``: the dashboard's token (default: ``$PROBE_WEB_TOKEN``, else a fresh random one);
-    ``allow_hosts``: more names the server may be reached by (the Host allow-list).
+    ``allow_hosts``: more names the server may be reached by (the Host allow-list);
+    ``tls_cert``/``tls_key``: PEM files to serve HTTPS with.
 
     >>> srv = ServerThread(create_app(), "127.0.0.1", 0)    # doctest: +SKIP
     >>> srv.url, srv.signed_url("/query")                     # doctest: +SKIP
@@ -102,22 +103,24 @@ class ServerThread:
     """
 
     def __init__(self, app: Dash, host: str = "127.0.0.1", port: int = 8050, *, token: str | None = None,
-                 allow_hosts: tuple[str, ...] | list = ()) -> None:
+                 allow_hosts: tuple[str, ...] | list = (), tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
         import logging
 
         from werkzeug.serving import make_server
 
         self.token = token or os.environ.get(TOKEN_ENV) or new_token()
+        tls = tls_context(tls_cert, tls_key)
         guard = Guard(app.server, token=self.token, host=host, allow_hosts=allow_hosts,
-                      private_paths=PRIVATE_PATHS)
+                      private_paths=PRIVATE_PATHS, secure=tls is not None)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         try:
-            self._server = make_server(host, port, guard, threaded=True)
+            self._server = make_server(host, port, guard, threaded=True, ssl_context=tls)
         except OSError as e:
             raise ProbeError(f"{host}:{port}: cannot listen ({e.strerror}); pick another --port") from None
         self.host, self.port = host, self._server.server_port
         shown = socket.gethostname() if host in WILDCARDS else host
-        self.url = f"http://{f'[{shown}]' if ':' in shown else shown}:{self.port}"
+        self.url = f"http{'s' if tls else ''}://{f'[{shown}]' if ':' in shown else shown}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="probe-web", daemon=True)
         self._thread.start()
 
@@ -131,10 +134,12 @@ class ServerThread:
 
 
 def serve(app: Dash, host: str = "127.0.0.1", port: int = 8050, *, token: str | None = None,
-          allow_hosts: tuple[str, ...] | list = ()) -> None:
+          allow_hosts: tuple[str, ...] | list = (), tls_cert: str | None = None,
+          tls_key: str | None = None) -> None:
     """Serve ``app`` until interrupted (Ctrl-C), printing the URL to open (it carries the token;
-    see :class:`ServerThread` for ``token`` and ``allow_hosts``)."""
-    srv = ServerThread(app, host, port, token=token, allow_hosts=allow_hosts)
+    see :class:`ServerThread` for the options)."""
+    srv = ServerThread(app, host, port, token=token, allow_hosts=allow_hosts, tls_cert=tls_cert,
+                       tls_key=tls_key)
     print(f"probe web: serving on {srv.signed_url()}  (Ctrl-C to stop)", flush=True)
     try:
         threading.Event().wait()

@@ -28,6 +28,7 @@ import hmac
 import ipaddress
 import secrets
 import socket
+import ssl
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
@@ -45,6 +46,21 @@ NEEDS_TOKEN = ("needs the dashboard's token: open the URL that `probe web` print
 def new_token() -> str:
     """A fresh random token (URL-safe, 32 characters)."""
     return secrets.token_urlsafe(24)
+
+
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """A server TLS context from PEM certificate and key files (None when neither is given)."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise ProbeError("TLS needs both --tls-cert and --tls-key (PEM files)")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ProbeError(f"{cert}, {key}: cannot load the TLS certificate and key "
+                         f"({getattr(e, 'strerror', None) or e})") from None
+    return ctx
 
 
 def host_name(netloc: str) -> str:
@@ -91,7 +107,7 @@ class Guard:
     :func:`authorized`."""
 
     def __init__(self, app: Callable, *, token: str, host: str, allow_hosts: Iterable[str] = (),
-                 private_paths: Iterable[str] = ()) -> None:
+                 private_paths: Iterable[str] = (), secure: bool = False) -> None:
         if not token or not set(token) <= TOKEN_CHARS:
             raise ProbeError("--token: give a non-empty token of letters, digits and - _ . ~ only "
                              "(it travels in a URL and a cookie)")
@@ -100,6 +116,7 @@ class Guard:
         self.names = allowed_names(host, allow_hosts)
         self.everywhere = not is_loopback(host_name(host))
         self.private_paths = frozenset(private_paths)
+        self.cookie_flags = "; Path=/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
 
     def _host_ok(self, netloc: str) -> bool:
         name = host_name(netloc)
@@ -131,7 +148,7 @@ class Guard:
                 where = "/" + quote(path.lstrip("/")) + (f"?{rest}" if rest else "")
                 return _text(start_response, "303 See Other", f"probe web: signed in; go to {where}", [
                     ("Location", where),
-                    ("Set-Cookie", f"{cookie_name}={self.token}; Path=/; HttpOnly; SameSite=Strict")])
+                    ("Set-Cookie", f"{cookie_name}={self.token}{self.cookie_flags}")])
         bearer = environ.get("HTTP_AUTHORIZATION", "")
         cookies = dict(c.strip().split("=", 1) for c in environ.get("HTTP_COOKIE", "").split(";") if "=" in c)
         ok = (self._matches(given) or (bearer.startswith("Bearer ") and self._matches(bearer[7:]))

@@ -32,10 +32,12 @@ from ground.errors import ProbeError
                    "printed URL).")
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
               help="Another name this server may be reached by (a Host header it answers).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), help="PEM certificate: serve HTTPS.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM private key of --tls-cert.")
 def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: str | None,
             monitor_addr: str | None, monitor_token: str | None, job: str | None, stores: tuple[str, ...],
             trace_file: str | None, host: str, port: int, token: str | None,
-            allow_hosts: tuple[str, ...]) -> int:
+            allow_hosts: tuple[str, ...], tls_cert: str | None, tls_key: str | None) -> int:
     """Serve the dashboard at http://HOST:PORT/.
 
     Examples:
@@ -56,5 +58,5 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
     app = create_app(dump_a=paths[0] if paths else None, dump_b=paths[1] if len(paths) > 1 else None,
                      compare_dir=compare_dir, monitor_addr=monitor_addr, store_dirs=stores,
                      trace_file=trace_file, job=job, monitor_token=monitor_token)
-    serve(app, host, port, token=token, allow_hosts=allow_hosts)
+    serve(app, host, port, token=token, allow_hosts=allow_hosts, tls_cert=tls_cert, tls_key=tls_key)
     return 0

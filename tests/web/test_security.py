@@ -197,3 +197,29 @@ def test_probe_web_prints_a_url_that_signs_in(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_with_tls_the_dashboard_speaks_https_and_its_cookie_is_secure(server, tmp_path):
+    import shutil
+    import ssl
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    srv = server(create_app(), tls_cert=str(cert), tls_key=str(key))
+    assert srv.signed_url().startswith(f"https://127.0.0.1:{srv.port}/?token=")
+    con = http.client.HTTPSConnection("127.0.0.1", srv.port, timeout=30,
+                                      context=ssl.create_default_context(cafile=str(cert)))
+    con.request("GET", f"/?token={TOKEN}")
+    r = con.getresponse()
+    assert r.status == 303 and "; Secure" in r.getheader("Set-Cookie")
+    with pytest.raises((http.client.HTTPException, ConnectionError)):    # plain HTTP gets no page
+        request(srv, "GET", "/")
+
+
+def test_a_missing_tls_key_is_one_line(tmp_path):
+    r = run_probe("web", "--tls-cert", str(tmp_path / "cert.pem"), "--port", "0", timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--tls-key" in r.stderr

@@ -74,6 +74,16 @@ def _start_monitor(out: Path, port: int, trace_steps: int) -> subprocess.Popen:
     raise ProbeError(f"the monitor service did not answer in 60 s; see {out / 'monitor.log'}", exit_code=1)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Fail before any work when the dashboard's port is taken (not after the whole demo)."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ProbeError(f"--port {port} on {host} is not free ({e.strerror}); stop what uses "
+                             "it or pass another --port (or --no-serve)") from None
+
+
 def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
     raise KeyboardInterrupt
 
@@ -119,6 +129,8 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
                          faults=(f"slow:{slow_rank}:{slow_factor:g}",), out_dir=str(root / job),
                          callbacks=(CallbackSpec(FlopsCallback),))
     validate(train_spec)
+    if serve:
+        _check_port_free(host, port)
     from ground.outdir import claim
 
     claim(root, "demo", DEMO_ENTRIES, force=force)
@@ -165,7 +177,7 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
         app = create_app(dump_a=str(a), dump_b=str(b), compare_dir=str(cmp_dir), monitor_addr=addr,
                          store_dirs=(str(root / job), str(prof)), trace_file=str(prof / "trace.json"),
                          job=job)
-        click.echo(f"\ndashboard: http://{host}:{port}/   (Ctrl-C to stop)")
+        click.echo("\ndashboard (the URL carries the access token of its SQL page):")
         serve_app(app, host=host, port=port)
         return 0
     finally:

@@ -77,6 +77,7 @@ def _start_monitor(out: Path, port: int, trace_steps: int) -> subprocess.Popen:
 def _check_port_free(host: str, port: int) -> None:
     """Fail before any work when the dashboard's port is taken (not after the whole demo)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the server binds it
         try:
             s.bind((host, port))
         except OSError as e:

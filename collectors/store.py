@@ -7,7 +7,11 @@ Layout under a run directory::
 A :class:`StoreWriter` buffers Arrow tables per record kind and writes a segment when a step
 ends (:meth:`StoreWriter.end_step`) or when its buffer passes ``max_buffer_rows``. Each segment
 is written to a temporary name and renamed, so a reader never sees half a file and a crash or
-``kill -9`` loses at most the step in flight. :func:`open_store` exposes every segment under a
+``kill -9`` loses at most the step in flight. With ``fsync="step"`` (the default) every
+segment of a finished step is also forced to disk, file and folder, by a background thread right
+after the step ends (the training thread does not wait for the disk; :meth:`StoreWriter.close`
+does), so a power loss too loses at most the last step; ``fsync="never"`` leaves that to the
+operating system. :func:`open_store` exposes every segment under a
 directory as the views ``tensors``, ``nodes``, ``events``, ``metrics`` and ``steps`` (the
 engine's per-step metrics pivoted to one row per rank and step). A segment whose Parquet footer
 cannot be read (a disk fault, a file copied in half) is left out of the views with one warning on
@@ -37,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collectors.records import SCHEMAS, VIEWS, conform, schema_for, table_from_rows
+from ground.background import BackgroundQueue
 from ground.errors import ProbeError
 
 STORE_DIRNAME = "store"
@@ -46,12 +51,15 @@ class StoreWriter:
     """Streams records of one rank to Parquet segments; thread-safe; bounded memory."""
 
     def __init__(self, run_dir: str | os.PathLike, rank: int = 0, run: str | None = None,
-                 *, max_buffer_rows: int = 200_000, fsync: bool = False) -> None:
+                 *, max_buffer_rows: int = 200_000, fsync: str = "step") -> None:
         self.run_dir = Path(run_dir)
         self.rank = int(rank)
         self.run = run if run is not None else self.run_dir.name
         self.max_buffer_rows = max_buffer_rows
+        if fsync not in FSYNC_MODES:
+            raise ProbeError(f"--fsync {fsync!r}: use one of {', '.join(FSYNC_MODES)}")
         self.fsync = fsync
+        self._syncer: BackgroundQueue | None = None
         self._buffers: dict[str, list[pa.Table]] = {k: [] for k in SCHEMAS}
         self._rows: dict[str, int] = {k: 0 for k in SCHEMAS}
         self._counter = itertools.count()
@@ -97,6 +105,8 @@ class StoreWriter:
             for kind in SCHEMAS:
                 self._flush_kind(kind)
             self._closed = True
+        if self._syncer is not None:
+            self._syncer.close()
 
     def __enter__(self) -> "StoreWriter":
         return self
@@ -118,11 +128,43 @@ class StoreWriter:
         # snappy: a third of zstd's CPU time for segments about 15% larger; the writer shares
         # the machine with the training it records
         pq.write_table(table, tmp, compression="snappy")
-        if self.fsync:
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
         os.replace(tmp, folder / name)
         self.segments_written += 1
+        if self.fsync == "step":
+            if self._syncer is None:
+                self._syncer = BackgroundQueue(_fsync_all, name=f"store-fsync-r{self.rank}",
+                                               capacity=4096, overflow="block",
+                                               on_error=_warn_fsync)
+            self._syncer.put(folder / name)
+
+    def sync(self, timeout: float | None = None) -> bool:
+        """Wait until every segment written so far is on disk (``fsync="step"``)."""
+        return self._syncer.flush(timeout) if self._syncer is not None else True
+
+
+#: ``--fsync`` values: ``step`` forces each finished step's segments to disk; ``never`` does not.
+FSYNC_MODES = ("step", "never")
+
+
+def _fsync_all(paths: list[Path]) -> None:
+    """fsync each file, then each folder once (the rename that made the file visible)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for folder in {p.parent for p in paths}:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _warn_fsync(error: BaseException) -> None:
+    print(f"probe: store: could not force a segment to disk ({type(error).__name__}: {error})",
+          file=sys.stderr, flush=True)
 
 
 def find_segments(root: str | os.PathLike) -> dict[str, list[str]]:

@@ -32,5 +32,6 @@ class RunSpec:
     lr: float = 3e-3
     quiet: bool = False
     owner: str = "train"               # the verb whose run directory this is (ground.outdir.claim)
+    fsync: str = "step"                # store durability: "step" | "never" (collectors.store)
     force: bool = False                # replace entries of the run directory probe cannot prove it wrote
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)

@@ -96,7 +96,7 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01,
                                   fused=fused_opt, foreach=False if not fused_opt else None)
     run_name = os.path.basename(os.path.abspath(spec.out_dir))
-    store = StoreWriter(spec.out_dir, rank=rank, run=run_name)
+    store = StoreWriter(spec.out_dir, rank=rank, run=run_name, fsync=spec.fsync)
     ctx = TrainContext(rank=rank, world_size=world_size, run=run_name, out_dir=spec.out_dir,
                        engine=spec.engine, preset=spec.preset, device=device, model=model,
                        optimizer=optimizer, config=cfg, max_steps=spec.max_steps, store=store,

@@ -49,6 +49,14 @@ def engine_options(func: Callable) -> Callable:
     return func
 
 
+def fsync_option(func: Callable) -> Callable:
+    """``--fsync step|never``: force each finished step's records to disk (default step)."""
+    return click.option("--fsync", type=click.Choice(["step", "never"]), default="step",
+                        show_default=True,
+                        help="step: each finished step's store segments are forced to disk (a "
+                             "power loss loses at most the step in flight); never: left to the OS.")(func)
+
+
 def force_option(func: Callable) -> Callable:
     """``--force``: replace entries of ``--out`` that probe cannot prove it wrote (see ground.outdir)."""
     return click.option("--force", is_flag=True,

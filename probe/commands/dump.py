@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from ground.errors import ProbeError
-from probe.options import engine_options, force_option, selection_option
+from probe.options import engine_options, force_option, fsync_option, selection_option
 
 DEFAULT_OUT = os.path.join("runs", "dump")
 
@@ -46,11 +46,12 @@ DEFAULT_OUT = os.path.join("runs", "dump")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory.")
 @click.option("--no-stack", is_flag=True, help="Do not record call stacks (stack.json stays empty).")
 @force_option
+@fsync_option
 @engine_options
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
 def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | None,
             scope: str | None, names: str | None, framework: str, out: str, no_stack: bool,
-            force: bool, engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
+            force: bool, fsync: str, engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
             faults: tuple[str, ...], device: str, script: tuple[str, ...]) -> int:
     """Dump statistics, tensors or hashes of every module/API of a run."""
     if scope:
@@ -67,14 +68,15 @@ def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | N
             raise ProbeError("--framework mindspore needs a SCRIPT (probe dump --framework mindspore "
                              "-- train.py); the bundled engine is PyTorch")
         code = _run_engine(out, options, engine=engine, preset=preset, nproc=nproc,
-                           max_steps=max_steps, seed=seed, faults=faults, device=device, force=force)
+                           max_steps=max_steps, seed=seed, faults=faults, device=device, force=force,
+                           fsync=fsync)
     _summarise(out, options, code)
     return code
 
 
 def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, nproc: int,
                 max_steps: int | None, seed: int, faults: tuple[str, ...], device: str,
-                force: bool) -> int:
+                force: bool, fsync: str) -> int:
     from engine_adapter.callbacks import CallbackSpec
     from engine.launch import run_training
     from engine.spec import RunSpec
@@ -89,7 +91,7 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
     dump = CallbackSpec(DumpCallback, {**options, "out": out})
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc, max_steps=max(max_steps or 0, needed),
                    seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(dump,),
-                   owner="dump", force=force)
+                   owner="dump", force=force, fsync=fsync)
     _claim(out, force)
     run_training(spec)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from probe.options import engine_options, force_option
+from probe.options import engine_options, force_option, fsync_option
 
 
 def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps: int | None,
@@ -35,8 +35,9 @@ def print_step_table(result, echo=click.echo) -> None:
 @click.option("--weights", default=None, type=click.Path(), help="Reference-format safetensors weights.")
 @click.option("--out", default="runs/train", show_default=True, help="Run directory.")
 @force_option
+@fsync_option
 def command(engine, preset, nproc, max_steps, seed, faults, device, compile_, weights, out,
-            force) -> int:
+            force, fsync) -> int:
     """Train the bundled Llama-style engine on synthetic tokens and print a step table.
 
     Example: probe train --engine fused --preset tiny --nproc 2 --max-steps 5 --out runs/t
@@ -44,7 +45,7 @@ def command(engine, preset, nproc, max_steps, seed, faults, device, compile_, we
     from engine.launch import run_training
 
     spec = spec_from_options(out, engine, preset, nproc, max_steps, seed, faults, device,
-                             compile=compile_, weights=weights, force=force)
+                             compile=compile_, weights=weights, force=force, fsync=fsync)
     result = run_training(spec)
     print_step_table(result)
     click.echo(f"trained {engine}/{preset} on {nproc} rank(s) for {len(result.steps)} steps; "

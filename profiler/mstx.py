@@ -51,12 +51,12 @@ __all__ = ["mark", "range_start", "range_end", "range", "domain", "Domain", "is_
 # Device timing events (ranges and marks given a stream) wait in _device_starts/_device_ends.
 MARK, START, END = 0, 1, 2
 
-# --- state switched by profiler.recorder.Recorder; read on every call ---------------------
+# --- state switched by profiler.event_recorder.EventRecorder; read on every call -----------
 _active = False          # marks and range starts are recorded
-_ends = False            # range ends are recorded (stays on in a session's tail, see Recorder)
+_ends = False            # range ends are recorded (stays on in a session's tail, see EventRecorder)
 _local = threading.local()               # .push: this thread's buffer's append
 _new_buffer: Callable[[], list] = list   # replaced by the recorder: registers a thread's buffer
-_complete: list = []                     # finished ranges from built-in wrappers (recorder.emit_complete)
+_complete: list = []                     # finished ranges from built-in wrappers (events.emit_complete)
 _streams: dict[int, Any] = {}            # range id -> stream, only for ranges given a stream
 _device_starts: dict[int, Any] = {}      # id -> device event recorded at the start/mark
 _device_ends: dict[int, Any] = {}        # id -> device event recorded at the end/mark

@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from profiler.recorder import Event, EventBatch, Recorder, describe_problems, emit_complete
+from profiler.event_recorder import EventRecorder
+from profiler.events import Event, EventBatch, describe_problems, emit_complete
 from profiler.sinks import StoreSink, TraceMeta
 
 OFF, WARMUP, ACTIVE = "off", "warmup", "active"
@@ -123,8 +124,8 @@ class Session:
         self._win_starts: list[int] = []          # its start (ns); appended after its step
         self._sinks = self._build_sinks(store, trace, otel_exporter, otel_processor, sinks)
         self._sink_errors: Counter[str] = Counter()
-        self._recorder = Recorder(self._to_sinks, interval_s=interval_s, windows=self._step_windows,
-                                  domains=domains)
+        self._recorder = EventRecorder(self._to_sinks, interval_s=interval_s,
+                                       windows=self._step_windows, domains=domains)
         self._undo: list[Any] = []
         self._torch_prof: Any = None
         self._torch_events: list[dict] = []

@@ -1,13 +1,14 @@
 """Where a session's events go: the sink interface and the Arrow store sink.
 
 A sink has three methods, called from the session's batching thread (never the hot path):
-``open(meta)`` once, ``write(batch)`` with each :class:`profiler.recorder.EventBatch` of finished
-events (columns; iterating it yields :class:`profiler.recorder.Event` rows), ``close()`` once. ``meta`` is a :class:`TraceMeta`. The Perfetto trace sink lives in
+``open(meta)`` once, ``write(batch)`` with each :class:`profiler.events.EventBatch` of finished
+events (columns; iterating it yields :class:`profiler.events.Event` rows), ``close()`` once.
+``meta`` is a :class:`TraceMeta`. The Perfetto trace sink lives in
 :mod:`collectors.perfetto`, the OpenTelemetry sink in :mod:`collectors.otel`.
 
 >>> import tempfile
 >>> from collectors.store import StoreWriter, open_store
->>> from profiler.recorder import Event, EventBatch
+>>> from profiler.events import Event, EventBatch
 >>> d = tempfile.mkdtemp()
 >>> sink = StoreSink(StoreWriter(d, rank=0, run="r"), own_store=True)
 >>> sink.open(TraceMeta(rank=0, world_size=1, run="r"))
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import json
 from typing import Any, Protocol
 
-from profiler.recorder import EventBatch, payload_json
+from profiler.events import EventBatch, payload_json
 
 
 @dataclass

@@ -7,12 +7,13 @@ import threading
 import numpy as np
 
 from profiler import mstx
-from profiler.recorder import Recorder, _Rows
+from profiler.event_recorder import EventRecorder
+from profiler.range_pairing import Rows, range_ids
 
 
 def record(fn):
     got = []
-    rec = Recorder(got.extend, interval_s=0.01).start()
+    rec = EventRecorder(got.extend, interval_s=0.01).start()
     try:
         fn()
     finally:
@@ -126,7 +127,7 @@ def test_bad_input_is_counted_and_never_raises():
 
 def test_a_buffer_over_its_bound_drops_and_counts_the_excess():
     got = []
-    rec = Recorder(got.extend, interval_s=60, max_buffer=100).start()
+    rec = EventRecorder(got.extend, interval_s=60, max_buffer=100).start()
     for i in range(250):
         mstx.mark("m")
     problems = rec.stop()
@@ -136,7 +137,7 @@ def test_a_buffer_over_its_bound_drops_and_counts_the_excess():
 
 def test_an_end_seen_before_its_start_in_a_later_batch_still_pairs():
     got = []
-    rec = Recorder(got.extend, interval_s=60).start()
+    rec = EventRecorder(got.extend, interval_s=60).start()
     holder = {}
     started = threading.Event()
 
@@ -152,11 +153,11 @@ def test_an_end_seen_before_its_start_in_a_later_batch_still_pairs():
     # pair the main thread's records (with the end) alone first, as a drain racing a start can
     by_thread = _take_columns(rec)
     me = threading.get_ident()
-    rec._pair_columns(me, *by_thread.pop(me), _Rows())
-    assert holder["rid"] in rec._orphan_ends
-    rows = _Rows()
+    rec.pairer.pair_columns(me, *by_thread.pop(me), Rows())
+    assert holder["rid"] in rec.pairer.orphan_ends
+    rows = Rows()
     for tid, cols in by_thread.items():
-        rec._pair_columns(tid, *cols, rows)
+        rec.pairer.pair_columns(tid, *cols, rows)
     got.extend(rec._finish_rows(rows, final=False))
     problems = rec.stop()
     assert [e.name for e in got] == ["late start"]
@@ -174,7 +175,7 @@ def _take_columns(rec):
     for tid, buf, _thread in rec._buffers:
         items = buf[:]
         del buf[:]
-        out[tid] = (np.array([r[0] for r in items], np.int8), rec._ids(items),
+        out[tid] = (np.array([r[0] for r in items], np.int8), range_ids(items),
                     np.array([r[2] for r in items], np.int64), [r[3] for r in items],
                     [r[4] for r in items])
     return out
@@ -184,7 +185,7 @@ def test_a_forked_child_does_not_record_into_a_buffer_nobody_drains():
     import os
 
     got = []
-    rec = Recorder(got.extend, interval_s=60).start()
+    rec = EventRecorder(got.extend, interval_s=60).start()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:                                   # the child: mstx must be off

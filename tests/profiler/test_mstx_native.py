@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from profiler import mstx
-from profiler.recorder import Recorder
+from profiler.event_recorder import EventRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
 native = pytest.mark.skipif(mstx._native is None, reason="profiler._mstx_native is not built")
@@ -21,7 +21,7 @@ native = pytest.mark.skipif(mstx._native is None, reason="profiler._mstx_native 
 
 def record(fn, **kw):
     got = []
-    rec = Recorder(got.extend, interval_s=60, **kw).start()
+    rec = EventRecorder(got.extend, interval_s=60, **kw).start()
     try:
         fn()
     finally:

@@ -168,7 +168,7 @@ def test_otel_batch_export_of_many_spans_drops_none():
 
 def test_device_times_get_one_track_per_device_and_stream_and_stay_valid_when_overlapping():
     from collectors.perfetto import to_trace_events
-    from profiler.recorder import Event
+    from profiler.events import Event
 
     def ev(name, t0, t1, d0, d1, stream):
         return Event("user", name, "range", t0, t1, 1, 1, d0, d1, {"device": 0, "stream": stream}, 0)

@@ -22,14 +22,12 @@ ROUNDS = 8
 
 def measure_offset(rounds: int = ROUNDS) -> int:
     """This rank's clock offset to rank 0 of the default group in ns (add it to local times)."""
-    if "torch" not in sys.modules:
+    if not group_is_up():
         return 0
     import torch
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return 0
     world, rank = dist.get_world_size(), dist.get_rank()
     if world <= 1:
         return 0
@@ -62,6 +60,19 @@ def measure_offset(rounds: int = ROUNDS) -> int:
                 best = (rtt, t2 - (t1 + t3) // 2)
     barrier()
     return best[1]
+
+
+def group_is_up() -> bool:
+    """True when ``torch.distributed``'s default process group exists (torch is not imported).
+
+    >>> group_is_up()
+    False
+    """
+    if "torch" not in sys.modules:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def epoch_offset_ns() -> int:

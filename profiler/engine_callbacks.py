@@ -6,20 +6,30 @@
   callbacks (the monitor agent) and the store see them, as MindSpore's
   FlopsUtilizationCollector does, for any op.
 - :class:`ProfileCallback` runs a :class:`profiler.session.Session` over the selected steps of
-  every rank (clocks aligned at start), includes a FlopsCallback, and puts the step metrics
-  in :data:`COUNTERS` on counter tracks of the trace.
+  every rank (clocks aligned at start, or right after a script's ``init_process_group``),
+  includes a FlopsCallback, and puts the step metrics in :data:`COUNTERS` on counter tracks of
+  the trace.
 
-Use them through :class:`~engine_adapter.callbacks.CallbackSpec`::
+Use them through :class:`~engine_adapter.callbacks.CallbackSpec` in the bundled engine::
 
     RunSpec(..., callbacks=(CallbackSpec(ProfileCallback, {"steps": [0, 1, 2], "peak_tflops": 0.2}),))
+
+or on any script's optimizer steps with :class:`engine_adapter.steps.StepSource` (what
+``probe profile -- SCRIPT`` does; ``step_ranges=True`` records each step as a range, since a
+script marks none)::
+
+    with StepSource(get_adapter("torch"), [ProfileCallback(step_ranges=True)], "runs/prof"):
+        train()
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, Iterable
 
 from engine_adapter.callbacks import TrainCallback, TrainContext
+from profiler.events import emit_complete
 
 
 #: Step metrics shown as counter tracks in the trace.
@@ -33,6 +43,21 @@ class FlopsCallback(TrainCallback):
     :data:`profiler.flops.PEAK_TFLOPS` for the dtype most FLOPs ran in (so autocast counts as
     its compute dtype), and a CPU gets FLOPs but no MFU/HFU.
     ``recount_every``: count again every N steps (shapes that change); 0 counts once.
+    A loop without a model in its context (a script's steps) gets the peak only from
+    ``peak_tflops``.
+
+    >>> import tempfile, torch
+    >>> from engine_adapter.base import get_adapter
+    >>> from engine_adapter.steps import StepSource
+    >>> model = torch.nn.Linear(16, 16)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> with StepSource(get_adapter("torch"), [FlopsCallback(peak_tflops=1)], tempfile.mkdtemp()) as source:
+    ...     for _ in range(2):
+    ...         model(torch.randn(4, 16)).sum().backward(); opt.step()
+    >>> [s["step"] for s in source.steps], source.steps[0]["flops"] == 2 * 2 * 4 * 16 * 16
+    ([0, 1], True)
+    >>> sorted(source.steps[0])
+    ['achieved_tflops', 'flops', 'hfu', 'hw_flops', 'mfu', 'step', 'step_time_ms']
     """
 
     def __init__(self, peak_tflops: float | None = None, recount_every: int = 0) -> None:
@@ -47,7 +72,7 @@ class FlopsCallback(TrainCallback):
     def on_train_start(self, ctx: TrainContext) -> None:
         from profiler.flops import peak_flops
 
-        dtype = next((p.dtype for p in ctx.model.parameters()), None)
+        dtype = next((p.dtype for p in ctx.model.parameters()), None) if ctx.model is not None else None
         self.peak = peak_flops(ctx.device, dtype, self.peak_tflops)
 
     def on_step_start(self, ctx: TrainContext, step: int) -> None:
@@ -98,14 +123,18 @@ class ProfileCallback(TrainCallback):
     rank still takes part in the clock-offset exchange); ``schedule``: (wait, warmup, active, repeat)
     instead; ``trace``: write ``OUT/trace/rank<R>.json``; ``otel``: ``"console"`` to print
     spans (an exporter object can be given in-process); ``torch_ops``: add torch.profiler's op
-    activity; ``flops``: add FLOPs/MFU/HFU to step metrics (``peak_tflops`` as FlopsCallback).
+    activity; ``flops``: add FLOPs/MFU/HFU to step metrics (``peak_tflops`` as FlopsCallback);
+    ``step_ranges``: record each step as a ``step N`` range in domain ``step`` (for a loop that
+    marks none, such as a script's optimizer steps; the payload names the context's
+    ``extra["step_source"]``).
     """
 
     def __init__(self, steps: Iterable[int] | None = None,
                  schedule: tuple[int, int, int, int] | None = None, trace: bool = True,
                  otel: Any = None, torch_ops: bool = False, flops: bool = True,
                  peak_tflops: float | None = None, recount_every: int = 0,
-                 domains: Iterable[str] | None = None, ranks: Iterable[int] | None = None) -> None:
+                 domains: Iterable[str] | None = None, ranks: Iterable[int] | None = None,
+                 step_ranges: bool = False) -> None:
         self.ranks = set(ranks) if ranks is not None else None
         self.steps = list(steps) if steps is not None else None
         self.schedule = tuple(schedule) if schedule is not None else None
@@ -114,16 +143,19 @@ class ProfileCallback(TrainCallback):
         self.torch_ops = torch_ops
         self.domains = list(domains) if domains is not None else None
         self.flops = FlopsCallback(peak_tflops, recount_every) if flops else None
+        self.step_ranges = step_ranges
         self.session: Any = None
         self.report: Any = None
+        self._step_start_ns = 0
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        from profiler.clock import measure_offset
+        from profiler.clock import group_is_up, measure_offset
         from profiler.session import Session
 
         if self.flops is not None:
             self.flops.on_train_start(ctx)
-        offset = measure_offset() if ctx.world_size > 1 else 0
+        # no process group yet (a script creates its own): the session measures right after it
+        offset = measure_offset() if group_is_up() else None
         if self.ranks is not None and ctx.rank not in self.ranks:
             return
         self.session = Session(
@@ -135,11 +167,16 @@ class ProfileCallback(TrainCallback):
     def on_step_start(self, ctx: TrainContext, step: int) -> None:
         if self.flops is not None:
             self.flops.on_step_start(ctx, step)
+        if self.step_ranges:
+            self._step_start_ns = time.perf_counter_ns()
 
     def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
         if self.flops is not None:
             self.flops.on_step_end(ctx, step, metrics)
         if self.session is not None:
+            if self.step_ranges:
+                emit_complete(f"step {step}", "step", self._step_start_ns, time.perf_counter_ns(),
+                              {"step": step, "source": ctx.extra.get("step_source")})
             for name in COUNTERS:
                 if isinstance(metrics.get(name), (int, float)):
                     self.session.counter(name, metrics[name])

@@ -1,12 +1,11 @@
 """Profiling sessions: which steps are recorded, and where their events go.
 
-A :class:`Session` switches :mod:`profiler.mstx` on, adds the built-in ranges (every
-``torch.distributed`` collective and point-to-point call in domain ``communication``;
-dataloader fetches in domain ``dataloader``; ``torch.save`` and (when loaded)
-``torch.distributed.checkpoint.save`` in domain ``checkpoint``; optionally
-one ``step N`` range per optimizer step in domain ``step``), and sends finished events to its
-sinks: the Arrow record store, a Chrome/Perfetto trace fragment ``OUT/trace/rank<R>.json``,
-OpenTelemetry spans, or any object with ``open/write/close``.
+A :class:`Session` switches :mod:`profiler.mstx` on (through an
+:class:`~profiler.event_recorder.EventRecorder`), adds the built-in ranges of
+:mod:`profiler.builtin_ranges` (collectives and point-to-point calls, dataloader fetches,
+checkpoint saves), optionally torch.profiler's op activity (:mod:`profiler.torch_ops`), and
+sends finished events to its sinks: the Arrow record store, a Chrome/Perfetto trace fragment
+``OUT/trace/rank<R>.json``, OpenTelemetry spans, or any object with ``open/write/close``.
 
 Which steps are kept, either:
 
@@ -17,6 +16,9 @@ Which steps are kept, either:
 
 ``step()`` says the current step ended (as ``torch.profiler.profile.step``). Events belong to
 the step during which they started. Ranges still open when recording pauses get their end.
+A script's optimizer steps drive a session through :class:`engine_adapter.steps.StepSource`
+and :class:`profiler.engine_callbacks.ProfileCallback` (which then also records each step as a
+``step N`` range in domain ``step``).
 
 The simple API for a deep trace of steps S..S+N on one rank (what the monitor agent calls)::
 
@@ -53,9 +55,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from profiler.builtin_ranges import BuiltinRanges
 from profiler.event_recorder import EventRecorder
-from profiler.events import Event, EventBatch, describe_problems, emit_complete
+from profiler.events import EventBatch, describe_problems
 from profiler.sinks import StoreSink, TraceMeta
+from profiler.torch_ops import TorchOps
 
 OFF, WARMUP, ACTIVE = "off", "warmup", "active"
 
@@ -98,7 +102,7 @@ class Session:
                  schedule: tuple[int, int, int, int] | None = None,
                  steps: Iterable[int] | None = None, first_step: int = 0,
                  domains: Iterable[str] | None = None, comm: bool = True,
-                 optimizer_steps: bool = False, dataloader: bool = True, checkpoint: bool = True,
+                 dataloader: bool = True, checkpoint: bool = True,
                  torch_ops: bool = False, align_clocks: bool = False,
                  clock_offset_ns: int | None = None, align_on_init: bool = True,
                  interval_s: float = 0.05) -> None:
@@ -111,14 +115,9 @@ class Session:
         self.steps = frozenset(int(s) for s in steps) if steps is not None else None
         self.first_step = int(first_step)
         self.current_step = self.first_step
-        self.comm = comm
-        self.optimizer_steps = optimizer_steps
-        self.dataloader = dataloader
-        self.checkpoint = checkpoint
-        self.torch_ops = torch_ops
         self.align_clocks = align_clocks and clock_offset_ns is None
         self.clock_offset_ns = int(clock_offset_ns or 0)
-        self.align_on_init = align_on_init and clock_offset_ns is None
+        align_on_init = align_on_init and clock_offset_ns is None
         self.report: SessionReport | None = None
         self._win_steps: list[int | None] = []    # step of each window (None: not kept), append-only
         self._win_starts: list[int] = []          # its start (ns); appended after its step
@@ -126,11 +125,10 @@ class Session:
         self._sink_errors: Counter[str] = Counter()
         self._recorder = EventRecorder(self._to_sinks, interval_s=interval_s,
                                        windows=self._step_windows, domains=domains)
-        self._undo: list[Any] = []
-        self._torch_prof: Any = None
-        self._torch_events: list[dict] = []
+        self._builtins = BuiltinRanges(comm=comm, dataloader=dataloader, checkpoint=checkpoint,
+                                       after_init=self._align_after_init if align_on_init else None)
+        self._torch_ops = TorchOps() if torch_ops else None
         self._counters: list[tuple[int, str, float]] = []
-        self._last_step_ns = 0
         self._steps_seen: set[int] = set()
         self._started = False
 
@@ -157,19 +155,16 @@ class Session:
         for sink in self._sinks:
             self._guard(sink, "open", self.meta)
         self._started = True
-        self._install_builtins()
-        self._last_step_ns = time.perf_counter_ns()
-        self._enter(self.current_step, self._last_step_ns)
+        self._builtins.install()
+        self._enter(self.current_step, time.perf_counter_ns())
         return self
 
     def step(self, next_step: int | None = None) -> None:
         """The current step ended; the next one is ``next_step`` (default: current + 1)."""
         if not self._started:
             return
-        now = time.perf_counter_ns()
-        self._last_step_ns = now
         self.current_step = self.current_step + 1 if next_step is None else int(next_step)
-        self._enter(self.current_step, now)
+        self._enter(self.current_step, time.perf_counter_ns())
 
     def counter(self, name: str, value: float) -> None:
         """Add a point to the counter track ``name`` (the trace shows it over time), when the
@@ -190,15 +185,19 @@ class Session:
         if not self._started:
             return self.report or SessionReport(self.rank, 0, [], {}, None, self.clock_offset_ns)
         self._started = False
-        self._stop_torch_ops()
-        for undo in reversed(self._undo):
-            undo()
-        self._undo.clear()
+        torch_events: list[dict] = []
+        if self._torch_ops is not None:
+            self._torch_ops.stop(self.meta)
+            torch_events = self._torch_ops.events
+        self._builtins.remove()
         problems = self._recorder.stop()
-        torch_batch = self._torch_ops_batch() if self._torch_events else None
+        torch_batch = None
+        if torch_events:
+            torch_batch = self._torch_ops.batch(self._win_starts, self._win_steps, self.clock_offset_ns)
+            self._steps_seen.update(torch_batch.step)
         for sink in self._sinks:
-            if hasattr(sink, "add_raw") and self._torch_events:
-                self._guard(sink, "add_raw", self._torch_events)
+            if hasattr(sink, "add_raw") and torch_events:
+                self._guard(sink, "add_raw", torch_events)
             elif torch_batch is not None and len(torch_batch):
                 self._guard(sink, "write", torch_batch)
             if hasattr(sink, "add_counters") and self._counters:
@@ -241,10 +240,11 @@ class Session:
             self._recorder.pause()
         else:
             self._recorder.resume()
-        if state == ACTIVE:
-            self._start_torch_ops()
-        else:
-            self._stop_torch_ops()
+        if self._torch_ops is not None:
+            if state == ACTIVE:
+                self._torch_ops.start()
+            else:
+                self._torch_ops.stop(self.meta)
 
     def _step_windows(self) -> tuple[list[int], list[int | None]]:
         return self._win_starts, self._win_steps
@@ -282,60 +282,16 @@ class Session:
         except Exception as e:  # noqa: BLE001 - one failing sink must not stop the others
             self._sink_errors[f"{type(sink).__name__}.{method}: {type(e).__name__}: {e}"[:200]] += 1
 
-    # --- built-in ranges -----------------------------------------------------------------------
-    def _install_builtins(self) -> None:
-        torch = sys.modules.get("torch")
-        if self.comm and torch is not None:
-            from engine_adapter import torch_comm
-
-            listener = _CommRanges()
-            torch_comm.add_listener(listener)
-            self._undo.append(lambda: torch_comm.remove_listener(listener))
-        if torch is None:
-            return
-        if self.optimizer_steps:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            handle = register_optimizer_step_post_hook(self._on_optimizer_step)
-            self._undo.append(handle.remove)
-        if self.dataloader:
-            from torch.utils.data import dataloader as dl
-
-            self._patch(dl._BaseDataLoaderIter, "__next__", "dataloader", "fetch")
-        if self.checkpoint:
-            self._patch(torch, "save", "checkpoint", "torch.save")
-            dcp = sys.modules.get("torch.distributed.checkpoint")
-            if dcp is not None and hasattr(dcp, "save"):
-                self._patch(dcp, "save", "checkpoint", "torch.distributed.checkpoint.save")
-        if self.align_on_init:
-            self._align_after_init(torch)
-
-    def _align_after_init(self, torch: Any) -> None:
-        """A script that creates its process group after the session started (``probe profile
-        -- script`` under torchrun): measure the clock offset right after
-        ``init_process_group``, which every rank calls together. Events drained before that
-        keep offset 0."""
+    # --- clock alignment of a script's process group --------------------------------------------
+    def _align_after_init(self) -> None:
+        """Right after a script's ``init_process_group`` (every rank calls it together): measure
+        this rank's clock offset. Events drained before that keep offset 0."""
         import torch.distributed as dist
 
-        if not dist.is_available() or dist.is_initialized():
-            return
-        from torch.distributed import distributed_c10d as c10d
-
-        orig = c10d.init_process_group
-
-        def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            result = orig(*args, **kwargs)
-            try:
-                self._set_offset(dist.get_rank(), dist.get_world_size())
-            except Exception as e:  # noqa: BLE001 - no alignment is better than a failed init
-                self._sink_errors[f"clock alignment: {type(e).__name__}: {e}"[:200]] += 1
-            return result
-
-        init_process_group.__wrapped__ = orig  # type: ignore[attr-defined]
-        for owner in (c10d, dist):
-            if getattr(owner, "init_process_group", None) is orig:
-                setattr(owner, "init_process_group", init_process_group)
-                self._undo.append(lambda owner=owner: setattr(owner, "init_process_group", orig))
+        try:
+            self._set_offset(dist.get_rank(), dist.get_world_size())
+        except Exception as e:  # noqa: BLE001 - no alignment is better than a failed init
+            self._sink_errors[f"clock alignment: {type(e).__name__}: {e}"[:200]] += 1
 
     def _set_offset(self, rank: int, world_size: int) -> None:
         from profiler.clock import epoch_offset_ns, measure_offset
@@ -346,115 +302,6 @@ class Session:
         self.meta.rank, self.meta.world_size = self.rank, self.world_size = rank, world_size
         self.meta.clock_offset_ns = offset
         self.meta.epoch_offset_ns = epoch_offset_ns() - offset
-
-    def _patch(self, owner: Any, attr: str, domain: str, name: str) -> None:
-        orig = getattr(owner, attr)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter_ns()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                emit_complete(name, domain, t0, time.perf_counter_ns())
-
-        timed.__wrapped__ = orig  # type: ignore[attr-defined]
-        setattr(owner, attr, timed)
-
-        def undo() -> None:
-            if getattr(owner, attr, None) is timed:
-                setattr(owner, attr, orig)
-
-        self._undo.append(undo)
-
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        now = time.perf_counter_ns()
-        emit_complete(f"step {self.current_step}", "step", self._last_step_ns, now,
-                      {"step": self.current_step, "source": "optimizer"})
-        self.step()
-
-    # --- torch.profiler op-level activity ------------------------------------------------------
-    def _start_torch_ops(self) -> None:
-        if not self.torch_ops or self._torch_prof is not None:
-            return
-        import torch
-
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._torch_prof = torch.profiler.profile(activities=activities)
-        self._torch_prof.__enter__()
-
-    def _stop_torch_ops(self) -> None:
-        prof, self._torch_prof = self._torch_prof, None
-        if prof is None:
-            return
-        import json
-        import tempfile
-
-        prof.__exit__(None, None, None)
-        fd, path = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        try:
-            prof.export_chrome_trace(path)
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        finally:
-            os.unlink(path)
-        self._torch_events.extend(_torch_trace_on_our_clock(data, self.rank, self.meta))
-
-
-    def _torch_ops_batch(self) -> EventBatch:
-        """torch.profiler's ops as event records (domain ``torch.<category>``; device kernels
-        have kind ``kernel``), for the sinks other than the trace."""
-        import bisect
-
-        kernel_cats = {"kernel", "gpu_memcpy", "gpu_memset"}
-        rows = []
-        for ev in self._torch_events:
-            if ev.get("ph") != "X":
-                continue
-            start = int(round(ev["ts"] * 1000))
-            i = bisect.bisect_right(self._win_starts, start - self.clock_offset_ns) - 1
-            step = self._win_steps[i] if i >= 0 else None
-            if step is None:
-                continue
-            cat = str(ev.get("cat", "op"))
-            tid_text = str(ev.get("tid", "")).rsplit(" ", 1)[-1]    # "torch <tid>"
-            tid = int(tid_text) if tid_text.isdigit() else 0
-            rows.append(Event(f"torch.{cat}", str(ev.get("name", "")),
-                              "kernel" if cat in kernel_cats else "range", start,
-                              start + int(round(float(ev.get("dur", 0)) * 1000)), tid, tid,
-                              None, None, None, step))
-        self._steps_seen.update(r.step for r in rows)
-        return EventBatch.from_events(rows)
-
-
-def _torch_trace_on_our_clock(data: dict, rank: int, meta: TraceMeta) -> list[dict]:
-    """torch.profiler's Chrome events moved onto this session's clock and rank's process."""
-    base_us = data.get("baseTimeNanoseconds", 0) / 1000.0
-    shift_us = base_us - meta.epoch_offset_ns / 1000.0
-    out = []
-    for ev in data.get("traceEvents", []):
-        if not isinstance(ev, dict) or ev.get("ph") not in ("X", "i", "I"):
-            continue
-        ev = dict(ev)
-        ev["ts"] = float(ev.get("ts", 0)) + shift_us
-        ev["pid"] = rank
-        ev["tid"] = f"torch {ev.get('tid', 0)}"
-        ev.setdefault("cat", "torch")
-        out.append(ev)
-    out.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
-    tids = sorted({e["tid"] for e in out})
-    for t in tids:
-        out.insert(0, {"name": "thread_name", "ph": "M", "pid": rank, "tid": t, "args": {"name": t}})
-    return out
-
-
-class _CommRanges:
-    """torch_comm listener: one ``communication`` range per collective/p2p call."""
-
-    def on_comm_end(self, call: Any) -> None:
-        emit_complete(call.op, "communication", call.start_ns, call.end_ns, call.payload())
 
 
 def _check_schedule(schedule: Any) -> tuple[int, int, int, int]:

@@ -17,7 +17,6 @@ Exit codes: 0 done; 1 the script or a rank failed (what was recorded is still wr
 from __future__ import annotations
 
 import glob
-import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -120,43 +119,43 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
 
 def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
     from collectors.store import StoreWriter
-    from profiler.engine_callbacks import otel_exporter_from
+    from engine_adapter.base import get_adapter
+    from engine_adapter.steps import StepSource
     from probe.script import check_script, run_script
-    from profiler.session import Session
+    from profiler.engine_callbacks import ProfileCallback
 
     path = check_script(argv)
-    importlib.import_module("torch")      # the session's built-in ranges attach to torch at start
-
-    rank = int(os.environ.get("RANK", 0))
-    store = StoreWriter(out, rank=rank, run=Path(out).name)
-    session = Session(out, rank=rank, store=store, trace=True,
-                      otel_exporter=otel_exporter_from(options["otel"]),
-                      steps=options["steps"], schedule=options["schedule"],
-                      torch_ops=options["torch_ops"], optimizer_steps=True)
-    step_flops = None
-    if options["flops"]:
-        from profiler.flops import StepFlops, peak_flops
-
-        step_flops = StepFlops(peak_flops(None, peak_tflops=options["peak_tflops"]))
-    session.start()
-    if step_flops is not None:
-        step_flops.start()
+    adapter = get_adapter("torch")     # imports torch: the session's built-in ranges attach to it
+    store = StoreWriter(out, rank=adapter.rank(), run=Path(out).name)
+    profile = ProfileCallback(steps=options["steps"], schedule=options["schedule"],
+                              otel=options["otel"], torch_ops=options["torch_ops"],
+                              flops=options["flops"], peak_tflops=options["peak_tflops"],
+                              step_ranges=True)
+    source = StepSource(adapter, [profile], out, run=store.run, store=store).start()
     try:
         code = run_script(argv, "what was recorded is written")
     finally:
-        if step_flops is not None:
-            step_flops.stop()
-        report = session.stop()
-        if step_flops is not None and step_flops.rows:
-            import time
-
-            now = time.time_ns()
-            store.write_rows("metric", [
-                {"time_ns": now, "job": store.run, "rank": rank, "step": int(r["step"]), "name": k,
-                 "value": float(v)} for r in step_flops.rows for k, v in r.items() if k != "step"])
+        source.stop()
+        if options["flops"]:
+            _write_step_metrics(store, source.steps)
         store.close()
-    click.echo(f"profiled {path.name}: {report.summary()}")
+    report = profile.report.summary() if profile.report is not None else "no session ran"
+    click.echo(f"profiled {path.name}: {report}")
     return code
+
+
+#: The per-step metrics ``probe profile -- SCRIPT`` writes to the store (with FLOPs counted).
+SCRIPT_METRICS = ("step_time_ms", "flops", "hw_flops", "mfu", "hfu")
+
+
+def _write_step_metrics(store: Any, steps: list[dict[str, float]]) -> None:
+    """Write each step's :data:`SCRIPT_METRICS` as metric points of the store's rank."""
+    import time
+
+    now = time.time_ns()
+    store.write_rows("metric", [
+        {"time_ns": now, "job": store.run, "rank": store.rank, "step": int(s["step"]), "name": k,
+         "value": float(s[k])} for s in steps for k in SCRIPT_METRICS if k in s])
 
 
 def _launched_rank() -> tuple[int, int] | None:

@@ -9,6 +9,9 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from engine.config import get_preset
 from engine.models import build_model, init_reference_state
+from engine_adapter.base import get_adapter
+from engine_adapter.steps import StepSource
+from profiler.engine_callbacks import FlopsCallback
 from profiler.flops import FlopCounter, peak_flops, utilisation
 
 
@@ -83,3 +86,22 @@ def test_the_dtype_most_flops_ran_in_is_the_compute_dtype_under_autocast():
     with FlopCounter() as fc, torch.autocast("cpu", dtype=torch.bfloat16):
         lin(torch.randn(4, 32))
     assert lin.weight.dtype == torch.float32 and fc.main_dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("peak_tflops", [1.0, None])
+def test_flops_callback_on_a_scripts_optimizer_steps_reports_flops_and_mfu_of_every_step(tmp_path, peak_tflops):
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    flops = FlopsCallback(peak_tflops=peak_tflops)
+    with StepSource(get_adapter("torch"), [flops], str(tmp_path)) as source:
+        for _ in range(3):
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+    expected = 2 * 2 * 4 * 16 * 16          # forward and the weight gradient; no input gradient
+    assert [s["step"] for s in source.steps] == [0, 1, 2]
+    for s in source.steps:
+        assert s["flops"] == s["hw_flops"] == expected
+        if peak_tflops is None:                 # a CPU has no peak of its own: no MFU
+            assert "mfu" not in s and "hfu" not in s
+        else:
+            assert s["mfu"] == pytest.approx(expected / (s["step_time_ms"] / 1e3 * 1e12))

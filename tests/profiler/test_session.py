@@ -8,8 +8,11 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collectors.store import open_store
+from collectors.store import StoreWriter, open_store
+from engine_adapter.base import get_adapter
+from engine_adapter.steps import StepSource
 from profiler import mstx, profile
+from profiler.engine_callbacks import ProfileCallback
 from profiler.session import Session
 from tests.profiler.trace_schema import trace_problems
 
@@ -97,13 +100,15 @@ def test_optimizer_steps_dataloader_fetches_and_checkpoint_saves_become_ranges(t
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(6, 4)), batch_size=2)
-    collect = _Collect()
-    with Session(None, sinks=[collect], optimizer_steps=True):
+    store = StoreWriter(tmp_path, rank=0)
+    profiling = ProfileCallback(trace=False, flops=False, step_ranges=True)
+    with StepSource(get_adapter("torch"), [profiling], str(tmp_path), store=store):
         for (x,) in data:
             model(x).sum().backward()
             opt.step()
         torch.save(model.state_dict(), tmp_path / "ck.pt")
-    kinds = [(e.domain, e.name, e.step) for e in collect.events]
+    store.close()
+    kinds = open_store(tmp_path).sql("select domain, name, step from events order by host_start_ns").fetchall()
     assert [k for k in kinds if k[0] == "step"] == [("step", "step 0", 0), ("step", "step 1", 1),
                                                      ("step", "step 2", 2)]
     assert [k for k in kinds if k[0] == "dataloader"][:3] == [("dataloader", "fetch", 0),

@@ -3,9 +3,12 @@
 - :func:`classify_entries`: kind (module|api|comm), direction and class name of every entry
   name, vectorised in Arrow;
 - :func:`stack_refs`: which stack of stack.json each node was called from;
+- :func:`repair_tree`: construct.json's parents with a broken tree mended (a parent cycle, or
+  a parent that is no node of the dump, as older dumps have in their backward nodes), so that
+  every node is reachable from a root;
 - :func:`node_columns`: the columns of the node records (:data:`collectors.records.NODE`): every
-  entry, then the construct.json nodes without one, with parents, depths, execution order and
-  stack references.
+  entry, then the construct.json nodes without one, with parents (mended, with one warning
+  naming the file), depths, execution order and stack references.
 
 >>> classify_entries(["Module.fc.Linear.forward.0", "Torch.matmul.2.backward"]).to_pylist()
 ... # doctest: +NORMALIZE_WHITESPACE
@@ -15,13 +18,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, Iterable
 
 import pyarrow as pa
 
 from collectors.msprobe_layout import MODULE_PREFIXES, parse_node_name
 
-__all__ = ["classify_entries", "stack_refs", "node_columns"]
+__all__ = ["classify_entries", "stack_refs", "repair_tree", "node_columns"]
 
 
 def classify_entries(names: list[str]) -> pa.Table:
@@ -99,6 +103,92 @@ def stack_refs(stack: Any) -> tuple[dict[str, str], dict[str, list[str]]]:
     return refs, lines
 
 
+def _twin(name: str, direction: str) -> str | None:
+    """The same call's entry in the other direction (``direction``: the wanted one), by name:
+    ``Module.x.Linear.backward.0`` <-> ``...forward.0``, ``Functional.linear.3.backward`` <->
+    ``...forward``; ``None`` when the name has no direction to swap."""
+    have = "backward" if direction == "forward" else "forward"
+    if name.endswith(f".{have}"):
+        return name[: -len(have)] + direction
+    head, sep, tail = name.rpartition(f".{have}.")
+    return f"{head}.{direction}.{tail}" if sep else None
+
+
+def _reach(parent: dict[str, str | None], nodes: set[str]) -> tuple[dict[str, bool], set[str]]:
+    """Whether each node of ``parent`` reaches a root through nodes of the dump, and the nodes
+    that are themselves the break (on a cycle, or with a parent that is no node)."""
+    ok: dict[str, bool] = {}
+    culprits: set[str] = set()
+    for start in parent:
+        chain: list[str] = []
+        seen: set[str] = set()
+        cur: str | None = start
+        while True:
+            if cur is None:
+                good = True
+                break
+            if cur in ok:
+                good = ok[cur]
+                break
+            if cur in seen:                                  # a cycle: every member is a break
+                culprits.update(chain[chain.index(cur):])
+                good = False
+                break
+            chain.append(cur)
+            seen.add(cur)
+            nxt = parent.get(cur)
+            if nxt is not None and nxt not in nodes:        # a parent that is no node
+                culprits.add(cur)
+                good = False
+                break
+            cur = nxt
+        for n in chain:
+            ok[n] = good
+    return ok, culprits
+
+
+def repair_tree(construct: dict, names: Iterable[str] = ()) -> tuple[dict[str, str | None], int]:
+    """construct.json's ``node -> parent`` with a broken tree mended, and how many nodes were
+    re-parented. ``names``: the dump's entries (nodes too, when construct.json lacks them).
+
+    A node is broken when following its parents never reaches a root: a parent cycle, or a
+    parent that is no node of the dump. A broken backward node goes under the backward entry
+    of its forward node's parent (the nearest such ancestor that has one; at the top when
+    none); another broken node keeps its parent unless it is itself the break (on the cycle,
+    or with the missing parent), which goes to the top. A tree that is whole is returned as it
+    is.
+
+    >>> fwd = {"M.net.Net.forward.0": None, "M.fc.Linear.forward.0": "M.net.Net.forward.0"}
+    >>> cycle = {"M.net.Net.backward.0": "M.fc.Linear.backward.0",
+    ...          "M.fc.Linear.backward.0": "M.net.Net.backward.0"}
+    >>> parents, fixed = repair_tree({**fwd, **cycle})
+    >>> parents["M.fc.Linear.backward.0"], parents["M.net.Net.backward.0"], fixed
+    ('M.net.Net.backward.0', None, 1)
+    """
+    parent = {k: (v if isinstance(v, str) else None) for k, v in construct.items()}
+    nodes = set(parent)
+    nodes.update(names)
+    ok, culprits = _reach(parent, nodes)
+    broken = [n for n, good in ok.items() if not good]
+    if not broken:
+        return parent, 0
+    fixed = dict(parent)
+    for n in broken:
+        fwd = _twin(n, "forward")
+        if fwd is not None and ok.get(fwd, fwd in nodes):
+            up = parent.get(fwd)
+            while up is not None and _twin(up, "backward") not in nodes:
+                up = parent.get(up)
+            fixed[n] = _twin(up, "backward") if up is not None else None
+        elif n in culprits:
+            fixed[n] = None
+    still, _ = _reach(fixed, nodes)                       # cycles through kept links: at the top
+    for n, good in still.items():
+        if not good:
+            fixed[n] = None
+    return fixed, sum(1 for n in broken if fixed[n] != parent[n])
+
+
 def _depths(construct: dict) -> dict[str, int]:
     """Depth of every node of construct.json (roots 0), following parent links once each."""
     memo: dict[str, int] = {}
@@ -121,11 +211,12 @@ def _depths(construct: dict) -> dict[str, int]:
 
 
 def node_columns(names: list[str], classes: pa.Array, construct: dict,
-                 refs: dict[str, str]) -> dict[str, pa.Array]:
+                 refs: dict[str, str], source: Any = None) -> dict[str, pa.Array]:
     """The node records' columns but ``run`` and ``rank``: every entry of ``names`` (its class
-    in ``classes``), then the ``construct`` (construct.json) nodes without an entry; parents,
-    depths, execution order and stack references (``refs``, from :func:`stack_refs`) looked
-    up in Arrow (no loop per node).
+    in ``classes``), then the ``construct`` (construct.json) nodes without an entry; parents
+    (a broken tree mended by :func:`repair_tree`, said in one line on stderr naming
+    ``source``, the construct.json), depths, execution order and stack references (``refs``,
+    from :func:`stack_refs`) looked up in Arrow (no loop per node).
 
     >>> cols = node_columns(["Module.fc.Linear.forward.0"], pa.array(["Linear"]),
     ...                     {"Module.fc.Linear.forward.0": "Module.net.Net.forward.0",
@@ -138,6 +229,11 @@ def node_columns(names: list[str], classes: pa.Array, construct: dict,
 
     known = set(names)
     extra = [x for x in construct if x not in known]
+    construct, fixed = repair_tree(construct, known)
+    if fixed:
+        print(f"{source or 'construct.json'}: {fixed} of {len(construct)} nodes re-parented (their "
+              "parents made a cycle or named no node of the dump; backward nodes now sit under "
+              "the backward entry of their forward node's parent)", file=sys.stderr, flush=True)
     node = pa.array(names + extra, type=pa.string())
     cls = pa.concat_arrays([classes.cast(pa.string()),
                             classify_entries(extra).column("cls").combine_chunks()]) if extra else classes

@@ -10,7 +10,8 @@ from monitor import auth
 from monitor.client import MonitorClient
 from monitor.proto import monitor_pb2 as pb
 from monitor.proto import monitor_pb2_grpc as pb_grpc
-from monitor.service import MAX_BATCH_POINTS, MonitorService, free_port
+from monitor.limits import MAX_BATCH_POINTS
+from monitor.service import MonitorService, free_port
 from ground.errors import ProbeError
 from tests.conftest import run_probe
 

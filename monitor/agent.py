@@ -1,22 +1,22 @@
 """The per-rank monitor agent: streams step metrics to the monitor service, never in the way.
 
 The training thread calls :meth:`MonitorAgent.record` once per step: it puts one tuple on a
-bounded queue and returns (no network, no disk, no lock held across I/O). A background sender
-thread drains the queue, packs the points into columnar batches, numbers them (``seq`` 1, 2,
-... per agent) and pushes them; the service acknowledges a batch only once it is durable and
-acknowledges a resent one without storing it again. While the service is away every
-unacknowledged batch goes to a local spool file, in order; on reconnect the spool is resent
-first, then deleted. So a restart of the service (or of the rank, when the spool file is
-found again) neither loses nor doubles a point. If the training thread ever outruns the sender
-so far that the queue fills, the point is dropped and counted, and the count travels to the
-service with the next batch (``dropped``).
+bounded :class:`~ground.background.BackgroundQueue` and returns (no network, no disk, no lock
+held across I/O). The queue's worker is the sender: once every ``flush_interval_s`` it takes
+what was recorded, packs it into columnar batches (:mod:`monitor.batch_packer`, numbered
+``seq`` 1, 2, ... per agent) and pushes them; the service acknowledges a batch only once it is
+durable and acknowledges a resent one without storing it again. While the service is away every
+unacknowledged batch goes to a local spool file (:mod:`monitor.spool`), in order; on reconnect
+the spool is resent first, then deleted. So a restart of the service (or of the rank, when the
+spool file is found again) neither loses nor doubles a point. If the training thread ever
+outruns the sender so far that the queue fills, the point is dropped and counted, and the count
+travels to the service with the next batch (``dropped``).
 
-The sender also samples host CPU and memory (psutil; at most every ``host_interval_s``, on the
-latest step), heartbeats when idle,
-and holds the rank's command stream open: a ``trace`` command makes
-:class:`monitor.agent_callback.MonitorAgentCallback` run a profiler session for exactly the
-asked steps on the training thread, and the trace files go back to the service in the
-background.
+The sender also samples host CPU and memory (:mod:`monitor.host_sampler`; at most every
+``host_interval_s``, on the latest step), heartbeats when idle, and holds the rank's command
+stream open: a ``trace`` command makes :class:`monitor.agent_callback.MonitorAgentCallback` run
+a profiler session for exactly the asked steps on the training thread, and the trace files go
+back to the service in the background.
 
 >>> agent = MonitorAgent("127.0.0.1:50051", job="demo", rank=0, world_size=1)  # doctest: +SKIP
 >>> agent.start()                                                                # doctest: +SKIP
@@ -26,88 +26,29 @@ background.
 
 from __future__ import annotations
 
-import array
-import numbers
 import os
 import socket
-import struct
 import sys
-import tempfile
 import threading
 import time
 import uuid
-import zlib
 from collections import deque
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from ground.background import BackgroundQueue
+from monitor.batch_packer import BatchPacker
+from monitor.host_sampler import HostSampler
+from monitor.limits import MAX_BATCH_POINTS, MAX_MESSAGE_BYTES
+from monitor.spool import Spool, default_spool_path
 
 ADDR_ENV = "PROBE_MONITOR"
 JOB_ENV = "PROBE_MONITOR_JOB"
-SPOOL_ENV = "PROBE_MONITOR_SPOOL"
-_REC = struct.Struct("<II")        # spool record header: payload length, crc32
+#: The most recorded steps the sender takes in one round.
+MAX_ROUND_ITEMS = 100_000
 
 
 def _warn(message: str) -> None:
     print(f"probe monitor agent: {message}", file=sys.stderr, flush=True)
-
-
-class Spool:
-    """An append-only file of serialized batches: ``[len u32][crc32 u32][payload]`` records.
-
-    A torn last record (the process died mid-write) is ignored on reading.
-    """
-
-    def __init__(self, path: str | os.PathLike, max_bytes: int = 1 << 30) -> None:
-        self.path = Path(path)
-        self.max_bytes = max_bytes
-        self._append = None
-        self.size = self.path.stat().st_size if self.path.exists() else 0
-
-    def exists(self) -> bool:
-        return self.path.exists() and self.path.stat().st_size > 0
-
-    def append(self, payload: bytes) -> bool:
-        """Append one record; False (nothing written) when the spool is full."""
-        if self.size + len(payload) + _REC.size > self.max_bytes:
-            return False
-        if self._append is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._append = open(self.path, "ab")
-        self._append.write(_REC.pack(len(payload), zlib.crc32(payload)) + payload)
-        self._append.flush()
-        self.size += len(payload) + _REC.size
-        return True
-
-    def read(self) -> Iterator[bytes]:
-        try:
-            f = open(self.path, "rb")
-        except FileNotFoundError:
-            return
-        with f:
-            while True:
-                head = f.read(_REC.size)
-                if len(head) < _REC.size:
-                    return
-                n, crc = _REC.unpack(head)
-                payload = f.read(n)
-                if len(payload) < n or zlib.crc32(payload) != crc:
-                    return
-                yield payload
-
-    def remove(self) -> None:
-        if self._append is not None:
-            self._append.close()
-            self._append = None
-        self.path.unlink(missing_ok=True)
-        self.size = 0
-
-
-def default_spool_path(job: str, rank: int) -> Path:
-    """``$PROBE_MONITOR_SPOOL`` (a folder) or the temp dir, ``<job>-rank<R>.spool`` in it."""
-    folder = os.environ.get(SPOOL_ENV) or os.path.join(tempfile.gettempdir(), "probe-monitor-spool")
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in job)
-    return Path(folder) / f"{safe}-rank{rank}.spool"
 
 
 class MonitorAgent:
@@ -130,26 +71,30 @@ class MonitorAgent:
         self.agent_id = uuid.uuid4().hex
         self.token = token if token is not None else os.environ.get(auth.TOKEN_ENV)
         self.ca = ca if ca is not None else os.environ.get(auth.CA_ENV)
-        self.spool = Spool(spool_path or default_spool_path(job, rank), max_spool_bytes)
-        self.flush_interval_s = flush_interval_s
-        self.max_batch_points = max_batch_points
+        self._warned: set[str] = set()
+        self.spool = Spool(spool_path or default_spool_path(
+            job, rank, warn=lambda m: _warn(f"rank {self.rank}: {m}")), max_spool_bytes)
+        self._packer = BatchPacker(job, self.rank, self.agent_id, max_points=max_batch_points,
+                                   warn=self._warn_once)
         self.sample_host = sample_host
         self.on_command = on_command
         self.push_timeout_s = push_timeout_s
         self.exit_wait_s = exit_wait_s
-        self._queue: deque = deque()            # bounded by queue_size in record()
         self.queue_size = queue_size
+        self._queue: BackgroundQueue[tuple[int, int, Mapping[str, Any]]] = BackgroundQueue(
+            self._round, name=f"monitor-agent-r{self.rank}", capacity=queue_size,
+            overflow="drop", interval_s=flush_interval_s, max_batch=MAX_ROUND_ITEMS,
+            on_error=self._sender_error, start=False)
         self._uploads: deque = deque()
         self._unacked: deque = deque()          # batches in memory, not yet acknowledged
         self._spooling = self.spool.exists()    # batches go to the spool file until it drains
-        self._seq = 0
         self._dropped = 0
         self._dropped_reported = 0
         self._stop = threading.Event()
-        self._final = False
         self._final_made = False
+        self._exit_deadline: float | None = None
+        self._finished = False
         self._replayed = 0                      # spool records already acknowledged
-        self._thread: threading.Thread | None = None
         self._cmd_thread: threading.Thread | None = None
         self._channel = None
         self._stub = None
@@ -157,12 +102,11 @@ class MonitorAgent:
         self._next_connect = 0.0
         self._backoff = 0.2
         self._last_push = 0.0
+        self._host: HostSampler | None = None
         self._last_sampled_step = -1
         self._last_sample_time = 0.0
         self.host_interval_s = host_interval_s
         self._last_step = -1
-        self._warned: set[str] = set()
-        self._proc = None
         self.stats = {"points": 0, "acked_points": 0, "batches": 0, "acked_batches": 0,
                       "duplicates": 0, "spooled_batches": 0, "resent_batches": 0,
                       "reconnects": 0, "rejected_batches": 0, "commands": 0, "uploads": 0,
@@ -172,22 +116,23 @@ class MonitorAgent:
 
     def start(self) -> "MonitorAgent":
         """Start the sender thread (connecting happens there, never here)."""
-        self._thread = threading.Thread(target=self._run, name=f"monitor-agent-r{self.rank}",
-                                        daemon=True)
-        self._thread.start()
+        self._queue.start()
         return self
 
     def record(self, step: int, metrics: Mapping[str, Any], time_ns: int | None = None) -> bool:
         """Queue one step's metrics (non-numeric values are skipped later); never blocks.
 
-        Returns False when ``queue_size`` steps are already waiting: the point is dropped and
-        counted, and the count reaches the service with the next batch.
+        Returns False when ``queue_size`` steps are already waiting (or the agent is closed):
+        the points are dropped and counted, and the count reaches the service with the next
+        batch.
         """
-        if len(self._queue) >= self.queue_size:
-            self._dropped += len(metrics)
-            return False
-        self._queue.append((step, time_ns or time.time_ns(), metrics))
-        return True
+        try:
+            if self._queue.put((step, time_ns or time.time_ns(), metrics)):
+                return True
+        except RuntimeError:                    # recorded after close(): nothing sends it
+            pass
+        self._dropped += len(metrics)
+        return False
 
     def upload_trace(self, trace_id: str, start_step: int, end_step: int,
                      files: list[str] | None = None, error: str = "", root: str = "") -> None:
@@ -200,13 +145,12 @@ class MonitorAgent:
         What the service has not acknowledged after ``exit_wait_s`` stays in the spool file,
         for the next agent of this job and rank to send.
         """
-        self._final = True
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._queue.close(timeout)
 
     @property
     def dropped(self) -> int:
+        """Points dropped so far (the queue was full, or the spool was while the service was away)."""
         return self._dropped
 
     @property
@@ -214,136 +158,84 @@ class MonitorAgent:
         """Trace files are queued or being sent (on the sender thread, which takes CPU time)."""
         return bool(self._uploads)
 
+    @property
+    def flush_interval_s(self) -> float:
+        """Seconds between the sender's rounds (the service's ``set_interval`` command sets it)."""
+        return self._queue.interval_s
+
+    @flush_interval_s.setter
+    def flush_interval_s(self, seconds: float) -> None:
+        self._queue.interval_s = seconds
+
     # -- the sender thread ---------------------------------------------------------------------
 
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except Exception as e:  # noqa: BLE001 - the agent must never take training down
-            _warn(f"rank {self.rank}: sender stopped ({type(e).__name__}: {e}); metrics from "
-                  f"now on are not sent; spool: {self.spool.path}")
-        finally:
-            if self._channel is not None:
-                self._channel.close()
+    def _round(self, items: list) -> None:
+        """One round of the sender: pack what was recorded, send, then pace (or finish)."""
+        if self._finished:
+            return
+        if self.sample_host and self._host is None:
+            self._host = HostSampler()
+            self._sample_host()                   # primes the CPU counters
+        stopping = self._stop.is_set()
+        if stopping and self._exit_deadline is None:
+            self._exit_deadline = time.monotonic() + self.exit_wait_s
+        final = stopping and not len(self._queue)
+        self._pack(items, final=final)
+        self._send()
+        self.stats["sender_cpu_s"] = time.thread_time()
+        if final:
+            self._finish()
+        elif items and not stopping:
+            self._stop.wait(self.flush_interval_s)    # let the next round's steps gather
 
-    def _loop(self) -> None:
-        deadline = None
-        if self.sample_host:
-            try:
-                self._host_sample()               # primes the CPU counters
-            except Exception as e:  # noqa: BLE001 - sampling is optional
-                self._warn_once("psutil", f"host sampling off ({e})")
-                self.sample_host = False
-        while True:
-            stopping = self._stop.is_set()
-            if stopping and deadline is None:
-                deadline = time.monotonic() + self.exit_wait_s
-            items = self._drain(0 if stopping else self.flush_interval_s)
-            final = stopping and self._final and not self._final_made and not self._queue
-            if items or self._dropped != self._dropped_reported or final:
-                self._make_batches(items, final=final)
-                self._final_made = self._final_made or final
+    def _finish(self) -> None:
+        """The last round: wait up to ``exit_wait_s`` for every ack, else keep the rest spooled."""
+        while not (self._connected and not self._unacked and not self._spooling):
+            if time.monotonic() > self._exit_deadline:
+                self._to_spool()
+                if self._unacked or self._spooling:
+                    _warn(f"rank {self.rank}: service at {self.addr} unreachable at exit; "
+                          f"{self.stats['points'] - self.stats['acked_points']} points kept "
+                          f"in {self.spool.path} (sent on the next run with this spool)")
+                break
+            time.sleep(0.02)                      # waiting for the service; do not spin
+            self._pack([])
             self._send()
-            self.stats["sender_cpu_s"] = time.thread_time()
-            if stopping and not self._queue:
-                if self._connected and not self._unacked and not self._spooling:
-                    self._send_uploads()
-                    return
-                if time.monotonic() > deadline:
-                    self._to_spool()
-                    if self._unacked or self._spooling:
-                        _warn(f"rank {self.rank}: service at {self.addr} unreachable at exit; "
-                              f"{self.stats['points'] - self.stats['acked_points']} points kept "
-                              f"in {self.spool.path} (sent on the next run with this spool)")
-                    return
-                time.sleep(0.02)                  # waiting for the service; do not spin
+        else:
+            self._send_uploads()
+        self.stats["sender_cpu_s"] = time.thread_time()
+        self._finished = True
+        if self._channel is not None:
+            self._channel.close()
 
-    def _drain(self, wait: float) -> list:
-        """Wait ``wait`` seconds (or until stopped), then take what has been recorded."""
-        if wait:
-            self._stop.wait(wait)
-        items = []
-        popleft = self._queue.popleft
-        while self._queue and len(items) < 100_000:
-            items.append(popleft())
-        return items
+    def _sender_error(self, error: BaseException) -> None:
+        self._warn_once("sender", f"the sender failed ({type(error).__name__}: {error}); the "
+                                  f"points of that round are lost; spool: {self.spool.path}")
 
-    def _host_sample(self) -> dict[str, float]:
-        import psutil
-
-        if self._proc is None:
-            self._proc = psutil.Process()
-            self._proc.cpu_percent(None)
-            psutil.cpu_percent(None)
+    def _sample_host(self) -> dict[str, float]:
+        """Host metrics, or ``{}``; the first failure turns sampling off (it is optional)."""
+        try:
+            return self._host.sample()
+        except Exception as e:  # noqa: BLE001 - sampling is optional
+            self._warn_once("psutil", f"host sampling off ({e})")
+            self.sample_host = False
             return {}
-        mem = self._proc.memory_info()
-        return {"host_cpu_percent": psutil.cpu_percent(None),
-                "host_mem_percent": psutil.virtual_memory().percent,
-                "proc_cpu_percent": self._proc.cpu_percent(None),
-                "proc_rss_mb": mem.rss / 2**20}
 
-    def _make_batches(self, items: list, final: bool = False) -> None:
-        from monitor.proto import monitor_pb2 as pb
-
-        names: dict[str, int] = {}
-        idx, steps, times, values = array.array("i"), array.array("q"), array.array("q"), array.array("d")
-        batches = []
-
-        def flush() -> None:
-            nonlocal names, idx, steps, times, values
-            if not len(values) and not batches and not final and \
-                    self._dropped == self._dropped_reported:
-                return
-            if sys.byteorder != "little":
-                for a in (idx, steps, times, values):
-                    a.byteswap()
-            self._seq += 1
-            batches.append(pb.MetricBatch(
-                job=self.job, rank=self.rank, agent_id=self.agent_id, seq=self._seq,
-                names=list(names), name_index=idx.tobytes(), steps=steps.tobytes(),
-                time_ns=times.tobytes(), values=values.tobytes(),
-                dropped=self._dropped - self._dropped_reported))
-            self._dropped_reported = self._dropped
-            names, idx = {}, array.array("i")
-            steps, times, values = array.array("q"), array.array("q"), array.array("d")
-
-        def add(step: int, t: int, metrics: Mapping[str, Any]) -> None:
-            if step < 0:
-                self._warn_once("step", f"negative step {step} is not sent")
-                return
-            for name, value in metrics.items():
-                if isinstance(value, bool) or not isinstance(value, (int, float, numbers.Real)):
-                    continue
-                if not isinstance(name, str) or not 0 < len(name) <= 256:
-                    self._warn_once(f"name{name!r}"[:80], f"metric name {name!r} is not sent "
-                                    "(names are 1 to 256 characters)")
-                    continue
-                i = names.get(name)
-                if i is None:
-                    i = names[name] = len(names)
-                idx.append(i)
-                steps.append(int(step))
-                times.append(t)
-                values.append(float(value))
-            if len(values) >= self.max_batch_points:
-                flush()
-
-        for step, t, metrics in items:
-            add(step, t, metrics)
-            self._last_step = max(self._last_step, step)
+    def _pack(self, items: list, final: bool = False) -> None:
+        """Pack ``items`` (and a host sample, when one is due) into batches to send or spool."""
+        final = final and not self._final_made
+        if not items and self._dropped == self._dropped_reported and not final:
+            return
+        self._last_step = max([self._last_step] + [step for step, _, _ in items])
         if (self.sample_host and self._last_step > self._last_sampled_step
                 and time.monotonic() - self._last_sample_time >= self.host_interval_s):
             self._last_sampled_step = self._last_step
             self._last_sample_time = time.monotonic()
-            try:
-                add(self._last_step, time.time_ns(), self._host_sample())
-            except Exception as e:  # noqa: BLE001 - sampling is optional
-                self._warn_once("psutil", f"host sampling off ({e})")
-                self.sample_host = False
-        if len(values) or not batches:
-            flush()
-        if final and batches:
-            batches[-1].final = True
+            items = items + [(self._last_step, time.time_ns(), self._sample_host())]
+        dropped = self._dropped
+        batches = self._packer.pack(items, dropped=dropped - self._dropped_reported, final=final)
+        self._dropped_reported = dropped
+        self._final_made = self._final_made or final
         for b in batches:
             self.stats["batches"] += 1
             self.stats["points"] += len(b.values) // 8
@@ -369,7 +261,7 @@ class MonitorAgent:
         try:
             if self._channel is None:
                 creds = auth.channel_credentials(self.ca)
-                opts = [("grpc.max_send_message_length", 8 * 1024 * 1024)]
+                opts = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
                 self._channel = (grpc.secure_channel(self.addr, creds, options=opts) if creds
                                  else grpc.insecure_channel(self.addr, options=opts))
                 self._stub = pb_grpc.MonitorStub(self._channel)
@@ -384,7 +276,8 @@ class MonitorAgent:
             self._warn_once("connect", f"cannot reach the monitor at {self.addr}: {e}")
             self._next_connect = time.monotonic() + 5.0
             return False
-        self.max_batch_points = min(self.max_batch_points, reply.max_batch_points or 65_536)
+        self._packer.max_points = min(self._packer.max_points,
+                                      reply.max_batch_points or MAX_BATCH_POINTS)
         self._connected = True
         self._backoff = 0.2
         self.stats["reconnects"] += 1
@@ -498,6 +391,7 @@ class MonitorAgent:
 
         from monitor import auth
         from monitor.proto import monitor_pb2 as pb
+        from monitor.trace_transfer import file_chunks
 
         while self._uploads:
             trace_id, start, end, files, error, root = self._uploads[0]
@@ -508,13 +402,7 @@ class MonitorAgent:
                 if error:
                     yield pb.TraceChunk(error=error, **common)
                 for name in files:
-                    with open(os.path.join(root, name), "rb") as f:
-                        while True:
-                            data = f.read(1 << 20)
-                            last = len(data) < (1 << 20)
-                            yield pb.TraceChunk(filename=name, data=data, last=last, **common)
-                            if last:
-                                break
+                    yield from file_chunks(os.path.join(root, name), filename=name, **common)
 
             try:
                 self._stub.UploadTrace(chunks(), timeout=120.0,

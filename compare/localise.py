@@ -9,13 +9,21 @@
   the same node (an attention mask's −inf) are not a finding.
 
 Both are ``None`` or ``{"a": <name in A>, "b": <name in B>, "direction": ..., "reason": ...}``.
+
+And per node (:func:`with_impact`), so that a divergence passed on is told from one made: a
+node pair whose own verdict (:mod:`compare.verdict`) is not ``pass`` is an **origin** when its
+inputs agree (for ``nan``: hold no one-sided NaN/Inf), its parameters differ, or its error
+grows ``GROWTH``-fold from inputs to outputs; otherwise it is **affected**, and names the first
+origin before it in execution order (of a ``nan`` node: the first ``nan`` origin). When the
+forward pass has an origin, the backward pass has none of its own: its gradients are computed
+from the diverged activations, so every backward node that diverges is affected by it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["localise", "GROWTH"]
+__all__ = ["localise", "with_impact", "GROWTH"]
 
 #: An output error this many times the input error counts as growth even when inputs differ.
 GROWTH = 10.0
@@ -24,6 +32,40 @@ GROWTH = 10.0
 def localise(con: Any) -> dict[str, Any]:
     """``{"first_divergence": ..., "first_nan": ...}`` from the ``nodes`` table in ``con``."""
     return {"first_divergence": _first_divergence(con), "first_nan": _first_nan(con)}
+
+
+#: Match methods of a node paired with its own counterpart (the others have no inputs of
+#: their own compared: a stand-in's verdict, or none).
+_DIRECT = "match_method not in ('unmatched', 'ancestor', 'container')"
+_BAD = "verdict in ('warning', 'error', 'nan')"
+
+
+def with_impact(con: Any, nodes: Any) -> Any:
+    """``nodes`` (the node rows, pyarrow.Table, in execution order) with ``origin`` (bool: a
+    divergence starts here) and ``affected_by_a``, ``affected_by_b`` (the names of the origin an
+    affected node's divergence comes from, null when none precedes it)."""
+    import numpy as np
+    import pyarrow as pa
+
+    con.register("nodes_in", nodes.append_column("pos_", pa.array(np.arange(nodes.num_rows))))
+    origin = f"""{_DIRECT} and {_BAD} and case when verdict = 'nan'
+        then coalesce(in_verdict, 'pass') <> 'nan'
+        else coalesce(in_verdict, 'pass') = 'pass' or coalesce(param_verdict, 'pass') <> 'pass'
+             or coalesce(out_err, 0) >= {GROWTH} * coalesce(in_err, 0) end"""
+
+    def source(col: str) -> str:
+        return (f"case when not origin and {_DIRECT} and {_BAD} then (case when verdict = 'nan' "
+                f"then first_value(case when origin and verdict = 'nan' then {col} end ignore nulls) over w "
+                f"else first_value(case when origin then {col} end ignore nulls) over w end) end")
+    table = con.sql(f"""
+    with r as (select *, coalesce({origin}, false) as raw from nodes_in),
+    n as (select * exclude (raw), raw and (direction = 'forward'
+            or not bool_or(raw and direction = 'forward') over ()) as origin from r)
+    select * exclude (pos_), {source("node_a")} as affected_by_a, {source("node_b")} as affected_by_b
+    from n window w as (order by pos_ rows between unbounded preceding and 1 preceding)
+    order by pos_""").to_arrow_table()
+    con.unregister("nodes_in")
+    return table
 
 
 def _finding(row: tuple | None) -> dict[str, Any] | None:
@@ -35,14 +77,14 @@ def _finding(row: tuple | None) -> dict[str, Any] | None:
 
 def _first_divergence(con: Any) -> dict[str, Any] | None:
     for direction in ("forward", "backward"):
-        for level in ("error", "warning"):
+        for levels in ("('error', 'nan')", "('warning')"):   # one-sided NaN/Inf: the error level
             row = con.execute(f"""
             select node_a, node_b, direction, reason from nodes
             where direction = '{direction}' and match_method not in ('unmatched', 'ancestor')
-              and (out_verdict = '{level}' or param_verdict = '{level}')
+              and (out_verdict in {levels} or param_verdict in {levels})
               and (coalesce(in_verdict, 'pass') = 'pass'
                    or coalesce(out_err, 0) >= {GROWTH} * coalesce(in_err, 0)
-                   or param_verdict = '{level}')
+                   or param_verdict in {levels})
             order by ord, node_a nulls last, node_b nulls last limit 1""").fetchall()
             if row:
                 return _finding(row[0])

@@ -5,7 +5,7 @@ Over the tensor rows (``rows``, :mod:`compare.tensor_rows`) and the matched call
 
 1. each matched group pair, per direction, gets the worst error and verdict of its inputs,
    outputs and parameters, and whether NaN/Inf are in each side's inputs and outputs;
-2. its verdict is its outputs' and parameters' (its inputs' when it has neither), its
+2. its node verdict is the worst of its own tensors' (:mod:`compare.verdict` defines both), its
    precision score the growth of the error from inputs to outputs (each clipped at 1),
    floored at 0;
 3. the groups without a counterpart are added: ``ancestor`` (compared at the nearest matched
@@ -17,13 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from compare.verdict import node_verdict_sql, worst_sql
+
 __all__ = ["node_rows"]
-
-
-def _worst(cond: str) -> str:
-    """SQL: the worst verdict over the rows matching ``cond``."""
-    return ("case max(case verdict when 'error' then 2 when 'warning' then 1 when 'pass' then 0 end) "
-            f"filter (where {cond}) when 2 then 'error' when 1 then 'warning' when 0 then 'pass' end")
 
 
 def node_rows(con: Any) -> Any:
@@ -36,9 +32,9 @@ def node_rows(con: Any) -> Any:
       max(err) filter (where slot in ('input', 'kwarg')) as in_err,
       max(err) filter (where slot = 'output') as out_err,
       max(err) filter (where slot in ('parameter', 'parameter_grad')) as param_err,
-      {_worst("slot in ('input', 'kwarg')")} as in_verdict,
-      {_worst("slot = 'output'")} as out_verdict,
-      {_worst("slot in ('parameter', 'parameter_grad')")} as param_verdict,
+      {worst_sql("slot in ('input', 'kwarg')")} as in_verdict,
+      {worst_sql("slot = 'output'")} as out_verdict,
+      {worst_sql("slot in ('parameter', 'parameter_grad')")} as param_verdict,
       arg_max(reason, [coalesce(err, -1), -row_id]) filter (where slot = 'output') as out_reason,
       arg_max(name_a, [coalesce(err, -1), -row_id]) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
       max(tol_pass) as tol_pass,
@@ -82,13 +78,10 @@ def node_rows(con: Any) -> Any:
     from node_pairs e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
     where e.node_a is not null or e.node_b is not null
     """)
-    return con.sql("""
+    return con.sql(f"""
     with m as (
       select n.*,
-        case when coalesce(param_verdict, 'pass') = 'error' or coalesce(out_verdict, 'pass') = 'error' then 'error'
-             when coalesce(param_verdict, 'pass') = 'warning' or coalesce(out_verdict, 'pass') = 'warning' then 'warning'
-             when out_verdict is null and param_verdict is null then coalesce(in_verdict, 'pass')
-             else 'pass' end as verdict,
+        {node_verdict_sql("out_verdict", "param_verdict", "in_verdict")} as verdict,
         greatest(0.0, least(1.0, coalesce(out_err, 0)) - least(1.0, coalesce(in_err, 0))) as precision_score
       from nodes_all n
     )
@@ -133,8 +126,7 @@ def node_rows(con: Any) -> Any:
       case when k.side = 'b' then (case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end) end,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
       null, null, null, null, null, null, null, null, null, null, null, null,
-      coalesce((select case max(case verdict when 'error' then 2 when 'warning' then 1 else 0 end)
-                  when 2 then 'error' when 1 then 'warning' else 'pass' end
+      coalesce((select {worst_sql("true")}
                 from m where m.direction = d.direction
                   and (case k.side when 'a' then m.grp_a else m.grp_b end) in
                       (select c.grp from both_g c where c.sd = k.side and c.parent = k.grp)), 'pass'),

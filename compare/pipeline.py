@@ -132,7 +132,7 @@ def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
     files are written to ``out`` (when given) while the later parts are computed."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from compare.localise import localise
+    from compare.localise import localise, with_impact
     from compare.match import match_groups
     from compare.metrics import add_tensor_metrics
     from compare.node_rows import node_rows
@@ -166,7 +166,7 @@ def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
             writer.rows(rows)
         con.register("rows", full)
         _tick(bar, "metrics")
-        nodes = node_rows(con)
+        nodes = with_impact(con, node_rows(con))
         if writer is not None:
             writer.nodes(nodes)
         con.register("nodes", nodes)

@@ -1,9 +1,16 @@
 """Reports: summary.json contents, the output files and the terminal summary.
 
->>> print(format_summary({"a": "A", "b": "B", "matched": 2, "unmatched_a": 0, "unmatched_b": 0,
-...     "match_methods": {"exact": 2}, "verdicts": {"pass": 4}, "first_divergence": None,
-...     "first_nan": None, "worst": []}).splitlines()[1])
-matched 2 nodes (exact 2); unmatched: 0 in A, 0 in B
+Every count is labelled with what it counts (:func:`compare.verdict.counts`): tensors (rows of
+compare.csv), nodes (rows of nodes.parquet), unmatched nodes per side.
+
+>>> print("\n".join(format_summary({"a": "A", "b": "B", "matched": 2, "unmatched_a": 0,
+...     "unmatched_b": 0, "match_methods": {"exact": 2}, "verdicts": {"pass": 4},
+...     "counts": {"tensors": {"pass": 4}, "nodes": {"pass": 2}, "unmatched": {"a": 0, "b": 0}},
+...     "first_divergence": None, "first_nan": None, "worst": []}).splitlines()[1:5]))
+matched 2 nodes (exact 2)
+tensors: pass 4
+nodes: pass 2
+unmatched: A 0, B 0
 """
 
 from __future__ import annotations
@@ -21,19 +28,21 @@ _WORST_N = 5
 
 
 def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
-    """The summary dict (matched/unmatched counts, verdict counts, worst pairs)."""
+    """The summary dict (matched/unmatched counts, labelled verdict counts, worst pairs, the
+    inputs' fingerprints) from the ``rows`` and ``nodes`` tables in ``con``."""
+    from compare.fingerprint import fingerprint
+    from compare.verdict import counts as verdict_counts
+
     def counts(sql: str) -> dict[str, int]:
         return {k: int(v) for k, v in con.execute(sql).fetchall() if k is not None}
 
-    matched, un_a, un_b = con.execute("""
-        select count(*) filter (where match_method <> 'unmatched'),
-               count(*) filter (where match_method = 'unmatched' and node_a is not null),
-               count(*) filter (where match_method = 'unmatched' and node_b is not null)
-        from nodes""").fetchall()[0]
     worst = con.execute(f"""
         select name_a, name_b, verdict, err, reason from rows
-        where verdict in ('error', 'warning') order by err desc nulls last, ord, row_id limit {_WORST_N}""").fetchall()
-    by_verdict = con.execute("select verdict, count(*) from rows group by all order by all").fetchall()
+        where verdict in ('nan', 'error', 'warning') order by err desc nulls last, ord, row_id limit {_WORST_N}""").fetchall()
+    node_cols = con.sql("select verdict, node_a, node_b from nodes").to_arrow_table()
+    labelled = verdict_counts(con.sql("select verdict from rows").to_arrow_table().column(0),
+                              *node_cols.columns)
+    un_a, un_b = labelled["unmatched"]["a"], labelled["unmatched"]["b"]
     mode = "statistics"
     if da.task == "tensor" or db.task == "tensor":
         mode = "tensor"
@@ -43,11 +52,15 @@ def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
     return {
         "a": da.source, "b": db.source, "framework_a": da.framework, "framework_b": db.framework,
         "mode": mode,
-        "matched": int(matched), "unmatched_a": int(un_a), "unmatched_b": int(un_b),
+        "matched": node_cols.num_rows - labelled["nodes"]["unmatched"], "unmatched_a": un_a,
+        "unmatched_b": un_b,
         "match_methods": counts("select match_method, count(*) from nodes group by all order by all"),
-        "tensors": sum(int(n) for _, n in by_verdict),
-        "verdicts": {k: int(n) for k, n in by_verdict if k is not None},
-        "node_verdicts": counts("select verdict, count(*) from nodes group by all order by all"),
+        "tensors": sum(labelled["tensors"].values()),
+        "verdicts": {k: n for k, n in sorted(labelled["tensors"].items()) if n},
+        "node_verdicts": {k: n for k, n in sorted(labelled["nodes"].items()) if n},
+        "counts": labelled,
+        "inputs": {"a": {"path": da.source, **fingerprint(da.source)},
+                   "b": {"path": db.source, **fingerprint(db.source)}},
         "worst": [{"a": a, "b": b, "verdict": v, "err": e, "reason": r} for a, b, v, e, r in worst],
         "notes": notes,
     }
@@ -187,13 +200,14 @@ def _short(name: str | None, width: int = 70) -> str:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    """The terminal summary: counts, the first divergence, the first NaN, the worst pairs."""
+    """The terminal summary: the labelled counts, the first divergence, the first NaN, the
+    worst pairs."""
+    from compare.verdict import format_counts
+
     methods = ", ".join(f"{k} {v}" for k, v in s.get("match_methods", {}).items() if k != "unmatched")
-    verdicts = ", ".join(f"{k} {v}" for k, v in s.get("verdicts", {}).items()) or "none"
     lines = [f"compare {s.get('a')}  vs  {s.get('b')}",
-             f"matched {s['matched']} nodes ({methods or 'none'}); unmatched: "
-             f"{s['unmatched_a']} in A, {s['unmatched_b']} in B",
-             f"tensors: {verdicts}"]
+             f"matched {s['matched']} nodes ({methods or 'none'})",
+             format_counts(s["counts"])]
     for key, label in (("first_divergence", "first divergence"), ("first_nan", "first NaN/Inf")):
         f = s.get(key)
         if f:

@@ -24,7 +24,8 @@ compared tensor:
 - ``nonfinite_a``, ``nonfinite_b``: whether the side holds NaN/±Inf;
 - ``hash_match``: md5 task: whether the hashes agree (null otherwise);
 - ``file_a``, ``file_b``: tensor files (tensor task), ``ord``: execution order, ``row_id``;
-- ``verdict``: ``pass`` | ``warning`` | ``error`` | ``unmatched``; ``reason``: why, in words.
+- ``verdict``: the tensor verdict (:mod:`compare.verdict`): ``pass`` | ``warning`` | ``error`` |
+  ``nan`` (NaN/Inf on one side only) | ``unmatched``; ``reason``: why, in words.
 
 ``CompareResult.nodes`` (``nodes.parquet``), one row per node pair or unmatched node:
 ``node_a``, ``node_b`` (dump entries; a backward row names the ``backward`` entry, its
@@ -37,13 +38,18 @@ outputs, parameters), ``in_verdict``, ``out_verdict``, ``param_verdict``, ``prec
 (error growth input→output in [0, 1]: clip(out_err) − clip(in_err), floored at 0),
 ``precision_band`` (msprobe's bands: ``low`` < 0.3 ≤ ``medium`` < 0.6 ≤ ``high``),
 ``nonfinite_in_a``, ``nonfinite_out_a``, ``nonfinite_in_b``, ``nonfinite_out_b``,
-``verdict``, ``reason``. For ``ancestor`` rows the other side's name is the nearest matched
-ancestor's entry and the verdict is that pair's.
+``verdict`` (the node verdict, :mod:`compare.verdict`), ``reason``, ``origin`` (a divergence
+starts here), ``affected_by_a``, ``affected_by_b`` (an affected node: the origin its divergence
+comes from; :func:`compare.localise.with_impact`). For ``ancestor`` rows the other side's name
+is the nearest matched ancestor's entry and the verdict is that pair's.
 
 ``CompareResult.summary`` (``summary.json``): ``a``, ``b`` (the files read), ``mode``
 (statistics|tensor|md5), ``matched``, ``unmatched_a``, ``unmatched_b`` (node rows: entries
 per direction), ``match_methods`` (counts), ``tensors``, ``verdicts`` (counts per verdict over
-rows), ``node_verdicts``, ``first_divergence``
+rows), ``node_verdicts``, ``counts`` (the same, labelled: ``{"tensors": {verdict: n},
+"nodes": {verdict: n}, "unmatched": {"a": n, "b": m}, "counted": <what each counts>}``,
+:func:`compare.verdict.counts`), ``inputs`` (``{"a": {"path", "sha256", "bytes", "scheme"},
+"b": ...}``: the fingerprints of the inputs read, :mod:`compare.fingerprint`), ``first_divergence``
 and ``first_nan`` (``null`` or ``{"a": <name in A>, "b": <name in B>, "direction":
 "forward"|"backward", "reason": ...}``), ``worst`` (the worst pairs), ``notes``, ``elapsed_s``.
 """
@@ -80,6 +86,7 @@ class CompareResult:
 
     @property
     def worst_verdict(self) -> str:
-        """``error`` if any pair errs, else ``warning`` if any warns, else ``pass``."""
-        v = self.summary.get("verdicts", {})
-        return "error" if v.get("error") else "warning" if v.get("warning") else "pass"
+        """The worst tensor verdict (``nan`` > ``error`` > ``warning`` > ``pass``)."""
+        from compare.verdict import worst
+
+        return worst(k for k, n in self.summary.get("verdicts", {}).items() if n)

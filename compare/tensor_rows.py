@@ -3,8 +3,8 @@
 One DuckDB query over the two normalised sides (``a_t``/``b_t``, :mod:`compare.normalise`) and
 the matched groups (``pairs``, ``a_st``/``b_st``, :mod:`compare.match`) pairs the tensors of
 every matched group by direction, slot and index, keeps the unmatched ones, and grades each
-pair: differences and relative errors of max/min/mean/norm, the dtype- and scale-aware ``err``
-(:mod:`compare.verdict`), the verdict and its reason. The msprobe-style tensor names are put
+pair: differences and relative errors of max/min/mean/norm, the dtype- and scale-aware ``err``,
+the tensor verdict (both as :mod:`compare.verdict` defines them) and its reason. The msprobe-style tensor names are put
 in afterwards from the records, by position (:func:`tensor_names`, :func:`with_names`).
 
 >>> import pyarrow as pa
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compare.verdict import CONTEXT_FLOOR, tolerance_sql
+from compare.verdict import CONTEXT_FLOOR, tensor_verdict_sql, tolerance_sql
 
 __all__ = ["tensor_rows", "tensor_names", "with_names", "HELPER_COLUMNS", "PARTITION_ROWS"]
 
@@ -191,14 +191,7 @@ def _rows_sql(k: int, parts: int) -> str:
       nonfinite_a, nonfinite_b, uninit,
       case when hash_a is not null and hash_b is not null then hash_a = hash_b end as hash_match,
       file_a, file_b, ctx, tol_pass, tol_warn, seq_any as ord, pos_a, pos_b,
-      case when not name_slot_a or not name_slot_b then 'unmatched'
-           when uninit then 'pass'
-           when nonfinite_a is distinct from nonfinite_b then 'error'
-           when numel_a is not null and numel_b is not null and numel_a <> numel_b then 'error'
-           when hash_a is not null and hash_a = hash_b then 'pass'
-           when err <= tol_pass then 'pass'
-           when err <= tol_warn then 'warning'
-           else 'error' end as verdict,
+      {tensor_verdict_sql("name_slot_a", "name_slot_b")} as verdict,
       case when not name_slot_a or not name_slot_b then match_reason
            when uninit then 'uninitialised memory (an empty tensor): not compared'
            when nonfinite_a and not nonfinite_b then 'NaN/Inf only in A'

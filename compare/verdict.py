@@ -1,9 +1,29 @@
-"""Verdicts: dtype-aware tolerances and the error measure each tensor pair is graded on.
+"""Verdicts: what a tensor verdict and a node verdict are, the tolerances they are graded on,
+and the labelled counts every report shows. The one definition: the SQL of the compare, the
+summary, compare.csv/nodes.parquet, the terminal and the web all take it from here.
 
-The error of a statistics pair is not msprobe's plain ``|b − a| / |a|``, which is meaningless
-for statistics near zero (the mean of a gradient, a bias gradient that is zero in exact
-arithmetic) and grades every cross-framework row wrong. Instead each statistic's difference
-is divided by a *scale*:
+**Tensor verdict** (one per row of compare.csv), in order of severity:
+
+- ``pass``: the pair agrees within the tolerance of its dtype (or is identical by md5);
+- ``warning``: ``err`` is above the pass tolerance and at most the warning tolerance;
+- ``error``: ``err`` is above the warning tolerance, or the shapes differ, or both sides hold
+  NaN/Inf but not the same;
+- ``nan``: NaN/Inf on one side and not on the other (its own state, worse than ``error``);
+- ``unmatched``: no counterpart on the other side (not graded).
+
+**Node verdict** (one per row of nodes.parquet: a node pair in one direction, or a node
+without a counterpart): a node matched with a counterpart of its own takes the worst verdict of
+its own tensors, those it produces or holds (outputs, parameters, parameter gradients); its
+inputs are another node's outputs, graded there, and count only for a node that has none of
+its own. A node compared inside its nearest matched ancestor (``ancestor``: fused/unfused
+structure) takes that pair's verdict; an extra wrapper level of one side (``container``) the
+worst of its children's; a node with neither a counterpart nor a matched ancestor is
+``unmatched``.
+
+**The error measure.** The error of a statistics pair is not msprobe's plain ``|b − a| / |a|``,
+which is meaningless for statistics near zero (the mean of a gradient, a bias gradient that is
+zero in exact arithmetic) and grades every cross-framework row wrong. Instead each statistic's
+difference is divided by a *scale*:
 
 - ``max``, ``min``, ``mean``: the tensor's magnitude ``M = max(|max|, |min|)`` over both sides;
 - ``norm``: the larger of the two norms;
@@ -11,17 +31,22 @@ is divided by a *scale*:
 and every scale is floored at ``CONTEXT_FLOOR`` × the largest magnitude of any tensor at the
 same node and direction, so rounding noise in a tensor that is tiny next to its neighbours
 is not a divergence. ``err`` is the largest of the four; the verdict compares it with the
-tolerance of the looser of the two dtypes (:data:`TOLERANCES`): ``pass`` ≤ pass tolerance <
-``warning`` ≤ warn tolerance < ``error``. Two float32 runs of one network in two frameworks
-differ by ~1e-6, well inside float32's 1e-4.
+tolerance of the looser of the two dtypes (:data:`TOLERANCES`). Two float32 runs of one network
+in two frameworks differ by ~1e-6, well inside float32's 1e-4.
 
 >>> tolerance("float32"), tolerance("bfloat16")
 ((0.0001, 0.001), (0.02, 0.08))
+>>> worst(["pass", "error", "warning"]), worst(["error", "nan"]), worst([])
+('error', 'nan', 'pass')
 """
 
 from __future__ import annotations
 
-__all__ = ["TOLERANCES", "CONTEXT_FLOOR", "tolerance", "tolerance_sql", "VERDICT_RANK"]
+from typing import Any, Iterable
+
+__all__ = ["TOLERANCES", "CONTEXT_FLOOR", "VERDICTS", "GRADED", "VERDICT_RANK", "COUNTED",
+           "tolerance", "tolerance_sql", "worst", "at_least", "rank_sql", "worst_sql",
+           "worst_of_sql", "tensor_verdict_sql", "node_verdict_sql", "counts", "format_counts"]
 
 #: dtype → (pass tolerance, warning tolerance) on ``err``.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -36,8 +61,18 @@ _DEFAULT = (1e-4, 1e-3)
 _EXACT = (0.0, 0.0)
 #: Scales are floored at this share of the largest magnitude at the same node and direction.
 CONTEXT_FLOOR = 1e-2
-#: Severity order of verdicts (for "worst of").
-VERDICT_RANK = {"pass": 0, "unmatched": 0, "warning": 1, "error": 2}
+#: Every verdict, worst first (the order counts are listed in).
+VERDICTS = ("nan", "error", "warning", "pass", "unmatched")
+#: The verdicts of a graded pair, mildest first.
+GRADED = ("pass", "warning", "error", "nan")
+#: Severity of each verdict (for "worst of"); ``unmatched`` is not graded.
+VERDICT_RANK = {"pass": 0, "unmatched": 0, "warning": 1, "error": 2, "nan": 3}
+#: What each count of :func:`counts` counts, in words (summary.json carries it).
+COUNTED = {
+    "tensors": "rows of compare.csv: one per tensor pair, or tensor without a counterpart",
+    "nodes": "rows of nodes.parquet: one per node pair and direction, or node without a counterpart",
+    "unmatched": "nodes without a counterpart, per side (node verdict 'unmatched')",
+}
 
 
 def tolerance(dtype: str | None) -> tuple[float, float]:
@@ -59,3 +94,111 @@ def tolerance_sql(col: str) -> tuple[str, str]:
         return (f"(case when {col} in ('bool') or {col} like 'int%' or {col} like 'uint%' "
                 f"or {col} like 'long%' then 0.0 else (case {col} {whens} else {_DEFAULT[k]!r} end) end)")
     return case(0), case(1)
+
+
+def worst(verdicts: Iterable[str | None]) -> str:
+    """The worst graded verdict of ``verdicts`` (``pass`` when there is none)."""
+    return max((v for v in verdicts if v in GRADED), key=VERDICT_RANK.__getitem__, default="pass")
+
+
+def at_least(verdict: str | None, level: str) -> bool:
+    """Whether ``verdict`` is as bad as ``level`` or worse (``nan`` is worse than ``error``).
+
+    >>> at_least("nan", "error"), at_least("warning", "error"), at_least("unmatched", "warning")
+    (True, False, False)
+    """
+    return verdict in GRADED and VERDICT_RANK[verdict] >= VERDICT_RANK[level]
+
+
+def rank_sql(expr: str) -> str:
+    """SQL: the severity of the verdict ``expr`` (null for null or ``unmatched``)."""
+    return f"(case {expr} " + " ".join(f"when '{v}' then {VERDICT_RANK[v]}" for v in GRADED) + " end)"
+
+
+def _name_sql(rank: str) -> str:
+    return f"(case {rank} " + " ".join(f"when {VERDICT_RANK[v]} then '{v}'" for v in GRADED) + " end)"
+
+
+def worst_sql(cond: str) -> str:
+    """SQL aggregate: the worst verdict of the rows matching ``cond`` (null when none)."""
+    return _name_sql(f"max({rank_sql('verdict')}) filter (where {cond})")
+
+
+def worst_of_sql(*exprs: str) -> str:
+    """SQL: the worst of several verdict expressions (null when all are null)."""
+    ranks = ", ".join(f"coalesce({rank_sql(e)}, -1)" for e in exprs)
+    return _name_sql(f"nullif(greatest({ranks}), -1)")
+
+
+def tensor_verdict_sql(present_a: str, present_b: str) -> str:
+    """SQL: the tensor verdict of a row (see the module docstring). ``present_a``/``present_b``:
+    whether each side has the tensor; the row's other columns read: ``uninit`` (an empty
+    tensor's uninitialised memory: not compared), ``nonfinite_a``/``_b``, ``numel_a``/``_b``,
+    ``hash_a``/``_b``, ``err``, ``tol_pass``, ``tol_warn``."""
+    return f"""(case when not {present_a} or not {present_b} then 'unmatched'
+           when uninit then 'pass'
+           when nonfinite_a is distinct from nonfinite_b then 'nan'
+           when numel_a is not null and numel_b is not null and numel_a <> numel_b then 'error'
+           when hash_a is not null and hash_a = hash_b then 'pass'
+           when err <= tol_pass then 'pass'
+           when err <= tol_warn then 'warning'
+           else 'error' end)"""
+
+
+def node_verdict_sql(out: str, param: str, inp: str) -> str:
+    """SQL: the verdict of a node matched with its own counterpart, from the worst verdicts of
+    its outputs, parameters (with their gradients) and inputs (see the module docstring)."""
+    return (f"(case when {out} is null and {param} is null then coalesce({inp}, 'pass') "
+            f"else {worst_of_sql(out, param)} end)")
+
+
+def counts(tensor_verdicts: Any, node_verdicts: Any, node_a: Any, node_b: Any) -> dict[str, Any]:
+    """The labelled counts of one compare: ``{"tensors": {verdict: n}, "nodes": {verdict: n},
+    "unmatched": {"a": n, "b": m}, "counted": ...}``, every verdict listed (zeros too).
+
+    ``tensor_verdicts``: the ``verdict`` column of compare.csv; ``node_verdicts``, ``node_a``,
+    ``node_b``: those columns of nodes.parquet (Arrow arrays or Python sequences).
+
+    >>> c = counts(["pass", "error", "pass"], ["error", "unmatched"], ["x", None], ["y", "z"])
+    >>> c["tensors"]["pass"], c["nodes"]["error"], c["unmatched"]
+    (2, 1, {'a': 0, 'b': 1})
+    """
+    import pyarrow.compute as pc
+
+    verdict = _strings(node_verdicts)
+
+    def tally(values: Any) -> dict[str, int]:
+        found = {v["values"]: int(v["counts"]) for v in pc.value_counts(values).to_pylist()}
+        return {v: found.get(v, 0) for v in VERDICTS}
+
+    def side(names: Any) -> int:
+        return int(pc.sum(pc.and_(pc.equal(verdict, "unmatched"), pc.is_valid(_strings(names)))).as_py() or 0)
+    return {"tensors": tally(_strings(tensor_verdicts)), "nodes": tally(verdict),
+            "unmatched": {"a": side(node_a), "b": side(node_b)}, "counted": dict(COUNTED)}
+
+
+def _strings(values: Any) -> Any:
+    """A column (Arrow, dictionary-encoded or not, or a Python sequence) as one string array."""
+    import pyarrow as pa
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values.cast(pa.string())
+    return pa.array(list(values), pa.string())
+
+
+def format_counts(c: dict[str, Any], sep: str = "\n") -> str:
+    """The labelled count lines of :func:`counts` (verdicts worst first, zeros left out).
+
+    >>> print(format_counts({"tensors": {"error": 43, "pass": 32, "nan": 0}, "nodes": {"pass": 3},
+    ...                      "unmatched": {"a": 0, "b": 2}}))
+    tensors: error 43, pass 32
+    nodes: pass 3
+    unmatched: A 0, B 2
+    """
+    def line(kind: str) -> str:
+        got = c.get(kind) or {}
+        return f"{kind}: " + (", ".join(f"{v} {got[v]}" for v in VERDICTS if got.get(v)) or "none")
+    un = c.get("unmatched") or {}
+    return sep.join([line("tensors"), line("nodes"), f"unmatched: A {un.get('a', 0)}, B {un.get('b', 0)}"])

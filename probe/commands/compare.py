@@ -14,7 +14,8 @@ import click
               help="Folder for compare.csv, compare.parquet, nodes.parquet, summary.json "
                    "[default: ./compare_out].")
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
-              help="Exit 1 when any pair is graded this bad (for CI).")
+              help="Exit 1 when any tensor is graded this bad or worse (nan is worse than "
+                   "error; for CI).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: on for inputs over 20 MB].")
 def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: str | None,
@@ -36,6 +37,7 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     setup_process()
     from compare.api import compare
     from compare.report import format_summary
+    from compare.verdict import at_least
 
     if progress is None:
         progress = _size(Path(a)) + _size(Path(b)) > 20 * 1024 * 1024
@@ -43,12 +45,7 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     result = compare(a, b, mapping=mapping, progress=progress, out=out)
     click.echo(format_summary(result.summary))
     click.echo(f"wrote {out}/compare.csv, compare.parquet, nodes.parquet, summary.json")
-    worst = result.worst_verdict
-    if fail_on == "error" and worst == "error":
-        return 1
-    if fail_on == "warning" and worst in ("error", "warning"):
-        return 1
-    return 0
+    return 1 if fail_on and at_least(result.worst_verdict, fail_on) else 0
 
 
 def setup_process() -> None:

@@ -1,9 +1,13 @@
-"""Precision score and colour band of a node pair.
+"""Colour states of a node, and the precision score and band of a node pair.
 
-msprobe's bands: ``pass`` < 0.3 ≤ ``warning`` < 0.6 ≤ ``error``; a node with no counterpart is
-``unmatched`` (grey). A node's score is how much the relative error grows from its inputs to its
-outputs, so a module that only passes on an error it was given stays green and the module that
-makes it is red.
+A node is coloured by its state (:meth:`visualizer.diff.DiffGraph.state`): its own verdict from
+the compare (:mod:`compare.verdict`: ``pass``, ``warning``, ``error``, ``nan``, ``unmatched``),
+or ``none`` (no numerics to judge, e.g. a single dump).
+
+The precision score is how much the relative error grows from a pair's inputs to its outputs;
+msprobe's bands of it: ``pass`` < 0.3 ≤ ``warning`` < 0.6 ≤ ``error``. It grades a pair that
+comes without a compare verdict (a diff built by hand), and it is what tells a module that
+makes an error from one that only passes it on.
 
 >>> band(0.1), band(0.3), band(0.6), band(None)
 ('pass', 'warning', 'error', 'none')
@@ -16,21 +20,22 @@ from typing import Iterable
 
 from visualizer.graph import TensorStat
 
-PASS, WARNING, ERROR, UNMATCHED, NONE = "pass", "warning", "error", "unmatched", "none"
+PASS, WARNING, ERROR, NAN, UNMATCHED, NONE = "pass", "warning", "error", "nan", "unmatched", "none"
 WARNING_AT = 0.3
 ERROR_AT = 0.6
 
-#: Fill colour of each band (``none``: no numerics, e.g. a single dump).
+#: Fill colour of each state (``none``: no numerics, e.g. a single dump).
 COLOURS: dict[str, str] = {
     PASS: "#b7e4c7",
     WARNING: "#ffd166",
     ERROR: "#ef476f",
+    NAN: "#7b2cbf",
     UNMATCHED: "#c8c8c8",
     NONE: "#ffffff",
 }
 
 #: Severity order, worst last.
-SEVERITY: dict[str, int] = {NONE: 0, PASS: 1, UNMATCHED: 2, WARNING: 3, ERROR: 4}
+SEVERITY: dict[str, int] = {NONE: 0, PASS: 1, UNMATCHED: 2, WARNING: 3, ERROR: 4, NAN: 5}
 
 
 def band(score: float | None) -> str:

@@ -1,8 +1,12 @@
-"""The diff graph: two hierarchy graphs, their matched node pairs, bands, search and filters.
+"""The diff graph: two hierarchy graphs, their matched node pairs, states, search and filters.
 
 Built from a compare result (``compare.api.compare`` or ``compare.api.load_result``), or from one
-dump alone (no pairs; NaN/Inf still found). Everything is computed when first asked for: bands
-of the nodes on screen, the worst band below a collapsed node, the filter list.
+dump alone (no pairs; NaN/Inf still found). A node's state, its colour, is its own verdict in
+the compare (:mod:`compare.verdict`); whether its divergence starts there or comes from upstream
+(:func:`compare.localise.with_impact`) is told apart by :meth:`DiffGraph.impact`. A compare
+result of other dumps than the ones given is refused (:attr:`DiffGraph.refusal`). Everything
+is computed when first asked for: states of the nodes on screen, the worst state below a
+collapsed node, the filter list.
 
 >>> from visualizer.graph import Graph
 >>> g = Graph.load("/work/shared/data/msprobe/torch_L0")                      # doctest: +SKIP
@@ -13,7 +17,6 @@ of the nodes on screen, the worst band below a collapsed node, the filter list.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -21,34 +24,15 @@ from typing import Any, Iterable, Mapping
 
 from ground.errors import ProbeError
 from visualizer import bands as B
-from visualizer.graph import Graph, TensorStat, load_graph
+from visualizer.graph import Graph, TensorStat, dump_source, load_graph
+from visualizer.pairs import PROXY_METHODS, NodePair, as_mapping, node_pairs, records
 from visualizer.search import find
 
 SIDES = ("a", "b")
 #: What the filter list can show.
 FILTERS = ("error", "warning", "unmatched", "nan")
-#: Match methods that pair a node with a stand-in (its nearest matched ancestor, a container)
-#: rather than its own counterpart: the node is drawn unmatched, the stand-in still syncs.
-PROXY_METHODS = frozenset({"ancestor", "container", "unmatched"})
-
-
-def _rank(p: "NodePair") -> int:
-    """Which of several pairs of one node is its own: a direct match over a stand-in."""
-    return 0 if p.match_method in PROXY_METHODS else 1
-
-
-@dataclass
-class NodePair:
-    """One matched (or unmatched) node pair of a compare result."""
-
-    node_a: str | None
-    node_b: str | None
-    match_method: str = ""
-    verdict: str = ""
-    score: float | None = None
-    reason: str = ""
-    order: int = 0
-    band: str = B.NONE
+#: States a compare verdict can give a node.
+STATES = frozenset({B.PASS, B.WARNING, B.ERROR, B.NAN, B.UNMATCHED})
 
 
 @dataclass
@@ -57,11 +41,12 @@ class Detail:
 
     node_a: str | None
     node_b: str | None
-    band: str
+    state: str
     score: float | None
     match_method: str
-    verdict: str
     reason: str
+    impact: str = ""                      # origin | affected | ""
+    affected_by: tuple[str, str] | None = None
     tensors_a: list[TensorStat] = field(default_factory=list)
     tensors_b: list[TensorStat] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
@@ -70,71 +55,33 @@ class Detail:
     nonfinite: bool = False
 
 
-def records(obj: Any) -> list[dict[str, Any]]:
-    """Rows of a table-like object (list of mappings, Arrow table, DataFrame, dataclasses)."""
-    if obj is None:
-        return []
-    if hasattr(obj, "to_pylist"):
-        return list(obj.to_pylist())
-    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
-        return list(obj.to_dict("records"))
-    out = []
-    for r in obj:
-        if isinstance(r, Mapping):
-            out.append(dict(r))
-        elif hasattr(r, "_asdict"):
-            out.append(dict(r._asdict()))
-        elif hasattr(r, "__dataclass_fields__"):
-            out.append({k: getattr(r, k) for k in r.__dataclass_fields__})
-        else:
-            out.append(dict(vars(r)))
-    return out
-
-
-def _mapping(obj: Any) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    if hasattr(obj, "__dataclass_fields__"):
-        return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
-    return dict(vars(obj))
-
-
-def _first(r: Mapping[str, Any], *keys: str) -> Any:
-    for k in keys:
-        if r.get(k) is not None:
-            return r[k]
-    return None
-
-
-def _float(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
+def _other(side: str) -> str:
+    return "b" if side == "a" else "a"
 
 
 class DiffGraph:
-    """Side ``a`` (and optionally side ``b``) with matched pairs, bands, search and filters."""
+    """Side ``a`` (and optionally side ``b``) with matched pairs, states, search and filters."""
 
     def __init__(self, graph_a: Graph, graph_b: Graph | None = None,
                  pairs: Iterable[NodePair] = (), summary: Mapping[str, Any] | None = None,
                  rows: Iterable[Mapping[str, Any]] = ()) -> None:
         self.graphs: dict[str, Graph | None] = {"a": graph_a, "b": graph_b}
         self.summary: dict[str, Any] = dict(summary or {})
+        #: why the compare result given was refused (it belongs to other dumps), else None
+        self.refusal: str | None = None
+        self.pairs = list(pairs)
         self._pair: dict[str, dict[str, NodePair]] = {"a": {}, "b": {}}
-        for p in pairs:
+        for p in self.pairs:
             for side, name, g in (("a", p.node_a, graph_a), ("b", p.node_b, graph_b)):
                 if name and g is not None and name in g:
                     held = self._pair[side].get(name)
-                    if held is None or _rank(p) > _rank(held):
+                    if held is None or p.direct > held.direct:
                         self._pair[side][name] = p
         self._rows = list(rows)
         self._rows_by: dict[tuple[str | None, str | None], list[dict]] | None = None
         self._worst: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._band: dict[str, dict[str, str]] = {"a": {}, "b": {}}
+        self._state: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._search_keys: dict[str, tuple[str, str]] | None = None
         self._warm = threading.Event()
         self._warm_lock = threading.Lock()
@@ -147,30 +94,26 @@ class DiffGraph:
                     dump_b: str | os.PathLike | Graph) -> "DiffGraph":
         """From a compare result (``.nodes``, ``.rows``, ``.summary``) and the two dumps."""
         ga, gb = load_graph(dump_a), load_graph(dump_b)
-        node_rows = records(getattr(result, "nodes", None))
         tensor_rows = records(getattr(result, "rows", None))
-        if not node_rows:
-            seen: dict[tuple, dict] = {}
-            for r in tensor_rows:
-                seen.setdefault((r.get("node_a"), r.get("node_b")), r)
-            node_rows = list(seen.values())
-        pairs = []
-        for i, r in enumerate(node_rows):
-            pairs.append(NodePair(
-                node_a=r.get("node_a") or None, node_b=r.get("node_b") or None,
-                match_method=str(r.get("match_method") or ""),
-                verdict=str(r.get("verdict") or ""),
-                score=_float(_first(r, "score", "precision_score", "precision_index", "precision")),
-                reason=str(r.get("reason") or ""),
-                order=int(_first(r, "order") if _first(r, "order") is not None else i)))
-        return cls(ga, gb, pairs, _mapping(getattr(result, "summary", None)), tensor_rows)
+        pairs = node_pairs(records(getattr(result, "nodes", None)), tensor_rows)
+        return cls(ga, gb, pairs, as_mapping(getattr(result, "summary", None)), tensor_rows)
+
+    @classmethod
+    def refused(cls, message: str) -> "DiffGraph":
+        """A diff that holds nothing but why it was refused (:attr:`refusal`)."""
+        from collectors.records import NODE, TENSOR
+
+        diff = cls(Graph(TENSOR.empty_table(), NODE.empty_table()))
+        diff.refusal = message
+        return diff
 
     @classmethod
     def from_dumps(cls, dump_a: str | os.PathLike | None, dump_b: str | os.PathLike | None = None,
                    compare_dir: str | os.PathLike | None = None,
                    mapping: str | os.PathLike | None = None) -> "DiffGraph":
         """One dump; two dumps compared now with ``compare.api.compare``; or the result written
-        by ``probe compare --out compare_dir`` (its dumps found from its summary when not given)."""
+        by ``probe compare --out compare_dir`` (its dumps found from its summary when not given),
+        refused (:meth:`refused`) when its inputs' fingerprints are not those of the dumps."""
         if compare_dir is None:
             if dump_a is None:
                 raise ProbeError("give a dump (--dump A [B]) or a compare result (--compare DIR)")
@@ -183,12 +126,23 @@ class DiffGraph:
         if compare_dir is None:
             return cls.from_result(api.compare(str(dump_a), str(dump_b), mapping=mapping), dump_a, dump_b)
         result = api.load_result(compare_dir)
-        summary = _mapping(getattr(result, "summary", None))
+        summary = as_mapping(getattr(result, "summary", None))
         dump_a = dump_a if dump_a is not None else summary.get("a")
         dump_b = dump_b if dump_b is not None else summary.get("b")
         if not dump_a or not dump_b:
             raise ProbeError(f"{compare_dir}: the result does not name its dumps; give them too (--dump A B)")
-        return cls.from_result(result, dump_a, dump_b)
+        from compare.fingerprint import foreign_input
+
+        why = foreign_input(summary, {"a": dump_source(dump_a), "b": dump_source(dump_b)})
+        if why:
+            return cls.refused(f"{compare_dir}: this compare result belongs to other dumps: {why}. "
+                               f"Compare these dumps (probe compare {dump_a} {dump_b} --out DIR) "
+                               "and open that result.")
+        diff = cls.from_result(result, dump_a, dump_b)
+        if "inputs" not in summary:
+            diff.summary.setdefault("notes", []).append(
+                "this compare result predates input fingerprints: not checked against the dumps")
+        return diff
 
     # -- per node ---------------------------------------------------------------------------
 
@@ -201,9 +155,6 @@ class DiffGraph:
         if g is None:
             raise KeyError(f"no dump on side {side}")
         return g
-
-    def pair(self, side: str, name: str) -> NodePair | None:
-        return self._pair[side].get(name)
 
     def _direct(self, side: str, name: str) -> NodePair | None:
         """The node's pair with its own counterpart (not a stand-in), if any."""
@@ -225,8 +176,51 @@ class DiffGraph:
         self.band(side, name)
         return p.score
 
+    def state(self, side: str, name: str) -> str:
+        """The node's colour: its own verdict in the compare (pass | warning | error | nan |
+        unmatched; a node compared inside an ancestor or a container: that pair's); for a pair
+        given without a verdict, ``nan`` when one side alone holds NaN/Inf, else its precision
+        band; with one dump, ``nan`` or ``none``."""
+        cached = self._state[side].get(name)
+        if cached is not None:
+            return cached
+        p = self._pair[side].get(name)
+        twin = self.counterpart(side, name)
+        if not self.paired:
+            result = B.NAN if self.nonfinite(side, name) else B.NONE
+        elif p is not None and p.verdict:
+            result = p.verdict if p.verdict in STATES else B.NONE
+        elif self._direct(side, name) and self.nonfinite(side, name) != self.nonfinite(_other(side), twin):
+            result = B.NAN
+        else:
+            result = self.band(side, name)
+        self._state[side][name] = result
+        return result
+
+    def proxy(self, side: str, name: str) -> bool:
+        """Whether the node has no counterpart of its own and takes a stand-in's verdict (its
+        nearest matched ancestor's, a container's children's)."""
+        p = self._pair[side].get(name)
+        return p is not None and p.match_method in ("ancestor", "container")
+
+    def impact(self, side: str, name: str) -> tuple[str, tuple[str, str] | None]:
+        """``("origin", None)`` when a divergence starts at the node, ``("affected", (side,
+        node))`` when it comes from that earlier node (on this side when it has a name here),
+        ``("", None)`` otherwise (from :func:`compare.localise.with_impact`)."""
+        p = self._direct(side, name)
+        if p is None or self.state(side, name) not in (B.WARNING, B.ERROR, B.NAN):
+            return "", None
+        if p.origin:
+            return "origin", None
+        mine, theirs = (p.affected_a, p.affected_b) if side == "a" else (p.affected_b, p.affected_a)
+        for s, n in ((side, mine), (_other(side), theirs)):
+            if n and self.graphs[s] is not None and n in self.graph(s):
+                return "affected", (s, n)
+        return "", None
+
     def band(self, side: str, name: str) -> str:
-        """pass | warning | error | unmatched | none (no numerics to judge, or one dump)."""
+        """The precision band of the pair's score (see :mod:`visualizer.bands`): pass |
+        warning | error | unmatched | none (no numerics to judge, or one dump)."""
         cached = self._band[side].get(name)
         if cached is not None:
             return cached
@@ -245,7 +239,7 @@ class DiffGraph:
         return result
 
     def worst_below(self, side: str, name: str) -> str:
-        """The worst band among the descendants of ``name`` (shown on a collapsed node)."""
+        """The worst state among the descendants of ``name`` (shown on a collapsed node)."""
         memo = self._worst[side]
         if name in memo:
             return memo[name]
@@ -259,7 +253,7 @@ class DiffGraph:
             if done or not kids:
                 worst = B.NONE
                 for k in kids:
-                    for cand in (self.band(side, k), memo[k]):
+                    for cand in (self.state(side, k), memo[k]):
                         if B.SEVERITY[cand] > B.SEVERITY[worst]:
                             worst = cand
                 memo[node] = worst
@@ -274,7 +268,7 @@ class DiffGraph:
     # -- whole graph ------------------------------------------------------------------------
 
     def warm(self) -> None:
-        """Compute every band, the worst band below every top-level node, the execution order
+        """Compute every state, the worst state below every top-level node, the execution order
         and the search index (what a UI may do in the background after its first paint)."""
         with self._warm_lock:
             if self._warm.is_set():
@@ -283,7 +277,7 @@ class DiffGraph:
                 for root in self.graph(side).roots():
                     self.worst_below(side, root)
             for side, n in self._in_order():
-                self.band(side, n)
+                self.state(side, n)
             self._search_index()
             self._warm.set()
 
@@ -341,20 +335,19 @@ class DiffGraph:
         return None
 
     def filter(self, kinds: Iterable[str]) -> list[tuple[str, str]]:
-        """Nodes in execution order whose band is in ``kinds`` (error, warning, unmatched) or,
-        with ``nan``, that carry a NaN/Inf statistic."""
+        """Nodes in execution order whose state is in ``kinds`` (error, warning, unmatched,
+        nan); a ``nan`` node is listed on the side that holds the NaN/Inf."""
         kinds = set(kinds)
-        bands = kinds & {B.ERROR, B.WARNING, B.UNMATCHED, B.PASS}
         out = []
         for side, n in self._in_order():
-            if bands and self.band(side, n) in bands:
+            st = self.state(side, n)
+            if st not in kinds:
+                continue
+            twin = self.counterpart(side, n)
+            if st == B.NAN and not self.nonfinite(side, n) and twin and self.nonfinite(_other(side), twin):
+                out.append((_other(side), twin))
+            else:
                 out.append((side, n))
-            elif "nan" in kinds:
-                twin = self.counterpart(side, n)
-                if self.nonfinite(side, n):
-                    out.append((side, n))
-                elif twin and self.nonfinite("b", twin):
-                    out.append(("b", twin))
         return out
 
     def search(self, query: str) -> list[tuple[str, str]]:
@@ -370,12 +363,10 @@ class DiffGraph:
 
     def reveal(self, side: str, name: str) -> dict[str, list[str]]:
         """The nodes to expand on each side so that ``name`` and its counterpart are visible."""
-        out = {"a": [], "b": []}
-        out[side] = self.graph(side).ancestors(name)
-        other = "b" if side == "a" else "a"
+        out = {side: self.graph(side).ancestors(name), _other(side): []}
         twin = self.counterpart(side, name)
-        if twin and self.graphs[other] is not None:
-            out[other] = self.graph(other).ancestors(twin)
+        if twin and twin in (self.graphs[_other(side)] or ()):
+            out[_other(side)] = self.graph(_other(side)).ancestors(twin)
         return out
 
     # -- detail -----------------------------------------------------------------------------
@@ -392,12 +383,14 @@ class DiffGraph:
         twin = self.counterpart(side, name)
         na, nb = (name, twin) if side == "a" else (twin, name)
         p = self._pair[side].get(name)
-        band = self.band(side, name)
+        state = self.state(side, name)
+        impact, source = self.impact(side, name)
         ga, gb = self.graphs["a"], self.graphs["b"]
         return Detail(
-            node_a=na, node_b=nb, band=band, score=p.score if p else None,
-            match_method=p.match_method if p else "", verdict=p.verdict if p else "",
-            reason=p.reason if p else ("no counterpart on the other side" if band == B.UNMATCHED else ""),
+            node_a=na, node_b=nb, state=state, score=self.score(side, name),
+            match_method=p.match_method if p else "",
+            reason=p.reason if p else ("no counterpart on the other side" if state == B.UNMATCHED else ""),
+            impact=impact, affected_by=source,
             tensors_a=ga.tensors(na) if na and ga is not None else [],
             tensors_b=gb.tensors(nb) if nb and gb is not None else [],
             metrics=self._metric_rows(na, nb),
@@ -407,11 +400,17 @@ class DiffGraph:
                            or (nb and gb is not None and gb.nonfinite(nb))))
 
     def counts(self) -> dict[str, int]:
-        """Number of nodes per band over both sides (computes every band once)."""
-        out = {b: 0 for b in (B.PASS, B.WARNING, B.ERROR, B.UNMATCHED)}
-        for side in SIDES if self.paired else ("a",):
-            for n in self.graph(side).walk():
-                b = self.band(side, n)
-                if b in out:
-                    out[b] += 1
-        return out
+        """Node verdicts: how many node pairs (a compare's nodes.parquet rows) have each."""
+        return self.labelled_counts()["nodes"]
+
+    def labelled_counts(self) -> dict[str, Any]:
+        """The compare's labelled counts (:func:`compare.verdict.counts`) of the tensor rows and
+        node pairs this diff holds: what summary.json's ``counts`` says of the same result."""
+        from compare.verdict import counts
+
+        def verdict(p: NodePair) -> str:
+            side, name = ("a", p.node_a) if p.node_a else ("b", p.node_b)
+            return p.verdict or (self.state(side, name) if name in (self.graphs[side] or ()) else B.NONE)
+        return counts([r.get("verdict") for r in self._rows if r.get("verdict")],
+                      [verdict(p) for p in self.pairs], [p.node_a for p in self.pairs],
+                      [p.node_b for p in self.pairs])

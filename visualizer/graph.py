@@ -128,6 +128,8 @@ class Graph:
     def __init__(self, tensors: pa.Table, nodes: pa.Table, stacks: Mapping[str, list[str]] | None = None,
                  title: str = "") -> None:
         self.title = title
+        #: the dump.json or store folder the graph was read from (:meth:`load`), else None
+        self.source: Path | None = None
         self.nodes: dict[str, Node] = {}
         self._records = tensors
         self._rows: dict[str, list[int]] | None = None     # node -> its rows in ``tensors``
@@ -144,16 +146,17 @@ class Graph:
 
     @classmethod
     def load(cls, path: str | os.PathLike, step: int | None = None, rank: int | None = None) -> "Graph":
-        """Read the dump named by ``path`` (see :func:`collectors.msprobe_reader.find_dump`), or
-        a run directory's record store (:func:`collectors.store.read_step`) when it holds no
-        dump.json; ``step`` and ``rank`` choose among several (the lowest by default)."""
-        p = Path(path)
-        run_dir = p.parent if p.name == STORE_DIRNAME else p
-        if (run_dir / STORE_DIRNAME).is_dir() and not find_dump_files(run_dir):
-            tensors, nodes, _, _ = read_step(run_dir, step, rank)
-            return cls(tensors, nodes, title=str(path))
-        dump = read_msprobe_dump(find_dump(path, step, rank))
-        return cls(dump.tensors, dump.nodes, dump.stacks, title=str(path))
+        """Read the dump named by ``path`` (see :func:`dump_source`); ``step`` and ``rank``
+        choose among several (the lowest by default). ``source`` says what was read."""
+        source = dump_source(path, step, rank)
+        if source.name == STORE_DIRNAME:
+            tensors, nodes, _, _ = read_step(source.parent, step, rank)
+            graph = cls(tensors, nodes, title=str(path))
+        else:
+            dump = read_msprobe_dump(source)
+            graph = cls(dump.tensors, dump.nodes, dump.stacks, title=str(path))
+        graph.source = source
+        return graph
 
     def _new(self, name: str, order: int) -> Node:
         kind, direction, cls, path = parse_name(name)
@@ -333,6 +336,17 @@ class Graph:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.nodes)
+
+
+def dump_source(path: str | os.PathLike, step: int | None = None, rank: int | None = None) -> Path:
+    """What :meth:`Graph.load` reads for ``path``: the dump.json it names (see
+    :func:`collectors.msprobe_layout.find_dump`), or a run folder's record store
+    (``RUN/store``) when it holds no dump.json."""
+    p = Path(path)
+    run_dir = p.parent if p.name == STORE_DIRNAME else p
+    if (run_dir / STORE_DIRNAME).is_dir() and not find_dump_files(run_dir):
+        return run_dir / STORE_DIRNAME
+    return find_dump(path, step, rank)
 
 
 def load_graph(path: str | os.PathLike | Graph) -> Graph:

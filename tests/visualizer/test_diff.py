@@ -118,3 +118,63 @@ def test_a_node_compared_only_at_its_ancestor_is_unmatched_but_still_syncs(diff)
     assert d.band("a", lin) == "unmatched" and d.counterpart("a", lin) == mlp
     assert d.detail("a", lin).reason == "compared at the nearest matched ancestor"
     assert ("b", lin) in d.filter(["unmatched"])
+
+
+def _compared(tmp_path, **fault):
+    from compare.api import compare
+    from tests.compare.dumps import chain, write_dump
+
+    a, c = chain(5)
+    b, _ = chain(5, **fault)
+    pa_, pb = write_dump(tmp_path / "a", a, c), write_dump(tmp_path / "b", b, c)
+    r = compare(str(pa_), str(pb))
+    return r, DiffGraph.from_result(r, pa_.parent, pb.parent), pa_, pb
+
+
+def test_a_node_is_coloured_by_its_own_verdict_and_told_origin_or_affected(tmp_path):
+    r, d, _, _ = _compared(tmp_path, scale={2: 1.5})
+    fault, later = "Module.layers.2.fc.Linear.forward.0", "Module.layers.3.fc.Linear.forward.0"
+    # the precision band says the later node adds no error; its colour is still its own verdict
+    assert d.band("a", later) == "pass" and d.state("a", later) == d.state("b", later) == "error"
+    assert d.impact("a", later) == ("affected", ("a", fault))
+    assert d.impact("a", fault) == ("origin", None) and d.state("a", fault) == "error"
+    assert d.state("a", "Module.layers.1.fc.Linear.forward.0") == "pass"
+    assert d.detail("a", later).state == "error"
+    assert d.labelled_counts() == r.summary["counts"]          # the same truth as summary.json
+
+
+def test_a_node_with_nan_on_one_side_is_nan_and_listed_where_it_is(tmp_path):
+    _, d, _, _ = _compared(tmp_path, nan_at=3)
+    node = "Module.layers.3.fc.Linear.forward.0"
+    assert d.state("a", node) == "nan" and d.state("a", "Module.layers.4.fc.Linear.forward.0") == "nan"
+    assert d.impact("a", "Module.layers.4.fc.Linear.forward.0") == ("affected", ("a", node))
+    assert ("b", node) in d.filter(["nan"]) and d.counts()["nan"] >= 2
+
+
+def test_a_compare_result_of_other_dumps_is_refused(tmp_path):
+    from tests.compare.dumps import chain, write_dump
+
+    r, _, pa_, pb = _compared(tmp_path, scale={2: 1.5})
+    r.write(tmp_path / "cmp")
+    other = write_dump(tmp_path / "other", *chain(5, scale={1: 3.0}))
+    refused = DiffGraph.from_dumps(pa_.parent, other.parent, tmp_path / "cmp")
+    assert "belongs to other dumps" in refused.refusal and "side B" in refused.refusal
+    assert str(other) in refused.refusal
+    assert DiffGraph.from_dumps(pa_.parent, pb.parent, tmp_path / "cmp").refusal is None
+    assert DiffGraph.from_dumps(None, None, tmp_path / "cmp").refusal is None
+    pb.write_text(pb.read_text().replace("0.5", "0.25"))        # the dump changed since
+    assert DiffGraph.from_dumps(None, None, tmp_path / "cmp").refusal
+
+
+def test_every_node_of_a_dump_with_a_broken_tree_is_in_the_tree_and_found(tmp_path):
+    from tests.compare.dumps import stat, write_dump
+
+    construct = {"Module.net.Net.forward.0": None, "Module.net.fc.Linear.forward.0": "Module.net.Net.forward.0",
+                 "Module.net.fc.Linear.backward.0": "Module.net.Net.backward.0",
+                 "Module.net.Net.backward.0": "Module.net.fc.Linear.backward.0"}
+    entry = {"input_args": [stat(1, -1, 0, 2)], "input_kwargs": {}, "output": [stat(1, -1, 0, 2)]}
+    path = write_dump(tmp_path / "d", {k: entry for k in construct}, construct)
+    g = Graph.load(path)
+    assert sorted(g.walk()) == sorted(g)
+    assert g.ancestors("Module.net.fc.Linear.backward.0") == ["Module.net.Net.backward.0"]
+    assert ("a", "Module.net.fc.Linear.backward.0") in DiffGraph(g).search("fc backward")

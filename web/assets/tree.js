@@ -7,7 +7,8 @@
       .replace(/"/g, '&quot;');
   }
 
-  // rows: [{n: node, l: label, d: depth, c: classes, k: has children, o: open, h: hint band}]
+  // rows: [{n: node, l: label, d: depth, c: classes, k: has children, o: open, h: hint state,
+  //         a: label of the node an affected one comes from, an: its name}]
   window.probeRenderTree = function (id, side, rows) {
     var box = document.getElementById(id);
     if (!box || !rows) { return ''; }
@@ -17,6 +18,9 @@
       var tog = r.k ? '<span class="tog" data-act="toggle"' + at + '>' + (r.o ? '▾' : '▸') + '</span>'
                     : '<span class="tog leaf"></span>';
       var hint = r.h ? '<span class="hint hint-' + r.h + '" title="' + r.h + ' inside">●</span>' : '';
+      if (r.a) {
+        hint += '<span class="aff" title="affected by ' + esc(r.an) + '">↳ ' + esc(r.a) + '</span>';
+      }
       out.push('<div class="' + r.c + '" data-node="' + node + '" style="padding-left:' + (r.d * 14 + 4) +
                'px">' + tog + '<span class="lbl" data-act="select"' + at + ' title="' + node + '">' +
                esc(r.l) + '</span>' + hint + '</div>');

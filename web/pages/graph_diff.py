@@ -1,10 +1,14 @@
 """Graph diff page: the two hierarchy graphs side by side (or one), expanded lazily.
 
 Expanding, collapsing and selecting a node on one side does the same to its counterpart on the
-other. A search box steps through fuzzy hits; a filter list shows error/warning/unmatched/NaN
-nodes in execution order; the detail panel shows both sides' statistics, the compare metrics,
-the verdict with its reason, and the stacks; "Jump to first divergence" selects where the
-numerics first go wrong. All numerics come from :mod:`visualizer`; this module only renders.
+other. A node's fill is its own verdict (the compare's node verdict: pass, warning, error, nan,
+unmatched); a second mark says whether its divergence starts there (◆ origin) or comes from an
+earlier node (↳ affected by it, a dashed edge). The header gives the compare's labelled counts
+(tensors, nodes, unmatched per side). A search box steps through fuzzy hits; a filter list shows
+error/warning/unmatched/NaN nodes in execution order; the detail panel shows both sides'
+statistics, the compare metrics, the verdict with its reason, and the stacks; "Jump to first
+divergence" selects where the numerics first go wrong. A compare result of other dumps is
+refused with its reason. All numerics come from :mod:`visualizer`; this module only renders.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
+from compare.verdict import format_counts
 from visualizer import bands as B
 from visualizer.diff import FILTERS, Detail, DiffGraph
 
@@ -30,9 +35,15 @@ def _fmt(v: Any) -> str:
 
 
 def legend() -> html.Div:
-    items = [(B.PASS, "pass < 0.3"), (B.WARNING, "warning < 0.6"), (B.ERROR, "error ≥ 0.6"),
-             (B.UNMATCHED, "unmatched"), ("nan", "NaN/Inf")]
-    return html.Div([html.Span(text, className=f"chip band-{b}") for b, text in items],
+    """What the fill says (the node's own verdict) and what the marks say (where it comes from)."""
+    fills = [(B.PASS, "pass"), (B.WARNING, "warning"), (B.ERROR, "error"),
+             (B.NAN, "nan: NaN/Inf on one side only"), (B.UNMATCHED, "unmatched")]
+    marks = [("origin", "◆ origin: its divergence starts here"),
+             ("affected", "↳ affected: comes from an earlier node"),
+             ("proxy", "hatched: no counterpart of its own, its ancestor's verdict")]
+    return html.Div([html.Span("fill = own verdict:", className="legend-head")]
+                    + [html.Span(text, className=f"chip band-{b}") for b, text in fills]
+                    + [html.Span(text, className=f"chip mark-{m}") for m, text in marks],
                     id="g-legend", className="legend")
 
 
@@ -40,6 +51,9 @@ def layout(diff: DiffGraph | None) -> html.Div:
     if diff is None:
         return html.Div([html.H2("Graph diff"), html.P(
             "No dump given. Start with: probe web --dump A [B] [--compare DIR]", className="empty")])
+    if diff.refusal:
+        return html.Div([html.H2("Graph diff: compare result refused"),
+                         html.P(diff.refusal, id="g-refusal", className="refusal")], id="page-graph")
     paired = diff.paired
     sides = ("a", "b") if paired else ("a",)
     titles = [html.Div(f"A: {diff.graph('a').title}", className="pane-title")]
@@ -62,7 +76,7 @@ def layout(diff: DiffGraph | None) -> html.Div:
         html.H4("Filter"),
         dcc.Checklist(id="g-filter", options=[{"label": f" {k}", "value": k}
                                                for k in FILTERS],
-                      value=["error"] if paired else ["nan"], inline=True),
+                      value=["error", "nan"] if paired else ["nan"], inline=True),
         html.Div(id="g-filter-count", className="count"),
         html.Div(id="g-filter-list", className="filter-list"),
     ], className="sidebar")
@@ -85,8 +99,9 @@ def layout(diff: DiffGraph | None) -> html.Div:
 
 def render_rows(diff: DiffGraph, side: str, expanded: set[str], sel: tuple[str, str] | None) -> list[dict]:
     """The visible rows of one side (the roots and the children of every expanded node), as the
-    compact records ``web/assets/tree.js`` draws: node, label, depth, classes, has children,
-    open, and the worst band hidden inside a collapsed node."""
+    compact records ``web/assets/tree.js`` draws: node, label, depth, classes (the state's fill
+    and the marks), has children, open, the worst state hidden inside a collapsed node, and the
+    node an affected one comes from (label, name)."""
     g = diff.graph(side)
     other = "b" if side == "a" else "a"
     selected = None
@@ -98,7 +113,11 @@ def render_rows(diff: DiffGraph, side: str, expanded: set[str], sel: tuple[str, 
         name, depth = stack.pop()
         open_ = name in expanded
         has_kids = g.has_children(name)
-        cls = f"row band-{diff.band(side, name)}"
+        cls = f"row band-{diff.state(side, name)}"
+        impact, source = diff.impact(side, name)
+        cls += f" {impact}" if impact else ""
+        if diff.proxy(side, name):
+            cls += " proxy"
         if name == selected:
             cls += " sel"
         if diff.nonfinite(side, name):
@@ -106,9 +125,12 @@ def render_rows(diff: DiffGraph, side: str, expanded: set[str], sel: tuple[str, 
         hint = ""
         if has_kids and not open_ and diff.paired and diff.warmed:
             worst = diff.worst_below(side, name)
-            hint = worst if worst in (B.ERROR, B.WARNING) else ""
-        rows.append({"n": name, "l": g.nodes[name].label, "d": depth, "c": cls, "k": int(has_kids),
-                     "o": int(open_), "h": hint})
+            hint = worst if worst in (B.NAN, B.ERROR, B.WARNING) else ""
+        row = {"n": name, "l": g.nodes[name].label, "d": depth, "c": cls, "k": int(has_kids),
+               "o": int(open_), "h": hint}
+        if source:
+            row.update(a=diff.graph(source[0]).nodes[source[1]].label, an=source[1])
+        rows.append(row)
         if open_:
             stack.extend((k, depth + 1) for k in reversed(g.children(name)))
     return rows
@@ -170,17 +192,24 @@ def render_detail(diff: DiffGraph, side: str, name: str) -> list:
     head = [html.Div([html.B("A: "), d.node_a or "—"]), ]
     if diff.paired:
         head.append(html.Div([html.B("B: "), d.node_b or "—"]))
-    verdict = [html.Span(d.band, className=f"chip band-{d.band}", id="g-detail-band",
-                         hidden=d.band == B.NONE)]
+    verdict = [html.Span(d.state, className=f"chip band-{d.state}", id="g-detail-band",
+                         title="the node's own verdict", hidden=d.state == B.NONE)]
     if d.score is not None:
-        verdict.append(html.Span(f"score {d.score:.3f}"))
+        verdict.append(html.Span(f"precision score {d.score:.3f}"))
     if d.match_method:
         verdict.append(html.Span(f"matched by {d.match_method}"))
-    if d.verdict:
-        verdict.append(html.Span(f"verdict {d.verdict}"))
     if d.nonfinite:
-        verdict.append(html.Span("NaN/Inf", className="chip band-nan"))
+        verdict.append(html.Span("holds NaN/Inf", className="chip mark-nan"))
     out = [html.Div(head, className="names"), html.Div(verdict, className="verdict")]
+    if d.impact == "origin":
+        out.append(html.P("◆ origin: its divergence starts here (its inputs agree, or its "
+                          "parameters differ, or its error grows here)", className="impact"))
+    elif d.affected_by:
+        s, n = d.affected_by
+        out.append(html.P(["↳ affected by ", html.Span(
+            diff.graph(s).nodes[n].label, className="flow-link", title=n,
+            **{"data-act": "select", "data-side": s, "data-node": n}),
+            ": its inputs already differ, the divergence comes from there"], className="impact"))
     if d.reason:
         out.append(html.P(d.reason, className="reason"))
     flow = []
@@ -206,7 +235,7 @@ def render_detail(diff: DiffGraph, side: str, name: str) -> list:
 
 def register(app: Dash, diff: DiffGraph | None) -> None:
     """Attach the page's callbacks to ``app``."""
-    if diff is None:
+    if diff is None or diff.refusal:
         return
     threading.Thread(target=diff.warm, name="probe-web-warm", daemon=True).start()
     sides = ("a", "b") if diff.paired else ("a",)
@@ -289,7 +318,7 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
         diff.warm()
         found = diff.filter(kinds or [])
         items = [{"s": side, "n": name, "l": f"{SIDE_TITLE[side]} · {diff.graph(side).nodes[name].label}",
-                  "c": f"flt band-{diff.band(side, name)}"} for side, name in found[:FILTER_CAP]]
+                  "c": f"flt band-{diff.state(side, name)}"} for side, name in found[:FILTER_CAP]]
         note = f"{len(found)} node(s)" + (f", first {FILTER_CAP} shown" if len(found) > FILTER_CAP else "")
         return items, note
 
@@ -299,16 +328,12 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
         s = diff.summary
         parts = []
         if diff.paired:
-            counts = diff.counts()
-            for key in ("matched", "unmatched_a", "unmatched_b"):
-                if s.get(key) is not None:
-                    parts.append(f"{key.replace('_', ' ')}: {s[key]}")
-            parts += [f"{b}: {counts[b]}" for b in (B.ERROR, B.WARNING, B.PASS, B.UNMATCHED)]
+            parts.append(format_counts(diff.labelled_counts(), sep=" · "))
             first = diff.first_divergence()
             parts.append(f"first divergence: {first[1] if first else 'none'}")
         first_nan = diff.first_nan()
         parts.append(f"first NaN: {first_nan[1] if first_nan else 'none'}")
-        return " · ".join(parts)
+        return " · ".join(parts + s.get("notes", []))
 
     for side in sides:
         app.clientside_callback(

@@ -33,20 +33,92 @@ __all__ = ["mapped_pairs", "kind_of", "load_mapping"]
 _ENTRY_RE = re.compile(r"^(.*?\.(?:forward|backward|parameters_grad)\.\d+|.*?\.\d+\.(?:forward|backward))(?:\.|$)")
 
 
+#: A mapping file larger than this is refused (msprobe's are a few KB to a few MB).
+MAX_MAPPING_BYTES = 64 << 20
+#: Nesting deeper than this is refused (a layer mapping, the deepest kind, nests three levels).
+MAX_MAPPING_DEPTH = 32
+
+
 def load_mapping(path: str) -> Any:
-    """Read a mapping YAML; one-line :class:`ProbeError` if unreadable."""
+    """Read a mapping YAML; one-line :class:`ProbeError` if unreadable.
+
+    The file is bounded before it is built into Python objects: at most
+    :data:`MAX_MAPPING_BYTES`, UTF-8 text (a binary file is named as such), nested at most
+    :data:`MAX_MAPPING_DEPTH` levels, and without YAML aliases (``*name``), which msprobe's
+    mapping files never use and which can make a few hundred bytes expand to gigabytes.
+
+    >>> load_mapping("layer_mapping.yaml")                       # doctest: +SKIP
+    {'TopLayer': {'network_with_loss': 'module'}}
+    """
     import yaml
 
     p = Path(path)
     if not p.is_file():
         raise ProbeError(f"{p}: no such mapping file")
     try:
-        doc = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ProbeError(f"{p}: unreadable mapping YAML ({str(e).splitlines()[0]})") from None
+        size = p.stat().st_size
+        if size > MAX_MAPPING_BYTES:
+            raise ProbeError(f"{p}: the mapping file is {size >> 20} MB; a mapping YAML is at most "
+                             f"{MAX_MAPPING_BYTES >> 20} MB (is this the right file?)")
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ProbeError(f"{p}: cannot read the mapping file ({e.strerror})") from None
+    text = _text(p, raw)
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_nodes(p, node)
+        doc = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as e:
+        raise ProbeError(f"{p}: unreadable mapping YAML ({_yaml_problem(e)})") from None
+    except RecursionError:
+        raise ProbeError(f"{p}: the mapping YAML nests too deeply to be a mapping file") from None
+    finally:
+        loader.dispose()
     if not doc:
         raise ProbeError(f"{p}: the mapping file is empty")
     return doc
+
+
+def _yaml_problem(e: Any) -> str:
+    """A YAML error in a few words, with its line when known."""
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f"{problem} at line {mark.line + 1}" if mark is not None else str(problem)
+
+
+def _text(p: Path, raw: bytes) -> str:
+    """The file's bytes as text, or a :class:`ProbeError` naming a binary file."""
+    if b"\0" in raw[:65536]:
+        raise ProbeError(f"{p}: a binary file (it holds NUL bytes), not a YAML mapping file")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ProbeError(f"{p}: not UTF-8 text (byte {e.start}); a binary file is not a YAML "
+                         "mapping file") from None
+
+
+def _check_nodes(p: Path, root: Any) -> None:
+    """Refuse aliases (a node reached twice) and nesting deeper than :data:`MAX_MAPPING_DEPTH`,
+    walking the composed node graph once (before anything is expanded)."""
+    seen: set[int] = set()
+    stack = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if id(node) in seen:
+            line = node.start_mark.line + 1 if node.start_mark is not None else "?"
+            raise ProbeError(f"{p}: line {line}: a YAML anchor (&name) used again through an alias "
+                             "(*name); a mapping file may not use aliases, write each entry out")
+        seen.add(id(node))
+        if depth > MAX_MAPPING_DEPTH:
+            raise ProbeError(f"{p}: the mapping YAML nests deeper than {MAX_MAPPING_DEPTH} levels; "
+                             "not a mapping file")
+        if isinstance(node.value, list):
+            for item in node.value:
+                for child in (item if isinstance(item, tuple) else (item,)):
+                    stack.append((child, depth + 1))
 
 
 def kind_of(doc: Any) -> str:

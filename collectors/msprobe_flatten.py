@@ -41,11 +41,22 @@ _EMPTY: dict = {}
 def flatten_entries(data: dict, path: Path) -> pa.Table:
     """Every tensor and non-tensor argument of the entries in ``data`` (dump.json's ``data``
     object, read from ``path``), one row each, in entry order. Raises
-    :class:`ground.errors.ProbeError` naming ``path`` for an entry that is not an object."""
-    return _flatten_fast(list(data), list(data.values())) or _flatten(data, path).table()
+    :class:`ground.errors.ProbeError` naming ``path`` and the entry for an entry that is not an
+    object, a shape that is not a list of integers in int64's range, a statistic beyond a
+    float's range, or nesting too deep to walk."""
+    try:
+        return _flatten_fast(list(data), list(data.values())) or _flatten(data, path).table(path)
+    except RecursionError:
+        raise ProbeError(f"{path}: an entry nests too deeply to be an msprobe dump.json") from None
+
+
+#: The largest shape dimension (and element count) a tensor record holds: int64's.
+MAX_DIM = (1 << 63) - 1
 
 
 def _f(v: Any) -> float | None:
+    """A statistic as a float (None when it is not a number); OverflowError when it is an
+    integer beyond a float's range."""
     if v is None:
         return None
     if isinstance(v, (int, float)):
@@ -58,28 +69,61 @@ def _f(v: Any) -> float | None:
     return None
 
 
-def _stats_array(items: list[dict]) -> pa.StructArray:
-    """The tensors' fields as one Arrow struct array (converted in C++; slow path on odd values)."""
+def _dims(shape: Any) -> list[int | None] | None:
+    """A shape as a list of ints (None dims kept), as Arrow converts it; ValueError naming the
+    problem for anything that is not a list of integers in int64's range."""
+    if shape is None:
+        return None
+    if not isinstance(shape, list):
+        raise ValueError(f"shape {_short(shape)} is not a list")
+    out: list[int | None] = []
+    for x in shape:
+        if x is None:
+            out.append(None)
+        elif isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"shape {_short(shape)} holds {_short(x)}, not an integer")
+        elif x != x or not -MAX_DIM <= x <= MAX_DIM:
+            raise ValueError(f"shape {_short(shape)} holds {_short(x)}, out of range")
+        else:
+            out.append(int(x))
+    return out
+
+
+def _short(v: Any) -> str:
+    """``v`` as JSON, cut to 60 characters (for a one-line error)."""
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _stats_array(items: list[dict], nodes: list[str], path: Path) -> pa.StructArray:
+    """The tensors' fields as one Arrow struct array (converted in C++; slow path on odd values,
+    where a value out of range is a :class:`ProbeError` naming ``path`` and the entry, from
+    ``nodes``)."""
     try:
         return pa.array(items, type=STAT_TYPE)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
         pass
 
-    def clean(d: dict) -> dict:
+    def clean(d: dict, node: str) -> dict:
         out = {}
-        for f in STAT_TYPE:
-            v = d.get(f.name)
-            if f.name in ("Max", "Min", "Mean", "Norm"):
-                v = _f(v)
-            elif f.name == "shape":
-                v = [int(x) for x in v if isinstance(x, (int, float))] if isinstance(v, list) else None
-            elif f.name == "requires_grad":
-                v = v if isinstance(v, bool) else None
-            elif v is not None and not isinstance(v, str):
-                v = str(v)
-            out[f.name] = v
+        try:
+            for f in STAT_TYPE:
+                v = d.get(f.name)
+                if f.name in ("Max", "Min", "Mean", "Norm"):
+                    v = _f(v)
+                elif f.name == "shape":
+                    v = _dims(v)
+                elif f.name == "requires_grad":
+                    v = v if isinstance(v, bool) else None
+                elif v is not None and not isinstance(v, str):
+                    v = str(v)
+                out[f.name] = v
+        except (ValueError, OverflowError) as e:
+            why = str(e) if isinstance(e, ValueError) else f"{f.name} is beyond a float's range"
+            raise ProbeError(f"{path}: entry {node!r}: {why}; this dump.json is corrupt, re-run "
+                             "the dump or give another file") from None
         return out
-    return pa.array([clean(d) for d in items], type=STAT_TYPE)
+    return pa.array([clean(d, node) for d, node in zip(items, nodes)], type=STAT_TYPE)
 
 
 class _Flat:
@@ -109,12 +153,12 @@ class _Flat:
             self._add(seq, node, slot, prefix, {"type": obj.get("type")} if isinstance(obj, dict)
                       else _EMPTY, json.dumps(val, default=str))
 
-    def table(self) -> pa.Table:
+    def table(self, path: Path) -> pa.Table:
         """The flattened tensors as a table: seq, slot, index, stats (struct), value."""
         return pa.table({"seq": pa.array(self.seq, type=pa.int64()),
                          "slot": pa.array(self.slot, type=pa.string()),
                          "index": pa.array(self.index, type=pa.string()),
-                         "stats": _stats_array(self.items),
+                         "stats": _stats_array(self.items, self.node, path),
                          "value": pa.array(self.value, type=pa.string())})
 
     def _add(self, seq: int, node: str, slot: str, index: str, item: dict, value: str | None) -> None:

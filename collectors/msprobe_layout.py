@@ -59,19 +59,47 @@ _STEP_RE = re.compile(r"^step(\d+)$")
 _RANK_RE = re.compile(r"^(?:rank|proc)(\d+)$")
 
 
+_HIGH = rb"\\u[dD][89abAB][0-9a-fA-F]{2}"
+_LOW = rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+#: a ``\u`` escape of half a surrogate pair without its other half (not a character)
+_LONE_SURROGATE = re.compile(_HIGH + b"(?!" + _LOW + b")|(?<!" + _HIGH + b")" + _LOW)
+
+
 def loads(text: bytes) -> Any:
-    """Parse JSON; orjson when available, the standard library when orjson refuses the text
+    r"""Parse JSON; orjson when available, the standard library when orjson refuses the text
     (it rejects the NaN/Infinity literals that the standard library reads as msprobe writes them).
+    A ``\u`` escape of half a surrogate pair, which the standard library lets through as a
+    string that no file or Arrow column can hold, is a :class:`json.JSONDecodeError` as in orjson.
 
     >>> loads(b'[1, -Infinity]')
     [1, -inf]
+    >>> loads(b'[NaN, "\\ud800"]')
+    Traceback (most recent call last):
+    json.decoder.JSONDecodeError: a \u escape of half a surrogate pair, not a character: line 1 column 8 (char 7)
     """
     if _orjson is not None:
         try:
             return _orjson.loads(text)
         except _orjson.JSONDecodeError:
             pass
-    return json.loads(text)
+    doc = json.loads(text)
+    wide = b"\0" in text[:4]                        # UTF-16/32 text: its escapes not searched
+    if wide or b"\\u" in text:
+        lone = None if wide else _LONE_SURROGATE.search(text)
+        if (wide or lone is not None) and _holds_surrogate(doc):
+            raise json.JSONDecodeError(r"a \u escape of half a surrogate pair, not a character",
+                                       text.decode("utf-8", "replace") if lone else "",
+                                       lone.start() if lone else 0)
+    return doc
+
+
+def _holds_surrogate(doc: Any) -> bool:
+    """Whether a string of ``doc`` holds a lone surrogate (cannot be written as UTF-8)."""
+    try:
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def position_names(n: int) -> pa.Array:

@@ -13,6 +13,12 @@ records (and the error message). The entries' kinds and classes and the module t
 from :mod:`collectors.msprobe_nodes`; the folder layout and entry names from
 :mod:`collectors.msprobe_layout`.
 
+Every bad input is one :class:`ground.errors.ProbeError` line naming the file, and the entry
+where there is one: binary data, JSON that is not a dump, nesting too deep to read, text that is
+not Unicode, a shape that is not a list of dimensions >= 0 whose product an int64 holds, a
+statistic beyond a float's range. (A float literal beyond a float's range, ``1e999``, reads as
+infinite, as every JSON reader here reads it.)
+
 A dump entry becomes tensor records (:data:`collectors.records.TENSOR`), one per tensor or
 non-tensor argument, with ``node`` = the entry's name exactly as in dump.json and ``slot``:
 
@@ -116,7 +122,7 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
     run = run if run is not None else str(path)
     info = classify_entries(names)
     tensors = _tensor_table(path, meta, names, info, flat, run, rank, step)
-    cols = node_columns(names, info.column("cls").combine_chunks(), construct, refs)
+    cols = node_columns(names, info.column("cls").combine_chunks(), construct, refs, path.parent / "construct.json")
     n = len(cols["node"])
     nodes = table_from_columns("node", {"run": _constant(run, n, pa.string()),
                                         "rank": _constant(rank, n, pa.int32()), **cols})
@@ -164,7 +170,7 @@ def _read_tree(path: Path) -> tuple[dict, dict[str, str], dict[str, list[str]]]:
     if spath.exists():
         try:
             refs, stacks = stack_refs(_load_json(spath, "stack.json"))
-        except ProbeError:
+        except (ProbeError, RecursionError):          # a stack nested too deeply to list
             pass
     return construct, refs, stacks
 
@@ -177,7 +183,13 @@ def _tensor_table(path: Path, meta: dict, names: list[str], info: pa.Table, flat
         else flat.column("stats")
     n = flat.num_rows
     shape = stats.field("shape")
-    numel = _numel(shape)
+    numel, bad = _numel(shape)
+    if bad is not None:
+        row, why = bad
+        where = f"{flat.column('slot')[row].as_py()} {flat.column('index')[row].as_py()}"
+        raise ProbeError(f"{path}: entry {names[seq[row].as_py()]!r}, {where}: shape "
+                         f"{shape[row].as_py()} {why}; this dump.json is corrupt, re-run the dump "
+                         "or give another file")
     files = stats.field("data_name")
     dump_dir = meta.get("dump_data_dir")
     if files.null_count < n:
@@ -218,11 +230,32 @@ def _load_json(path: Path, what: str, text: bytes | None = None) -> Any:
     try:
         return loads(text)
     except json.JSONDecodeError as e:
-        end = "truncated" if e.pos >= len(text.rstrip()) - 1 else "malformed"
+        if _binary(text):
+            raise ProbeError(f"{path}: a binary file, not JSON text; give the {what} msprobe "
+                             "wrote") from None
+        cut = e.pos >= len(text.rstrip()) - 1 or (e.msg.startswith("Unterminated string")
+                                                   and b'"' not in text[e.pos + 1:])
+        end = "truncated" if cut else "malformed"
         raise ProbeError(f"{path}: {end} JSON in the {what} at line {e.lineno} column {e.colno} "
                          f"({e.msg}); re-run the dump or give another file") from None
-    except (UnicodeDecodeError, RecursionError) as e:
-        raise ProbeError(f"{path}: unreadable {what} ({type(e).__name__})") from None
+    except UnicodeDecodeError:
+        raise ProbeError(f"{path}: a binary file, not JSON text (not UTF-8); give the {what} "
+                         "msprobe wrote") from None
+    except RecursionError:
+        raise ProbeError(f"{path}: the {what} nests too deeply to be read (more than about a "
+                         "thousand levels); not a file msprobe wrote") from None
+
+
+def _binary(text: bytes) -> bool:
+    """Whether ``text`` looks like binary data rather than JSON text: its first 4 KB are not
+    text in the encoding JSON's first bytes name (UTF-8, -16 or -32), or hold NUL characters."""
+    head = text[:4096]
+    encoding = json.detect_encoding(head)
+    try:
+        chars = head.decode(encoding)
+    except UnicodeDecodeError as e:
+        return e.start < len(head) - 4              # not a character cut at the sample's end
+    return "\0" in chars
 
 
 def _constant(value: Any, n: int, type: pa.DataType) -> pa.Array:
@@ -232,8 +265,16 @@ def _constant(value: Any, n: int, type: pa.DataType) -> pa.Array:
     return pa.array([value], type=type).take(np.zeros(n, dtype=np.int32))
 
 
-def _numel(shape: pa.Array) -> pa.Array:
-    """Product of each shape (``[]`` → 1, null → null), vectorised."""
+def _numel(shape: pa.Array) -> tuple[pa.Array, tuple[int, str] | None]:
+    """Product of each shape (``[]`` → 1, null → null), vectorised; and the first row whose
+    shape is out of range with why (a negative dimension, more elements than int64 counts),
+    or None.
+
+    >>> _numel(pa.array([[2, 3], [], None, [4, -1]]))[0].to_pylist()
+    [6, 1, None, -4]
+    >>> _numel(pa.array([[2, 3], [4, -1]]))[1]
+    (1, 'has a negative dimension')
+    """
     import numpy as np
 
     if isinstance(shape, pa.ChunkedArray):
@@ -244,7 +285,28 @@ def _numel(shape: pa.Array) -> pa.Array:
     lengths = np.diff(offsets)
     out = np.ones(n, dtype=np.int64)
     nonempty = lengths > 0
+    bad = None
     if nonempty.any():
         starts = (offsets[:-1] - offsets[0])[nonempty]
         out[nonempty] = np.multiply.reduceat(vals, starts)
-    return pa.array(out, type=pa.int64(), mask=shape.is_null().to_numpy(zero_copy_only=False))
+        bad = _bad_shape(vals, starts, np.flatnonzero(nonempty), int(lengths.max()))
+    return pa.array(out, type=pa.int64(), mask=shape.is_null().to_numpy(zero_copy_only=False)), bad
+
+
+def _bad_shape(vals: "np.ndarray", starts: "np.ndarray", rows: "np.ndarray",
+               longest: int) -> tuple[int, str] | None:
+    """The first of ``rows`` (shapes: ``vals`` from each of ``starts``) with a negative
+    dimension or a product beyond int64, with why; None when all are in range. The product is
+    recomputed in floats only when the largest dimension and the longest shape allow an
+    overflow at all."""
+    import numpy as np
+
+    if vals.min() < 0:
+        first = int(np.argmax(vals < 0))
+        return int(rows[np.searchsorted(starts, first, side="right") - 1]), "has a negative dimension"
+    if int(vals.max()).bit_length() * longest < 63:
+        return None
+    over = np.multiply.reduceat(vals.astype(np.float64), starts) >= 2.0 ** 63
+    if over.any():
+        return int(rows[np.argmax(over)]), "holds more elements than a 64-bit count"
+    return None

@@ -9,7 +9,7 @@ An adapter knows one framework (PyTorch, MindSpore, ...) and nothing about dump 
 - owns the framework's :class:`StatsBackend`: tensor description, on-device statistics,
   one gather per step, content hashes and tensor files.
 
-The dump's recorder (``probe/recorder.py``) is the only :class:`HookSink`; it is written once,
+The dump's recorder (``probe/dump_recorder.py``) is the only :class:`HookSink`; it is written once,
 for every engine. Adding an engine means one new module ``engine_adapter/<name>_adapter.py``
 that defines ``ADAPTER = <a subclass of EngineAdapter>``; :func:`get_adapter` finds it by name.
 
@@ -54,10 +54,6 @@ class StatsBackend(ABC):
 
     #: the framework's tensor class(es), for ``isinstance`` on the hot path
     tensor_type: Any = ()
-
-    def is_tensor(self, x: Any) -> bool:
-        """True for the framework's tensors (parameters included)."""
-        return isinstance(x, self.tensor_type)
 
     @abstractmethod
     def describe(self, t: Any) -> TensorMeta:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import threading
 import warnings
 import zlib
 from typing import Any, Callable, Iterator, Sequence
@@ -34,13 +33,10 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from engine_adapter.base import FLOAT, INTEGER, OPAQUE, EngineAdapter, HookSink, StatsBackend, TensorMeta
+from engine_adapter.guard import ReentryGuard
 
 _FLOATS = {ms.float16, ms.float32, ms.float64, getattr(ms, "bfloat16", ms.float16)}
 _INTS = {ms.int8, ms.int16, ms.int32, ms.int64, ms.uint8, ms.uint16, ms.uint32, ms.uint64}
-
-
-class _Guard(threading.local):
-    depth = 0
 
 
 def _host(t: Any) -> np.ndarray:
@@ -129,7 +125,7 @@ class MindSporeAdapter(EngineAdapter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.guard = _Guard()
+        self.guard = ReentryGuard()
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any, bool]] = []
         self._known: set[int] = set()
@@ -169,22 +165,16 @@ class MindSporeAdapter(EngineAdapter):
             if not sink.active:
                 open_names.append(None)
                 return None
-            guard.depth += 1
-            try:
+            with guard:
                 open_names.append(sink.module_forward_pre(base, key, tuple(args), dict(kwargs)))
-            finally:
-                guard.depth -= 1
             return None
 
         def post(c, args, kwargs, output):
             name = open_names.pop() if open_names else None
             if name is None or not sink.active:
                 return None
-            guard.depth += 1
-            try:
+            with guard:
                 sink.module_forward(name, key, output, own_params)
-            finally:
-                guard.depth -= 1
             return None
 
         def bpre(c, grad_output):
@@ -195,11 +185,8 @@ class MindSporeAdapter(EngineAdapter):
         def bhook(c, grad_input, grad_output):
             if not sink.active:
                 return None
-            guard.depth += 1
-            try:
+            with guard:
                 sink.module_backward(base, key, tuple(grad_output), tuple(grad_input))
-            finally:
-                guard.depth -= 1
             return None
 
         self._handles.append(cell.register_forward_pre_hook(pre, with_kwargs=True))
@@ -219,11 +206,8 @@ class MindSporeAdapter(EngineAdapter):
 
         def hook(grad):
             if sink.active:
-                guard.depth += 1
-                try:
+                with guard:
                     sink.parameter_grad(base, key, pname, grad, expected)
-                finally:
-                    guard.depth -= 1
             return None
         return hook
 
@@ -249,11 +233,8 @@ class MindSporeAdapter(EngineAdapter):
         def factory(inner):
             def __call__(opt, *args, **kwargs):
                 result = inner(opt, *args, **kwargs)
-                guard.depth += 1
-                try:
+                with guard:
                     on_step()
-                finally:
-                    guard.depth -= 1
                 return result
             return __call__
         self._patch_call(nn.Optimizer, factory)
@@ -272,11 +253,8 @@ class MindSporeAdapter(EngineAdapter):
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
-        self.guard.depth += 1
-        try:
+        with self.guard:
             yield
-        finally:
-            self.guard.depth -= 1
 
     def root_prefix(self) -> str:
         self._roots += 1

@@ -69,14 +69,11 @@ class MindSporeApi:
         def wrapper(*args, **kwargs):
             if guard.depth or not sink.active:
                 return orig(*args, **kwargs)
-            guard.depth += 1
-            try:
+            with guard:
                 token = sink.api_call(api, args, kwargs)
                 output = orig(*args, **kwargs)
                 sink.api_return(token, output)
                 return output
-            finally:
-                guard.depth -= 1
 
         wrapper.__probe_original__ = orig
         return wrapper

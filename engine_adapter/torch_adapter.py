@@ -25,20 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from typing import Any, Callable, Iterator
 
 import torch
 
 from engine_adapter.base import EngineAdapter, HookSink, StatsBackend
+from engine_adapter.guard import ReentryGuard
 from engine_adapter.torch_api import watch_gradient, wrap_inputs
 from engine_adapter.torch_stats import TorchStats
-
-
-class _Guard(threading.local):
-    """Set while dump code runs, so the API wrappers do not record the dump's own ops (per thread)."""
-
-    depth = 0
 
 
 #: inside dump code, tensor subclasses (``nn.Parameter``) skip their Python ``__torch_function__``:
@@ -68,7 +62,7 @@ class TorchAdapter(EngineAdapter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.guard = _Guard()
+        self.guard = ReentryGuard()
         self._handles: list[Any] = []
         self._api_mode: Any = None
         self._known: set[int] = set()
@@ -115,10 +109,7 @@ class TorchAdapter(EngineAdapter):
             if not sink.active:
                 open_calls.append((None, None))
                 return None
-            guard.depth += 1
-            plain = _plain_tensors()
-            plain.__enter__()
-            try:
+            with guard, _plain_tensors():
                 name = sink.module_forward_pre(base, key, args, kwargs)
                 if name is None or not backward or not torch.is_grad_enabled():
                     open_calls.append((name, None))
@@ -127,24 +118,15 @@ class TorchAdapter(EngineAdapter):
                 args, kwargs, call.captured = wrap_inputs(call, args, kwargs)
                 open_calls.append((name, call))
                 return (args, kwargs) if call.captured else None
-            finally:
-                plain.__exit__(None, None, None)
-                guard.depth -= 1
 
         def post(mod, args, kwargs, output):
             name, call = open_calls.pop() if open_calls else (None, None)
             if name is None or not sink.active:
                 return None
-            guard.depth += 1
-            plain = _plain_tensors()
-            plain.__enter__()
-            try:
+            with guard, _plain_tensors():
                 sink.module_forward(name, key, output, own_params)
                 if call is not None:
                     call.watch_outputs(output)
-            finally:
-                plain.__exit__(None, None, None)
-                guard.depth -= 1
             return None
 
         if compiled:
@@ -164,14 +146,8 @@ class TorchAdapter(EngineAdapter):
 
         def hook(grad):
             if sink.active:
-                guard.depth += 1
-                plain = _plain_tensors()
-                plain.__enter__()
-                try:
+                with guard, _plain_tensors():
                     sink.parameter_grad(base, key, pname, grad, expected)
-                finally:
-                    plain.__exit__(None, None, None)
-                    guard.depth -= 1
             return None
         return hook
 
@@ -200,14 +176,8 @@ class TorchAdapter(EngineAdapter):
         guard = self.guard
 
         def hook(optimizer, args, kwargs):
-            guard.depth += 1
-            plain = _plain_tensors()
-            plain.__enter__()
-            try:
+            with guard, _plain_tensors():
                 on_step()
-            finally:
-                plain.__exit__(None, None, None)
-                guard.depth -= 1
         self._handles.append(register_optimizer_step_post_hook(hook))
 
     def watch_models(self, on_model: Callable[[Any], None]) -> None:
@@ -223,14 +193,8 @@ class TorchAdapter(EngineAdapter):
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
-        self.guard.depth += 1
-        plain = _plain_tensors()
-        plain.__enter__()
-        try:
+        with self.guard, _plain_tensors():
             yield
-        finally:
-            plain.__exit__(None, None, None)
-            self.guard.depth -= 1
 
     def root_prefix(self) -> str:
         """The name prefix of the next root model in script mode ('' for the first)."""
@@ -276,7 +240,7 @@ class _ModuleBackward:
     __slots__ = ("sink", "guard", "base", "key", "captured", "grad_outputs", "watched", "waiting",
                  "started")
 
-    def __init__(self, sink: HookSink, guard: _Guard, base: str, key: int) -> None:
+    def __init__(self, sink: HookSink, guard: ReentryGuard, base: str, key: int) -> None:
         self.sink, self.guard, self.base, self.key = sink, guard, base, key
         self.captured = False
         self.grad_outputs: list[Any] = []
@@ -310,14 +274,10 @@ class _ModuleBackward:
     def finish(self, grads: tuple) -> None:
         if not self.sink.active:
             return
-        self.guard.depth += 1
-        plain = _plain_tensors()
-        plain.__enter__()
         try:
-            self.sink.module_backward(self.base, self.key, self.grad_outputs, grads)
+            with self.guard, _plain_tensors():
+                self.sink.module_backward(self.base, self.key, self.grad_outputs, grads)
         finally:
-            plain.__exit__(None, None, None)
-            self.guard.depth -= 1
             # recorded: let the output gradients go now (the hooks, and this object, live as long
             # as the graph: holding them made backward allocate fresh memory instead of reusing
             # theirs), and be ready for another backward through a retained graph

@@ -147,12 +147,10 @@ class _Call:
         return hook
 
     def finish(self, grads: tuple) -> None:
-        self.guard.depth += 1
         try:
-            with _plain_tensors():
+            with self.guard, _plain_tensors():
                 self.sink.api_backward(self.token, self.grad_outputs, grads)
         finally:
-            self.guard.depth -= 1
             self.grad_outputs = [None] * len(self.grad_outputs)   # recorded: let them go
 
 
@@ -224,8 +222,7 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
     def wrapper(*args, **kwargs):
         if guard.depth or not sink.active:
             return orig(*args, **kwargs)
-        guard.depth += 1
-        try:
+        with guard:
             with _plain_tensors():
                 token = sink.api_call(api, args, kwargs)
             if token is None:
@@ -246,8 +243,6 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
                 if call is not None:
                     _hook_outputs(call, output)
             return output
-        finally:
-            guard.depth -= 1
 
     wrapper.__probe_original__ = orig
     return wrapper
@@ -263,25 +258,19 @@ class _CommListener:
     def on_comm_start(self, call: Any) -> None:
         if self.guard.depth or not self.sink.active:
             return
-        self.guard.depth += 1
-        try:
+        with self.guard:
             call.state["probe_token"] = self.sink.api_call(f"Distributed.{call.op}", call.args, call.kwargs)
-        finally:
-            self.guard.depth -= 1
 
     def on_comm_end(self, call: Any) -> None:
         token = call.state.pop("probe_token", None)
         if token is None:
             return
-        self.guard.depth += 1
-        try:
+        with self.guard:
             result = call.result
             if result is None or not isinstance(result, torch.Tensor):
                 first = call.args[0] if call.args else next(iter(call.kwargs.values()), None)
                 result = first if isinstance(first, (torch.Tensor, list)) else result
             self.sink.api_return(token, result)
-        finally:
-            self.guard.depth -= 1
 
 
 class ApiMode:

@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Any
 
+from engine_adapter.guard import ReentryGuard
+
 __all__ = ["CommCall", "add_listener", "remove_listener", "listeners", "WRAPPED_OPS"]
 
 #: op name -> the parameter holding what this rank sends (None: nothing tensor-shaped).
@@ -104,7 +106,8 @@ class CommCall:
 _listeners: tuple = ()
 _lock = threading.Lock()
 _originals: dict[str, Any] = {}
-_depth = threading.local()
+#: set on a thread while a wrapped collective runs: collectives it calls are not reported again
+_inside = ReentryGuard()
 
 
 def add_listener(listener: Any) -> Any:
@@ -175,23 +178,22 @@ def _wrap(op: str, fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         active = _listeners
-        if not active or getattr(_depth, "n", 0):
+        if not active or _inside.depth:
             return fn(*args, **kwargs)
         bound = _bind(sig, args, kwargs)
         call = CommCall(op, args, kwargs, bound)
         for listener in active:
             _notify(listener, "on_comm_start", call)
-        _depth.n = 1
         call.start_ns = time.perf_counter_ns()
         try:
-            call.result = fn(*args, **kwargs)
+            with _inside:
+                call.result = fn(*args, **kwargs)
             return call.result
         except BaseException as e:
             call.error = e
             raise
         finally:
             call.end_ns = time.perf_counter_ns()
-            _depth.n = 0
             for listener in active:
                 _notify(listener, "on_comm_end", call)
 

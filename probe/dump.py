@@ -30,7 +30,8 @@ import sys
 from typing import Any, Sequence
 
 from ground.errors import ProbeError
-from probe.recorder import DumpConfig, Recorder
+from probe.dump_config import DumpConfig
+from probe.dump_recorder import DumpRecorder
 
 _current: "DumpSession | None" = None
 
@@ -67,7 +68,7 @@ class DumpSession:
         self.first_step = first_step
         self.quiet = quiet
         self.adapter: Any = None
-        self.recorder: Recorder | None = None
+        self.recorder: DumpRecorder | None = None
         self.store: Any = None
         self._own_store = False
         self._hooked = False
@@ -89,7 +90,7 @@ class DumpSession:
             self._own_store = True
         elif self._store_arg not in (None, False):
             self.store = self._store_arg
-        self.recorder = Recorder(self.adapter, self.config, rank=rank, store=self.store)
+        self.recorder = DumpRecorder(self.adapter, self.config, rank=rank, store=self.store)
         if self.config.ranks is None or rank in self.config.ranks:
             from probe.gc_policy import GcPolicy
             self._gc = GcPolicy().start()

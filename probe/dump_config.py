@@ -1,0 +1,50 @@
+"""What a dump records: its level, task and filters, checked once when it is made.
+
+>>> DumpConfig(out="runs/d", level="mix").task
+'statistics'
+>>> DumpConfig(level="L9")
+Traceback (most recent call last):
+...
+ground.errors.ProbeError: --level 'L9': use one of module, api, mix
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from ground.errors import ProbeError
+
+LEVELS = ("module", "api", "mix")
+TASKS = ("statistics", "tensor", "md5")
+
+
+@dataclass
+class DumpConfig:
+    """What to dump: level, task and filters (``None`` selects everything)."""
+
+    out: str = "dump"
+    level: str = "module"
+    task: str = "statistics"
+    steps: Sequence[int] | None = None
+    ranks: Sequence[int] | None = None
+    scope: str | None = None          # regex searched in each entry's name
+    names: Sequence[str] | None = None  # module paths, class names or API names to keep
+    stack: bool = True
+    run: str | None = None
+    #: the store's records are made durable at the end of a step at most this often (seconds;
+    #: 0 = every step). The msprobe files are always written every step; a crash loses at most
+    #: this long of store records. Fast steps otherwise pay a Parquet segment per step.
+    store_flush_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ProbeError(f"--level {self.level!r}: use one of {', '.join(LEVELS)}")
+        if self.task not in TASKS:
+            raise ProbeError(f"--task {self.task!r}: use one of {', '.join(TASKS)}")
+        if self.scope:
+            try:
+                re.compile(self.scope)
+            except re.error as e:
+                raise ProbeError(f"--scope {self.scope!r}: not a regular expression ({e})") from None

@@ -1,0 +1,236 @@
+"""The dump's row building: each value seen at a call boundary becomes its msprobe JSON entry and
+one tensor record row.
+
+The columns are the tensor record's, named once in :mod:`collectors.records`. A row holds the
+columns a call sets (:data:`ROW_COLUMNS`, in the schema's order); the step's columns
+(:data:`STEP_COLUMNS`) are set when its table is made, and the statistics
+(:data:`STAT_COLUMNS`) arrive as columns of their own when the step's statistics are gathered
+(:func:`apply_statistics`), which also fills the JSON entries.
+
+>>> ROW_COLUMNS[:3], STAT_COLUMNS[0]
+(('seq', 'node', 'node_kind'), 'max')
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import weakref
+from typing import Any, Callable, NamedTuple, Sequence
+
+from collectors import msprobe_writer
+from collectors.records import TENSOR
+from engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend
+
+#: columns the writer sets for a whole step
+STEP_COLUMNS = ("run", "rank", "step", "host_ts_ns")
+#: the statistics, gathered at the end of a step
+STAT_COLUMNS = ("max", "min", "mean", "l2norm", "nan_count", "inf_count")
+#: the columns of a row, in the schema's order (the row lists below are written in this order)
+ROW_COLUMNS = tuple(n for n in TENSOR.names if n not in STEP_COLUMNS and n not in STAT_COLUMNS)
+
+#: index texts of the first positions (no str(i) per argument)
+POS = tuple(str(i) for i in range(64))
+#: exact scalar types and their msprobe ``type`` (subclasses take the isinstance path)
+_SCALAR_TYPES = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
+class Leaf(NamedTuple):
+    """A tensor whose statistics come at the end of the step."""
+
+    entry: dict          # the JSON dict of this tensor
+    handle_index: int    # index into the step's handles, -1 when none
+    row: int             # index into the step's rows
+    numel: int
+    kind: str
+
+
+class RowBuilder:
+    """Turns the values of one step into JSON entries and rows; :meth:`start_step` begins a step.
+
+    ``save(t, name)`` writes a tensor file and returns its name (the ``tensor`` task), or is None.
+    """
+
+    def __init__(self, stats: StatsBackend, *, want_hash: bool,
+                 save: Callable[[Any, str], str] | None) -> None:
+        self.stats = stats
+        self._tensor_type = stats.tensor_type
+        self._want_hash = want_hash
+        self._save = save
+        self.start_step()
+
+    def start_step(self) -> None:
+        """New lists for a new step (the last step's are the writer's now)."""
+        self.rows: list[list] = []
+        self.leaves: list[Leaf] = []
+        self.handles: list[Any] = []
+        self._seen: dict[Any, tuple] = {}
+
+    def value(self, x: Any, seq: int, node: str, kind: str, direction: str, slot: str, index: str) -> Any:
+        """The JSON entry of ``x`` (a tensor, a scalar or a container of them), its rows recorded."""
+        if isinstance(x, self._tensor_type):
+            return self._tensor(x, seq, node, kind, direction, slot, index)
+        if x is None:
+            return None
+        tx = type(x)
+        if tx in _SCALAR_TYPES:
+            return self._scalar(_SCALAR_TYPES[tx], x, seq, node, kind, direction, slot, index)
+        if isinstance(x, bool):
+            return self._scalar("bool", x, seq, node, kind, direction, slot, index)
+        if isinstance(x, int):
+            return self._scalar("int", x, seq, node, kind, direction, slot, index)
+        if isinstance(x, float):
+            return self._scalar("float", x, seq, node, kind, direction, slot, index)
+        if isinstance(x, str):
+            return self._scalar("str", x, seq, node, kind, direction, slot, index)
+        if (tx is list or tx is tuple):
+            return [self.value(v, seq, node, kind, direction, slot, f"{index}.{i}") for i, v in enumerate(x)]
+        type_name = self.stats.scalar_type(x)
+        if type_name is not None:
+            v = list(x) if type_name.endswith("Size") else str(x)
+            return self._scalar(type_name, v, seq, node, kind, direction, slot, index)
+        if isinstance(x, slice):
+            return self._scalar("slice", [_plain(x.start), _plain(x.stop), _plain(x.step)],
+                                seq, node, kind, direction, slot, index)
+        if x is Ellipsis:
+            return self._scalar("ellipsis", "...", seq, node, kind, direction, slot, index)
+        if isinstance(x, dict):
+            return {str(k): self.value(v, seq, node, kind, direction, slot, f"{index}.{k}") for k, v in x.items()}
+        if isinstance(x, (list, tuple)):  # namedtuples and list subclasses
+            return [self.value(v, seq, node, kind, direction, slot, f"{index}.{i}") for i, v in enumerate(x)]
+        return None
+
+    def _scalar(self, type_name: str, v: Any, seq: int, node: str, kind: str, direction: str,
+                slot: str, index: str) -> dict:
+        tv = type(v)
+        if tv is int:
+            text = int.__repr__(v)
+        elif tv is bool:
+            text = "true" if v else "false"
+        elif tv is float and math.isfinite(v):
+            text = float.__repr__(v)
+        else:
+            finite = not isinstance(v, float) or math.isfinite(v)
+            text = json.dumps(v if finite else str(v))
+            if not finite:
+                v = msprobe_writer.json_float(v)
+            elif tv is list:          # a slice's bounds may be floats
+                v = [msprobe_writer.json_float(x) if type(x) is float else x for x in v]
+        self.rows.append([seq, node, kind, direction, slot, index, type_name, None, None,
+                          None, None, None, text])
+        return {"type": type_name, "value": v}
+
+    def _tensor(self, t: Any, seq: int, node: str, kind: str, direction: str, slot: str,
+                index: str) -> dict:
+        stats = self.stats
+        meta = stats.describe(t)
+        shape = list(meta.shape)
+        requires_grad = meta.requires_grad
+        entry: dict[str, Any] = {"type": meta.type_name, "dtype": meta.dtype, "shape": shape,
+                                 "Max": None, "Min": None, "Mean": None, "Norm": None}
+        if requires_grad is not None:
+            entry["requires_grad"] = requires_grad
+        handle_index = -1
+        digest = file_name = None
+        key = stats.identity(t)
+        seen = self._seen.get(key) if key is not None else None
+        if seen is not None and seen[0]() is not None:
+            handle_index, digest = seen[1], seen[2]
+        else:
+            stat_kind = meta.kind
+            if stat_kind != OPAQUE:
+                handles = self.handles
+                handle_index = len(handles)
+                handles.append(stats.reduce(t, stat_kind))
+            if self._want_hash:
+                digest = stats.digest(t)
+            if key is not None:
+                self._seen[key] = (weakref.ref(t), handle_index, digest)
+        if digest is not None:
+            entry["md5"] = digest
+        if self._save is not None:
+            file_name = self._save(t, f"{node}.{slot}.{index}")
+            entry["data_name"] = file_name
+        rows = self.rows
+        self.leaves.append(Leaf(entry, handle_index, len(rows), meta.numel, meta.kind))
+        rows.append([seq, node, kind, direction, slot, index, meta.dtype, shape, meta.numel,
+                     digest, file_name, requires_grad, None])
+        return entry
+
+
+def apply_statistics(leaves: Sequence[Leaf], values: Sequence[Any], n_rows: int) -> dict[str, list]:
+    """Put the gathered statistics of a step into its JSON entries; returns the statistics
+    columns of its ``n_rows`` rows (None where a row has none)."""
+    columns = {name: [None] * n_rows for name in STAT_COLUMNS}
+    maxs, mins, means, norms = columns["max"], columns["min"], columns["mean"], columns["l2norm"]
+    nans, infs = columns["nan_count"], columns["inf_count"]
+    json_float = msprobe_writer.json_float
+    for i, leaf in enumerate(leaves):
+        if i & 63 == 63:
+            time.sleep(0)       # let the training thread take the GIL back between chunks
+        if leaf.handle_index < 0:
+            continue
+        v = values[leaf.handle_index]
+        if v is None:
+            continue
+        e, r = leaf.entry, leaf.row
+        if leaf.kind == FLOAT:
+            mx, mn, s, q, nan, inf = v
+            mean = s / leaf.numel
+            norm = math.sqrt(q) if q >= 0 else q
+            maxs[r], mins[r], means[r], norms[r], nans[r], infs[r] = mx, mn, mean, norm, int(nan), int(inf)
+            if not math.isfinite(mx - mn + mean + norm):   # msprobe's NaN/Infinity literals
+                mx, mn, mean, norm = json_float(mx), json_float(mn), json_float(mean), json_float(norm)
+            e["Max"], e["Min"], e["Mean"], e["Norm"] = mx, mn, mean, norm
+        elif leaf.kind == INTEGER:
+            mx, mn = int(v[0]), int(v[1])
+            e["Max"], e["Min"] = mx, mn
+            maxs[r], mins[r], nans[r], infs[r] = float(mx), float(mn), 0, 0
+    return columns
+
+
+class TensorTables:
+    """Turns a step's rows and statistics into a tensor-record table (on the writer thread).
+
+    A training step records the same calls every step: the columns that describe them (names,
+    slots, dtypes, shapes, ...) are the same lists, and their Arrow arrays are kept from the last
+    step and used again when they are; only the other columns are converted each step.
+    """
+
+    #: the describing columns: the same every step while the model makes the same calls
+    STRUCTURE = ("seq", "node", "node_kind", "direction", "slot", "index", "dtype", "shape", "numel",
+                 "requires_grad")
+
+    def __init__(self, run: str, rank: int) -> None:
+        import pyarrow as pa
+
+        self.pa = pa
+        self.types = {field.name: field.type for field in TENSOR}
+        self.run, self.rank = run, rank
+        self.key: list | None = None
+        self.arrays: dict[str, Any] = {}
+
+    def table(self, step: int, time_ns: int, rows: list[list], statistics: dict[str, list]) -> Any:
+        """The table of one step: ``rows`` as :class:`RowBuilder` made them, ``statistics`` as
+        :func:`apply_statistics` returned them."""
+        pa, types = self.pa, self.types
+        n = len(rows)
+        columns = dict(zip(ROW_COLUMNS, zip(*rows) if n else [()] * len(ROW_COLUMNS)))
+        key = [columns[name] for name in self.STRUCTURE]
+        if key != self.key:
+            self.key = key
+            self.arrays = {name: pa.array(columns[name], type=types[name]) for name in self.STRUCTURE}
+            self.arrays["run"] = pa.array([self.run] * n, type=types["run"])
+            self.arrays["rank"] = pa.array([self.rank] * n, type=types["rank"])
+        arrays = dict(self.arrays)
+        for name, col in (*columns.items(), *statistics.items()):
+            if name not in arrays:
+                arrays[name] = pa.array(col, type=types[name])
+        arrays["step"] = pa.array([step] * n, type=types["step"])
+        arrays["host_ts_ns"] = pa.array([time_ns] * n, type=types["host_ts_ns"])
+        return pa.Table.from_arrays([arrays[name] for name in TENSOR.names], schema=TENSOR)
+
+
+def _plain(v: Any) -> Any:
+    return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)

@@ -1,0 +1,162 @@
+"""The dump's writer: one background thread that finishes each recorded step and writes it.
+
+A finished step (a :class:`StepBatch`) is queued and the training thread goes on; the writer
+gathers the step's statistics (one transfer per device), fills the JSON entries and rows, and
+writes msprobe's ``OUT/step{N}/rank{R}/dump.json, construct.json, stack.json`` and the TENSOR
+and NODE records of the Arrow store, one step at a time.
+
+The queue (:class:`ground.background.BackgroundQueue`) holds at most :data:`QUEUE_STEPS` steps
+(statistics and names, a few hundred KB a step): a disk that stalls for a moment (writeback, a
+shared volume) does not stall training, while a disk slower than training for good makes the
+training thread wait at the end of a step instead of holding unbounded memory.
+"""
+
+from __future__ import annotations
+
+import linecache
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from collectors import msprobe_writer
+from engine_adapter.base import EngineAdapter
+from ground.background import BackgroundQueue
+from probe.dump_config import DumpConfig
+from probe.dump_rows import Leaf, TensorTables, apply_statistics
+
+#: finished steps waiting for the writer at most
+QUEUE_STEPS = 16
+
+
+@dataclass
+class StepBatch:
+    """Everything one finished step hands to the writer thread."""
+
+    step: int
+    data: dict
+    construct: dict
+    node_info: dict
+    stacks: dict
+    leaves: list[Leaf]
+    handles: list
+    rows: list[list]
+
+
+@dataclass(eq=False)
+class DumpWriter:
+    """Writes the steps :meth:`submit` hands it, in order, on its own thread.
+
+    ``report_error(where, error)`` hears what failed; the step is lost, the writer goes on.
+    """
+
+    adapter: EngineAdapter
+    config: DumpConfig
+    rank: int
+    run: str
+    store: Any
+    report_error: Callable[[str, BaseException], None]
+    #: the steps whose files are written, in order
+    steps_written: list[int] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self._formatted_stacks: dict[tuple, list[str]] = {}
+        self._nodes_written: set[str] = set()
+        self._last_store_flush = float("-inf")
+        self._store_tables: list[Any] = []    # tensor records of steps not yet in the store
+        self._tables: TensorTables | None = None
+        self._queue: BackgroundQueue[StepBatch] = BackgroundQueue(
+            self._handle, name="probe-dump-writer", capacity=QUEUE_STEPS, overflow="block",
+            max_batch=1)
+
+    def submit(self, batch: StepBatch) -> None:
+        """Queue a finished step (waits while :data:`QUEUE_STEPS` steps are waiting)."""
+        self._queue.put(batch)
+
+    def drain(self) -> None:
+        """Wait until every submitted step is on disk (store records included)."""
+        self._queue.flush()
+        if self.store is not None and self.steps_written:
+            self._flush_store(self.steps_written[-1])
+
+    def _handle(self, batches: list[StepBatch]) -> None:
+        for batch in batches:
+            try:
+                with self.adapter.suspended():
+                    self._write(batch)
+            except Exception as e:  # noqa: BLE001 - never kill training
+                self.report_error(f"writing step {batch.step}", e)
+
+    def _write(self, b: StepBatch) -> None:
+        values = self.adapter.stats.gather(b.handles) if b.handles else []
+        statistics = apply_statistics(b.leaves, values, len(b.rows))
+        formatted = self._formatted_stacks
+        stacks = {}
+        for name, frames in b.stacks.items():
+            text = formatted.get(frames)
+            if text is None:
+                text = formatted[frames] = _format_frames(frames)
+            stacks[name] = text
+        config = self.config
+        dump_data_dir = None
+        if config.task == "tensor":
+            dump_data_dir = str(msprobe_writer.step_dir(config.out, b.step, self.rank) / "dump_tensor_data")
+        msprobe_writer.write_step(config.out, step=b.step, rank=self.rank, data=b.data,
+                                  construct=b.construct, stacks=stacks, task=config.task,
+                                  level=config.level, framework=self.adapter.framework,
+                                  dump_data_dir=dump_data_dir, finite=True)
+        self.steps_written.append(b.step)
+        if self.store is not None:
+            self._write_store(b, statistics, stacks)
+
+    def _write_store(self, b: StepBatch, statistics: dict[str, list], stacks: dict[str, list[str]]) -> None:
+        from collectors.records import table_from_columns
+
+        if self._tables is None:
+            self._tables = TensorTables(self.run, self.rank)
+        self._store_tables.append(self._tables.table(b.step, time.time_ns(), b.rows, statistics))
+        written = self._nodes_written
+        if any(name not in written for name in b.node_info):   # the tree is the same every step
+            stack_ids = {}
+            for gid, (group, _) in msprobe_writer.group_stacks(stacks).items():
+                for name in group:
+                    stack_ids[name] = gid
+            depth: dict[str, int] = {}
+            node_rows: dict[str, list] = {k: [] for k in ("node", "parent", "class_name", "depth",
+                                                          "order", "stack_ref")}
+            for name, (kind, cls, order) in b.node_info.items():
+                parent = b.construct.get(name)
+                d = depth.get(parent, -1) + 1 if parent else 0
+                depth[name] = d
+                if name in written:
+                    continue
+                written.add(name)
+                node_rows["node"].append(name)
+                node_rows["parent"].append(parent)
+                node_rows["class_name"].append(cls)
+                node_rows["depth"].append(d)
+                node_rows["order"].append(order)
+                node_rows["stack_ref"].append(stack_ids.get(name))
+            m = len(node_rows["node"])
+            node_rows.update(run=[self.run] * m, rank=[self.rank] * m)
+            self.store.write("node", table_from_columns("node", node_rows))
+        now = time.monotonic()
+        if now - self._last_store_flush >= self.config.store_flush_s:
+            self._flush_store(b.step)
+            self._last_store_flush = now
+
+    def _flush_store(self, step: int) -> None:
+        """The tensor records of every step written since the last flush as one durable segment."""
+        import pyarrow as pa
+
+        pending, self._store_tables = self._store_tables, []
+        if pending:
+            self.store.write("tensor", pa.concat_tables(pending) if len(pending) > 1 else pending[0])
+        self.store.end_step(step)
+
+
+def _format_frames(frames: tuple) -> list[str]:
+    out = []
+    for filename, lineno, func in frames:
+        line = linecache.getline(filename, lineno).strip()
+        out.append(f"File {filename}, line {lineno}, in {func}, \n {line}")
+    return out

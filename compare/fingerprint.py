@@ -28,7 +28,7 @@ from typing import Any
 __all__ = ["FULL_BYTES", "SAMPLES", "fingerprint", "same_input", "foreign_input"]
 
 #: Files up to this size are hashed whole.
-FULL_BYTES = 64 << 20
+FULL_BYTES = 16 << 20
 #: Blocks of 64 KiB hashed between the first and the last MiB of a larger file.
 SAMPLES = 64
 _EDGE = 1 << 20

@@ -43,28 +43,32 @@ _BAD = "verdict in ('warning', 'error', 'nan')"
 def with_impact(con: Any, nodes: Any) -> Any:
     """``nodes`` (the node rows, pyarrow.Table, in execution order) with ``origin`` (bool: a
     divergence starts here) and ``affected_by_a``, ``affected_by_b`` (the names of the origin an
-    affected node's divergence comes from, null when none precedes it)."""
+    affected node's divergence comes from, null when none precedes it). The origins are one
+    DuckDB projection; the first of them is every later affected node's source (numpy)."""
     import numpy as np
     import pyarrow as pa
 
-    con.register("nodes_in", nodes.append_column("pos_", pa.array(np.arange(nodes.num_rows))))
-    origin = f"""{_DIRECT} and {_BAD} and case when verdict = 'nan'
-        then coalesce(in_verdict, 'pass') <> 'nan'
-        else coalesce(in_verdict, 'pass') = 'pass' or coalesce(param_verdict, 'pass') <> 'pass'
-             or coalesce(out_err, 0) >= {GROWTH} * coalesce(in_err, 0) end"""
-
-    def source(col: str) -> str:
-        return (f"case when not origin and {_DIRECT} and {_BAD} then (case when verdict = 'nan' "
-                f"then first_value(case when origin and verdict = 'nan' then {col} end ignore nulls) over w "
-                f"else first_value(case when origin then {col} end ignore nulls) over w end) end")
-    table = con.sql(f"""
-    with r as (select *, coalesce({origin}, false) as raw from nodes_in),
-    n as (select * exclude (raw), raw and (direction = 'forward'
-            or not bool_or(raw and direction = 'forward') over ()) as origin from r)
-    select * exclude (pos_), {source("node_a")} as affected_by_a, {source("node_b")} as affected_by_b
-    from n window w as (order by pos_ rows between unbounded preceding and 1 preceding)
-    order by pos_""").to_arrow_table()
+    con.register("nodes_in", nodes)
+    flags = con.sql(f"""
+    select coalesce({_DIRECT} and {_BAD} and case when verdict = 'nan'
+             then coalesce(in_verdict, 'pass') <> 'nan'
+             else coalesce(in_verdict, 'pass') = 'pass' or coalesce(param_verdict, 'pass') <> 'pass'
+                  or coalesce(out_err, 0) >= {GROWTH} * coalesce(in_err, 0) end, false) as raw,
+      coalesce(direction = 'forward', false) as fwd, coalesce({_DIRECT} and {_BAD}, false) as bad,
+      coalesce(verdict = 'nan', false) as nan
+    from nodes_in""").fetchnumpy()                  # a projection: DuckDB keeps the rows' order
     con.unregister("nodes_in")
+    raw, fwd, bad, nan = (np.asarray(flags[k], dtype=bool) for k in ("raw", "fwd", "bad", "nan"))
+    origin = raw & (fwd | ~(raw & fwd).any())        # a forward origin: backward has none of its own
+    n = nodes.num_rows
+
+    def first(mask: Any) -> int:
+        return int(np.argmax(mask)) if mask.any() else n
+    source = np.where(nan, first(origin & nan), first(origin))
+    take = pa.array(np.minimum(source, max(n - 1, 0)), mask=~(bad & ~origin & (source < np.arange(n))))
+    table = nodes.append_column("origin", pa.array(origin))
+    for side in ("a", "b"):
+        table = table.append_column(f"affected_by_{side}", nodes.column(f"node_{side}").take(take))
     return table
 
 

@@ -3,7 +3,8 @@
 ``--steps`` and ``--ranks`` always *select* (``0,2-4``, as msprobe's step and rank lists);
 counts are ``--nproc`` and ``--max-steps``.
 
->>> from ground.selection import parse_selection
+>>> from engine.config import PRESETS
+from ground.selection import parse_selection
 >>> parse_selection("0,2-4")
 [0, 2, 3, 4]
 """
@@ -14,6 +15,7 @@ from typing import Callable
 
 import click
 
+from engine.config import PRESETS
 from ground.selection import parse_selection
 
 
@@ -32,7 +34,7 @@ def engine_options(func: Callable) -> Callable:
         click.option("--engine", "engine", default="reference", show_default=True,
                      metavar="reference|fused", help="Implementation of the bundled engine."),
         click.option("--preset", default="tiny", show_default=True, metavar="NAME",
-                     help="Model size preset (tiny, small, medium, large, 1b, 7b)."),
+                     help=f"Model size preset ({', '.join(PRESETS)})."),
         click.option("--nproc", default=1, show_default=True, type=int,
                      help="Number of ranks (processes) to launch with torch.distributed."),
         click.option("--max-steps", "max_steps", default=None, type=int,

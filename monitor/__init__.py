@@ -16,8 +16,9 @@
 
 The per-rank side: :mod:`monitor.agent` (the queue and the sender), :mod:`monitor.batch_packer`
 (steps into columnar batches), :mod:`monitor.spool` (batches kept while the service is away),
-:mod:`monitor.host_sampler` (host CPU and memory), :mod:`monitor.agent_callback` (the agent as
-a training callback). Quick start::
+:mod:`monitor.agent_connection` (registering, again after a loss), :mod:`monitor.command_listener`
+(the command stream's thread), :mod:`monitor.host_sampler` (host CPU and memory),
+:mod:`monitor.agent_callback` (the agent as a training callback). Quick start::
 
     probe monitor serve --port 50051 &
     PROBE_MONITOR=127.0.0.1:50051 probe train --nproc 4 --fault slow:2:3 --max-steps 50

@@ -2,10 +2,11 @@
 
 The training thread calls :meth:`MonitorAgent.record` once per step: it puts one tuple on a
 bounded :class:`~ground.background.BackgroundQueue` and returns (no network, no disk, no lock
-held across I/O). The queue's worker is the sender: once every ``flush_interval_s`` it takes
-what was recorded, packs it into columnar batches (:mod:`monitor.batch_packer`, numbered
-``seq`` 1, 2, ... per agent) and pushes them; the service acknowledges a batch only once it is
-durable and acknowledges a resent one without storing it again. While the service is away every
+held across I/O). The queue's worker is the sender: every ``flush_interval_s`` (which the
+service's ``set_interval`` command sets) it takes what was recorded, packs it into columnar
+batches (:mod:`monitor.batch_packer`, numbered ``seq`` 1, 2, ... per agent) and pushes them;
+the service acknowledges a batch only once it is durable and acknowledges a resent one without
+storing it again. While the service is away every
 unacknowledged batch goes to a local spool file (:mod:`monitor.spool`), in order; on reconnect
 the spool is resent first, then deleted. So a restart of the service (or of the rank, when the
 spool file is found again) neither loses nor doubles a point. If the training thread ever
@@ -13,10 +14,11 @@ outruns the sender so far that the queue fills, the point is dropped and counted
 travels to the service with the next batch (``dropped``).
 
 The sender also samples host CPU and memory (:mod:`monitor.host_sampler`; at most every
-``host_interval_s``, on the latest step), heartbeats when idle, and holds the rank's command
-stream open: a ``trace`` command makes :class:`monitor.agent_callback.MonitorAgentCallback` run
-a profiler session for exactly the asked steps on the training thread, and the trace files go
-back to the service in the background.
+``host_interval_s``, on the latest step), heartbeats when idle, and registers again after the
+service was lost (:mod:`monitor.agent_connection`). A command thread holds the rank's command
+stream open (:mod:`monitor.command_listener`): a ``trace`` command makes
+:class:`monitor.agent_callback.MonitorAgentCallback` run a profiler session for exactly the
+asked steps on the training thread, and the trace files go back to the service from the sender.
 
 >>> agent = MonitorAgent("127.0.0.1:50051", job="demo", rank=0, world_size=1)  # doctest: +SKIP
 >>> agent.start()                                                                # doctest: +SKIP
@@ -27,7 +29,6 @@ back to the service in the background.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -36,9 +37,11 @@ from collections import deque
 from typing import Any, Callable, Iterator, Mapping
 
 from ground.background import BackgroundQueue
+from monitor.agent_connection import AgentConnection
 from monitor.batch_packer import BatchPacker
+from monitor.command_listener import CommandListener
 from monitor.host_sampler import HostSampler
-from monitor.limits import MAX_BATCH_POINTS, MAX_MESSAGE_BYTES
+from monitor.limits import MAX_BATCH_POINTS
 from monitor.spool import Spool, default_spool_path
 
 ADDR_ENV = "PROBE_MONITOR"
@@ -73,17 +76,20 @@ class MonitorAgent:
         self.ca = ca if ca is not None else os.environ.get(auth.CA_ENV)
         self._warned: set[str] = set()
         self.spool = Spool(spool_path or default_spool_path(
-            job, rank, warn=lambda m: _warn(f"rank {self.rank}: {m}")), max_spool_bytes)
+            job, rank, warn=self._say), max_spool_bytes)
         self._packer = BatchPacker(job, self.rank, self.agent_id, max_points=max_batch_points,
                                    warn=self._warn_once)
         self.sample_host = sample_host
         self.on_command = on_command
         self.push_timeout_s = push_timeout_s
         self.exit_wait_s = exit_wait_s
-        self.queue_size = queue_size
+        self.flush_interval_s = flush_interval_s
+        # The sender keeps its own time (each round ends waiting flush_interval_s), so the
+        # queue's worker never waits for a record: one that woke it would have the sender take
+        # the interpreter inside the training step.
         self._queue: BackgroundQueue[tuple[int, int, Mapping[str, Any]]] = BackgroundQueue(
             self._round, name=f"monitor-agent-r{self.rank}", capacity=queue_size,
-            overflow="drop", interval_s=flush_interval_s, max_batch=MAX_ROUND_ITEMS,
+            overflow="drop", interval_s=0, max_batch=MAX_ROUND_ITEMS,
             on_error=self._sender_error, start=False)
         self._uploads: deque = deque()
         self._unacked: deque = deque()          # batches in memory, not yet acknowledged
@@ -95,17 +101,16 @@ class MonitorAgent:
         self._exit_deadline: float | None = None
         self._finished = False
         self._replayed = 0                      # spool records already acknowledged
-        self._cmd_thread: threading.Thread | None = None
-        self._channel = None
-        self._stub = None
-        self._connected = False
-        self._next_connect = 0.0
-        self._backoff = 0.2
+        self._link = AgentConnection(addr, job=job, rank=self.rank, world_size=self.world_size,
+                                     engine=engine, agent_id=self.agent_id, token=self.token,
+                                     ca=self.ca, say=self._say,
+                                     lost_note=f"spooling to {self.spool.path}",
+                                     on_lost=self._to_spool)
         self._last_push = 0.0
-        self._host: HostSampler | None = None
-        self._last_sampled_step = -1
-        self._last_sample_time = 0.0
-        self.host_interval_s = host_interval_s
+        self._commands = CommandListener(self._open_commands, self._command,
+                                         connected=lambda: self._link.connected, stop=self._stop,
+                                         name=f"monitor-cmd-r{self.rank}")
+        self._host = HostSampler(host_interval_s)
         self._last_step = -1
         self.stats = {"points": 0, "acked_points": 0, "batches": 0, "acked_batches": 0,
                       "duplicates": 0, "spooled_batches": 0, "resent_batches": 0,
@@ -158,24 +163,13 @@ class MonitorAgent:
         """Trace files are queued or being sent (on the sender thread, which takes CPU time)."""
         return bool(self._uploads)
 
-    @property
-    def flush_interval_s(self) -> float:
-        """Seconds between the sender's rounds (the service's ``set_interval`` command sets it)."""
-        return self._queue.interval_s
-
-    @flush_interval_s.setter
-    def flush_interval_s(self, seconds: float) -> None:
-        self._queue.interval_s = seconds
-
     # -- the sender thread ---------------------------------------------------------------------
 
     def _round(self, items: list) -> None:
-        """One round of the sender: pack what was recorded, send, then pace (or finish)."""
+        """One round of the sender: pack what was recorded, send, then wait for the next round
+        (or finish)."""
         if self._finished:
             return
-        if self.sample_host and self._host is None:
-            self._host = HostSampler()
-            self._sample_host()                   # primes the CPU counters
         stopping = self._stop.is_set()
         if stopping and self._exit_deadline is None:
             self._exit_deadline = time.monotonic() + self.exit_wait_s
@@ -185,18 +179,18 @@ class MonitorAgent:
         self.stats["sender_cpu_s"] = time.thread_time()
         if final:
             self._finish()
-        elif items and not stopping:
-            self._stop.wait(self.flush_interval_s)    # let the next round's steps gather
+        else:
+            self._stop.wait(self.flush_interval_s)    # the next round's steps gather meanwhile
 
     def _finish(self) -> None:
         """The last round: wait up to ``exit_wait_s`` for every ack, else keep the rest spooled."""
-        while not (self._connected and not self._unacked and not self._spooling):
+        while not (self._link.connected and not self._unacked and not self._spooling):
             if time.monotonic() > self._exit_deadline:
                 self._to_spool()
                 if self._unacked or self._spooling:
-                    _warn(f"rank {self.rank}: service at {self.addr} unreachable at exit; "
-                          f"{self.stats['points'] - self.stats['acked_points']} points kept "
-                          f"in {self.spool.path} (sent on the next run with this spool)")
+                    self._say(f"service at {self.addr} unreachable at exit; "
+                              f"{self.stats['points'] - self.stats['acked_points']} points kept "
+                              f"in {self.spool.path} (sent on the next run with this spool)")
                 break
             time.sleep(0.02)                      # waiting for the service; do not spin
             self._pack([])
@@ -205,21 +199,22 @@ class MonitorAgent:
             self._send_uploads()
         self.stats["sender_cpu_s"] = time.thread_time()
         self._finished = True
-        if self._channel is not None:
-            self._channel.close()
+        self._link.close()
 
     def _sender_error(self, error: BaseException) -> None:
         self._warn_once("sender", f"the sender failed ({type(error).__name__}: {error}); the "
                                   f"points of that round are lost; spool: {self.spool.path}")
 
-    def _sample_host(self) -> dict[str, float]:
-        """Host metrics, or ``{}``; the first failure turns sampling off (it is optional)."""
+    def _host_metrics(self, step: int) -> dict[str, float]:
+        """Host metrics due at ``step``, or ``{}``; the first failure turns sampling off (it is
+        optional)."""
         try:
-            return self._host.sample()
+            metrics = self._host.sample_at(step)
         except Exception as e:  # noqa: BLE001 - sampling is optional
             self._warn_once("psutil", f"host sampling off ({e})")
             self.sample_host = False
             return {}
+        return metrics or {}
 
     def _pack(self, items: list, final: bool = False) -> None:
         """Pack ``items`` (and a host sample, when one is due) into batches to send or spool."""
@@ -227,11 +222,9 @@ class MonitorAgent:
         if not items and self._dropped == self._dropped_reported and not final:
             return
         self._last_step = max([self._last_step] + [step for step, _, _ in items])
-        if (self.sample_host and self._last_step > self._last_sampled_step
-                and time.monotonic() - self._last_sample_time >= self.host_interval_s):
-            self._last_sampled_step = self._last_step
-            self._last_sample_time = time.monotonic()
-            items = items + [(self._last_step, time.time_ns(), self._sample_host())]
+        host = self._host_metrics(self._last_step) if self.sample_host else {}
+        if host:
+            items = items + [(self._last_step, time.time_ns(), host)]
         dropped = self._dropped
         batches = self._packer.pack(items, dropped=dropped - self._dropped_reported, final=final)
         self._dropped_reported = dropped
@@ -244,64 +237,23 @@ class MonitorAgent:
             else:
                 self._unacked.append(b)
 
+    def _say(self, message: str) -> None:
+        _warn(f"rank {self.rank}: {message}")
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            _warn(f"rank {self.rank}: {message}")
+            self._say(message)
 
     def _connect(self) -> bool:
-        import grpc
-
-        from monitor import auth
-        from monitor.proto import monitor_pb2 as pb
-        from monitor.proto import monitor_pb2_grpc as pb_grpc
-
-        if time.monotonic() < self._next_connect:
-            return False
-        try:
-            if self._channel is None:
-                creds = auth.channel_credentials(self.ca)
-                opts = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-                self._channel = (grpc.secure_channel(self.addr, creds, options=opts) if creds
-                                 else grpc.insecure_channel(self.addr, options=opts))
-                self._stub = pb_grpc.MonitorStub(self._channel)
-            reply = self._stub.Register(pb.RegisterRequest(
-                job=self.job, rank=self.rank, world_size=self.world_size,
-                host=socket.gethostname(), pid=os.getpid(), engine=self.engine,
-                agent_id=self.agent_id), timeout=5.0, metadata=auth.token_metadata(self.token))
-        except grpc.RpcError as e:
-            self._disconnected(e)
-            return False
-        except Exception as e:  # noqa: BLE001 - a bad address or credentials: say it once
-            self._warn_once("connect", f"cannot reach the monitor at {self.addr}: {e}")
-            self._next_connect = time.monotonic() + 5.0
+        reply = self._link.register()
+        if reply is None:
             return False
         self._packer.max_points = min(self._packer.max_points,
                                       reply.max_batch_points or MAX_BATCH_POINTS)
-        self._connected = True
-        self._backoff = 0.2
         self.stats["reconnects"] += 1
-        self._warned.discard("unreachable")
-        if self._cmd_thread is None or not self._cmd_thread.is_alive():
-            self._cmd_thread = threading.Thread(target=self._commands, daemon=True,
-                                                name=f"monitor-cmd-r{self.rank}")
-            self._cmd_thread.start()
+        self._commands.start()
         return True
-
-    def _disconnected(self, error: Exception) -> None:
-        import grpc
-
-        code = error.code() if isinstance(error, grpc.RpcError) else None
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            self._warn_once("auth", f"the monitor at {self.addr} refused the token: "
-                                    f"{error.details()}")
-        else:
-            self._warn_once("unreachable", f"monitor at {self.addr} unreachable ({code}); "
-                                           f"spooling to {self.spool.path}")
-        self._connected = False
-        self._next_connect = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, 2.0)
-        self._to_spool()
 
     def _to_spool(self) -> None:
         """Move every in-memory unacknowledged batch to the spool file, in order."""
@@ -329,17 +281,15 @@ class MonitorAgent:
     def _push(self, batch: Any) -> bool:
         import grpc
 
-        from monitor import auth
-
         try:
-            ack = self._stub.Push(batch, timeout=self.push_timeout_s,
-                                  metadata=auth.token_metadata(self.token))
+            ack = self._link.stub.Push(batch, timeout=self.push_timeout_s,
+                                       metadata=self._link.metadata)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 self.stats["rejected_batches"] += 1
                 self._warn_once("rejected", f"the monitor rejected a batch: {e.details()}")
                 return True
-            self._disconnected(e)
+            self._link.lost(e)
             return False
         self._last_push = time.monotonic()
         if ack.duplicate:
@@ -351,7 +301,7 @@ class MonitorAgent:
     def _send(self) -> None:
         from monitor.proto import monitor_pb2 as pb
 
-        if not self._connected and not self._connect():
+        if not self._link.connected and not self._connect():
             return
         if self._spooling:
             self._replay_spool()
@@ -361,10 +311,10 @@ class MonitorAgent:
             if not self._push(self._unacked[0]):
                 return
             self._unacked.popleft()
-        if self._connected and time.monotonic() - self._last_push > 1.0:
+        if self._link.connected and time.monotonic() - self._last_push > 1.0:
             self._push(pb.MetricBatch(job=self.job, rank=self.rank, agent_id=self.agent_id,
                                       seq=0))
-        if self._connected and self._uploads:
+        if self._link.connected and self._uploads:
             self._send_uploads()
 
     def _replay_spool(self) -> None:
@@ -389,53 +339,34 @@ class MonitorAgent:
     def _send_uploads(self) -> None:
         import grpc
 
-        from monitor import auth
-        from monitor.proto import monitor_pb2 as pb
-        from monitor.trace_transfer import file_chunks
+        from monitor.trace_transfer import upload_chunks
 
         while self._uploads:
             trace_id, start, end, files, error, root = self._uploads[0]
-
-            def chunks() -> Iterator[Any]:
-                common = dict(trace_id=trace_id, job=self.job, rank=self.rank,
-                              start_step=start, end_step=end)
-                if error:
-                    yield pb.TraceChunk(error=error, **common)
-                for name in files:
-                    yield from file_chunks(os.path.join(root, name), filename=name, **common)
-
             try:
-                self._stub.UploadTrace(chunks(), timeout=120.0,
-                                       metadata=auth.token_metadata(self.token))
+                chunks = upload_chunks(trace_id, self.job, self.rank, start, end, files, error,
+                                       root)
+                self._link.stub.UploadTrace(chunks, timeout=120.0, metadata=self._link.metadata)
             except grpc.RpcError as e:
-                self._disconnected(e)
+                self._link.lost(e)
                 return
             except OSError as e:
                 self._warn_once(f"upload{trace_id}", f"trace {trace_id}: cannot read a file ({e})")
             self._uploads.popleft()
             self.stats["uploads"] += 1
 
-    def _commands(self) -> None:
-        import grpc
-
-        from monitor import auth
+    def _open_commands(self) -> Iterator[Any]:
+        """The rank's command stream (on the command thread)."""
         from monitor.proto import monitor_pb2 as pb
 
-        while not self._stop.is_set():
+        return self._link.stub.Commands(
+            pb.CommandStreamRequest(job=self.job, rank=self.rank, agent_id=self.agent_id),
+            metadata=self._link.metadata)
+
+    def _command(self, cmd: Any) -> None:
+        self.stats["commands"] += 1
+        if self.on_command is not None:
             try:
-                stream = self._stub.Commands(
-                    pb.CommandStreamRequest(job=self.job, rank=self.rank, agent_id=self.agent_id),
-                    metadata=auth.token_metadata(self.token))
-                for cmd in stream:
-                    self.stats["commands"] += 1
-                    if self.on_command is not None:
-                        try:
-                            self.on_command(cmd)
-                        except Exception as e:  # noqa: BLE001 - a bad command never stops us
-                            self._warn_once(f"cmd{cmd.id}", f"command {cmd.kind} failed: {e}")
-                return
-            except grpc.RpcError:
-                if self._stop.wait(0.5):
-                    return
-                while not self._connected and not self._stop.is_set():
-                    time.sleep(0.1)
+                self.on_command(cmd)
+            except Exception as e:  # noqa: BLE001 - a bad command never stops us
+                self._warn_once(f"cmd{cmd.id}", f"command {cmd.kind} failed: {e}")

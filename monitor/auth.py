@@ -69,11 +69,15 @@ def server_credentials(cert: str | None, key: str | None) -> grpc.ServerCredenti
     return grpc.ssl_server_credentials([(_read(key, "key"), _read(cert, "certificate"))])
 
 
-def channel_credentials(ca: str | None) -> grpc.ChannelCredentials | None:
-    """TLS credentials for a client trusting the PEM CA in ``ca`` (None = plaintext)."""
+def open_channel(addr: str, ca: str | None, options: list[tuple[str, Any]]) -> grpc.Channel:
+    """A client channel to ``addr``: TLS trusting the PEM CA in ``ca``, plaintext without one.
+
+    >>> open_channel("127.0.0.1:50051", None, []).close()
+    """
     if not ca:
-        return None
-    return grpc.ssl_channel_credentials(root_certificates=_read(ca, "CA certificate"))
+        return grpc.insecure_channel(addr, options=options)
+    creds = grpc.ssl_channel_credentials(root_certificates=_read(ca, "CA certificate"))
+    return grpc.secure_channel(addr, creds, options=options)
 
 
 class TokenInterceptor(grpc.ServerInterceptor):

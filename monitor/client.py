@@ -106,17 +106,14 @@ class MonitorClient:
 
     def __init__(self, addr: str | None = None, token: str | None = None, ca: str | None = None,
                  timeout: float = 10.0) -> None:
-        import grpc
-
         from monitor import auth
         from monitor.proto import monitor_pb2_grpc as pb_grpc
 
         self.addr = resolve_addr(addr)
         self.token = token if token is not None else os.environ.get(auth.TOKEN_ENV)
-        creds = auth.channel_credentials(ca if ca is not None else os.environ.get(auth.CA_ENV))
-        opts = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
-        self._channel = (grpc.secure_channel(self.addr, creds, options=opts) if creds
-                         else grpc.insecure_channel(self.addr, options=opts))
+        self._channel = auth.open_channel(
+            self.addr, ca if ca is not None else os.environ.get(auth.CA_ENV),
+            [("grpc.max_receive_message_length", 256 * 1024 * 1024)])
         self._stub = pb_grpc.MonitorStub(self._channel)
         self._md = auth.token_metadata(self.token)
         self.timeout = timeout

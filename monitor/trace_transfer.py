@@ -2,7 +2,8 @@
 
 A file travels as ``TraceChunk`` messages of at most ``CHUNK_BYTES`` bytes, the last one marked
 ``last`` (an empty file is one empty last chunk). A rank uploads a deep trace's files (or, in a
-chunk with ``error``, why there are none) in one ``UploadTrace`` stream; the service
+chunk with ``error``, why there are none) in one ``UploadTrace`` stream
+(:func:`upload_chunks`); the service
 (:func:`receive_upload`) writes each file where the store says, and records the upload's files
 together once the stream has ended, so a reader never sees a rank's trace with some of its files
 missing. An upload refused midway leaves none of its files on disk.
@@ -39,6 +40,21 @@ def file_chunks(path: str | os.PathLike, **fields: Any) -> Iterator[pb.TraceChun
             yield pb.TraceChunk(data=data, last=last, **fields)
             if last:
                 return
+
+
+def upload_chunks(trace_id: str, job: str, rank: int, start_step: int, end_step: int,
+                  files: list[str], error: str = "", root: str = "") -> Iterator[pb.TraceChunk]:
+    """One rank's upload of a trace: ``files`` (paths relative to ``root``) as chunks, after a
+    chunk saying ``error`` when there is one.
+
+    >>> [c.error for c in upload_chunks("t1", "job", 0, 3, 4, [], error="no profiler")]
+    ['no profiler']
+    """
+    common = dict(trace_id=trace_id, job=job, rank=rank, start_step=start_step, end_step=end_step)
+    if error:
+        yield pb.TraceChunk(error=error, **common)
+    for name in files:
+        yield from file_chunks(os.path.join(root, name), filename=name, **common)
 
 
 def receive_upload(chunks: Iterator[pb.TraceChunk], context: Any, store: "MonitorStore", *,

@@ -101,11 +101,9 @@ class HookSink(Protocol):
     def module_forward(self, name: str, module_key: int, output: Any, params: Iterable[tuple[str, Any]]) -> None:
         """A module returned ``output``; ``params`` are its own (non-recursive) parameters."""
 
-    def module_backward_pre(self, base: str, module_key: int) -> None:
-        """A module's backward starts (APIs and modules run inside it get it as parent)."""
-
-    def module_backward(self, base: str, module_key: int, grad_outputs: Any, grad_inputs: Any) -> None:
-        """The gradients of a module's outputs (``input``) and inputs (``output``) are known."""
+    def module_backward(self, name: str, module_key: int, grad_outputs: Any, grad_inputs: Any) -> None:
+        """The gradients of the outputs (``input``) and inputs (``output``) of the module call
+        ``name`` (as :meth:`module_forward_pre` returned it) are known."""
 
     def parameter_grad(self, base: str, module_key: int, param_name: str, grad: Any,
                        expected: int) -> None:

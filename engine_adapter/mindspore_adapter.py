@@ -1,9 +1,10 @@
 """MindSpore (PyNative mode) behind the engine adapter interface; an optional install.
 
 - Cells: ``register_forward_pre_hook`` / ``register_forward_hook`` (with kwargs),
-  ``register_backward_pre_hook`` / ``register_backward_hook`` and a ``register_hook`` on each
-  trainable parameter. A Cell does not know its own path, so the adapter keeps an id -> name map
-  built from ``cells_and_names()``; entries are named as msprobe names them:
+  ``register_backward_hook`` (its call: the cell's last recorded call whose backward has not
+  run) and a ``register_hook`` on each trainable parameter. A Cell does not know its own path,
+  so the adapter keeps an id -> name map built from ``cells_and_names()``; entries are named as
+  msprobe names them:
   ``Cell.block.attn.q.Dense.forward.0``, dtypes as MindSpore prints them (``Float32``).
 - APIs (``api``/``mix``): ``mindspore.ops`` (``Functional.*``), ``mindspore.mint``
   (``Mint.*``) and ``Tensor`` methods, see :mod:`engine_adapter.mindspore_api`.
@@ -159,6 +160,8 @@ class MindSporeAdapter(EngineAdapter):
         key = id(cell)
         guard = self.guard
         open_names: list[str | None] = []
+        waiting: list[str] = []       # this step's recorded calls whose backward has not run (LIFO)
+        last: str | None = None       # the call of the last backward (run again: a retained graph)
         own_params = [(n, p) for n, p in cell.parameters_and_names(expand=False)]
 
         def pre(c, args, kwargs):
@@ -170,31 +173,35 @@ class MindSporeAdapter(EngineAdapter):
             return None
 
         def post(c, args, kwargs, output):
+            nonlocal last
             name = open_names.pop() if open_names else None
             if name is None or not sink.active:
                 return None
             with guard:
                 sink.module_forward(name, key, output, own_params)
-            return None
-
-        def bpre(c, grad_output):
-            if sink.active:
-                sink.module_backward_pre(base, key)
+            if backward:
+                if name.endswith(".forward.0"):    # the cell's first call of a step: the last step's are over
+                    waiting.clear()
+                    last = None
+                waiting.append(name)
             return None
 
         def bhook(c, grad_input, grad_output):
+            nonlocal last
             if not sink.active:
                 return None
+            if waiting:
+                last = waiting.pop()
+            if last is None:
+                return None
             with guard:
-                sink.module_backward(base, key, tuple(grad_output), tuple(grad_input))
+                sink.module_backward(last, key, tuple(grad_output), tuple(grad_input))
             return None
 
         self._handles.append(cell.register_forward_pre_hook(pre, with_kwargs=True))
         self._handles.append(cell.register_forward_hook(post, with_kwargs=True))
         if not backward:
             return
-        if hasattr(cell, "register_backward_pre_hook"):
-            self._handles.append(cell.register_backward_pre_hook(bpre))
         self._handles.append(cell.register_backward_hook(bhook))
         trainable = [(n, p) for n, p in own_params if p.requires_grad]
         for pname, param in trainable:

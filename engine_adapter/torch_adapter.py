@@ -114,7 +114,7 @@ class TorchAdapter(EngineAdapter):
                 if name is None or not backward or not torch.is_grad_enabled():
                     open_calls.append((name, None))
                     return None
-                call = _ModuleBackward(sink, guard, base, key)
+                call = _ModuleBackward(sink, guard, name, key)
                 args, kwargs, call.captured = wrap_inputs(call, args, kwargs)
                 open_calls.append((name, call))
                 return (args, kwargs) if call.captured else None
@@ -237,16 +237,14 @@ class _ModuleBackward:
     (an embedding), when the last output gradient arrives.
     """
 
-    __slots__ = ("sink", "guard", "base", "key", "captured", "grad_outputs", "watched", "waiting",
-                 "started")
+    __slots__ = ("sink", "guard", "name", "key", "captured", "grad_outputs", "watched", "waiting")
 
-    def __init__(self, sink: HookSink, guard: ReentryGuard, base: str, key: int) -> None:
-        self.sink, self.guard, self.base, self.key = sink, guard, base, key
+    def __init__(self, sink: HookSink, guard: ReentryGuard, name: str, key: int) -> None:
+        self.sink, self.guard, self.name, self.key = sink, guard, name, key
         self.captured = False
         self.grad_outputs: list[Any] = []
         self.watched = 0
         self.waiting = 0
-        self.started = False
 
     def watch_outputs(self, output: Any) -> None:
         outs = output if isinstance(output, (tuple, list)) else (output,)
@@ -263,9 +261,6 @@ class _ModuleBackward:
                 return None
             self.grad_outputs[i] = grad
             self.waiting -= 1
-            if not self.started:
-                self.started = True
-                self.sink.module_backward_pre(self.base, self.key)
             if not self.captured and self.waiting == 0:
                 self.finish(())
             return None
@@ -276,13 +271,13 @@ class _ModuleBackward:
             return
         try:
             with self.guard, _plain_tensors():
-                self.sink.module_backward(self.base, self.key, self.grad_outputs, grads)
+                self.sink.module_backward(self.name, self.key, self.grad_outputs, grads)
         finally:
             # recorded: let the output gradients go now (the hooks, and this object, live as long
             # as the graph: holding them made backward allocate fresh memory instead of reusing
             # theirs), and be ready for another backward through a retained graph
             self.grad_outputs = [None] * len(self.grad_outputs)
-            self.waiting, self.started = self.watched, False
+            self.waiting = self.watched
 
 
 class _Closer:

@@ -177,21 +177,15 @@ class DumpRecorder:
         except Exception as e:  # noqa: BLE001
             self.report_error("a module forward hook", e)
 
-    def module_backward_pre(self, base: str, module_key: int) -> None:
-        """A module's backward starts (for the parent of APIs and modules run inside it)."""
-        if not self.active or (self._filtered and not self.include(base)):
-            return
-        self.tree.module_backward_starts(base, module_key)
-
-    def module_backward(self, base: str, module_key: int, grad_outputs: Any, grad_inputs: Any) -> None:
-        """The gradients of a module call's outputs and inputs."""
-        if not self.active or (self._filtered and not self.include(base)):
+    def module_backward(self, name: str, module_key: int, grad_outputs: Any, grad_inputs: Any) -> None:
+        """The gradients of the outputs and inputs of the module call ``name``."""
+        if not self.active:
             return
         try:
             tree = self.tree
-            name = tree.module_backward(base, module_key)
-            self._record_backward(name, "module", tree.seq, grad_outputs, grad_inputs)
-            self._emit_param_grads(base, module_key, complete_only=True)
+            backward = tree.module_backward(name, module_key)
+            self._record_backward(backward, "module", tree.seq, grad_outputs, grad_inputs)
+            self._emit_param_grads(module_key, complete_only=True)
         except Exception as e:  # noqa: BLE001
             self.report_error("a module backward hook", e)
 
@@ -212,17 +206,17 @@ class DumpRecorder:
             pending = self.param_grads.setdefault(module_key, {"base": base, "grads": {}, "expected": expected})
             pending["grads"][param_name] = grad
             if len(pending["grads"]) >= expected:
-                self._emit_param_grads(base, module_key, complete_only=False)
+                self._emit_param_grads(module_key, complete_only=False)
         except Exception as e:  # noqa: BLE001
             self.report_error("a parameter gradient hook", e)
 
-    def _emit_param_grads(self, base: str, module_key: int, *, complete_only: bool) -> None:
+    def _emit_param_grads(self, module_key: int, *, complete_only: bool) -> None:
         pending = self.param_grads.get(module_key)
         if not pending or (complete_only and len(pending["grads"]) < pending["expected"]):
             return
         del self.param_grads[module_key]
         tree = self.tree
-        name = tree.parameter_grads(base, self.data)
+        name = tree.parameter_grads(pending["base"], self.data)
         seq, value = tree.seq, self._value
         self.data[name] = {p: [value(g, seq, name, "module", "backward", "parameter_grad", p)]
                            for p, g in pending["grads"].items()}
@@ -287,14 +281,14 @@ class DumpRecorder:
     # ----------------------------------------------------------------- writing
     def _flush(self) -> None:
         """Close the step on the hot path; the gather and all file writing go to the writer thread."""
-        for key, pending in list(self.param_grads.items()):
-            self._emit_param_grads(pending["base"], key, complete_only=False)
+        for key in list(self.param_grads):
+            self._emit_param_grads(key, complete_only=False)
         for name, entry in self.open_entries.items():   # calls that never returned (an exception)
             entry["output"] = []
             self.data[name] = entry
-        values, tree = self._values, self.tree
-        batch = StepBatch(self.step, self.data, tree.construct, tree.node_info, self.stacks,
-                          values.leaves, values.handles, values.rows)
+        values = self._values
+        batch = StepBatch(self.step, self.data, self.tree, self.stacks, values.leaves,
+                          values.handles, values.rows)
         if self._writer is None:
             self._writer = DumpWriter(self.adapter, self.config, rank=self.rank, run=self.run,
                                       store=self.store, report_error=self.report_error)

@@ -23,6 +23,7 @@ from engine_adapter.base import EngineAdapter
 from ground.background import BackgroundQueue
 from probe.dump_config import DumpConfig
 from probe.dump_rows import Leaf, TensorTables, apply_statistics
+from probe.dump_tree import CallTree, node_depths
 
 #: finished steps waiting for the writer at most
 QUEUE_STEPS = 16
@@ -34,8 +35,7 @@ class StepBatch:
 
     step: int
     data: dict
-    construct: dict
-    node_info: dict
+    tree: CallTree
     stacks: dict
     leaves: list[Leaf]
     handles: list
@@ -87,6 +87,7 @@ class DumpWriter:
                 self.report_error(f"writing step {batch.step}", e)
 
     def _write(self, b: StepBatch) -> None:
+        b.tree.finish()
         values = self.adapter.stats.gather(b.handles) if b.handles else []
         statistics = apply_statistics(b.leaves, values, len(b.rows))
         formatted = self._formatted_stacks
@@ -101,7 +102,7 @@ class DumpWriter:
         if config.task == "tensor":
             dump_data_dir = str(msprobe_writer.step_dir(config.out, b.step, self.rank) / "dump_tensor_data")
         msprobe_writer.write_step(config.out, step=b.step, rank=self.rank, data=b.data,
-                                  construct=b.construct, stacks=stacks, task=config.task,
+                                  construct=b.tree.construct, stacks=stacks, task=config.task,
                                   level=config.level, framework=self.adapter.framework,
                                   dump_data_dir=dump_data_dir, finite=True)
         self.steps_written.append(b.step)
@@ -115,25 +116,23 @@ class DumpWriter:
             self._tables = TensorTables(self.run, self.rank)
         self._store_tables.append(self._tables.table(b.step, time.time_ns(), b.rows, statistics))
         written = self._nodes_written
-        if any(name not in written for name in b.node_info):   # the tree is the same every step
+        construct, node_info = b.tree.construct, b.tree.node_info
+        if any(name not in written for name in node_info):   # the tree is the same every step
             stack_ids = {}
             for gid, (group, _) in msprobe_writer.group_stacks(stacks).items():
                 for name in group:
                     stack_ids[name] = gid
-            depth: dict[str, int] = {}
+            depth = node_depths(construct)
             node_rows: dict[str, list] = {k: [] for k in ("node", "parent", "class_name", "depth",
                                                           "order", "stack_ref")}
-            for name, (kind, cls, order) in b.node_info.items():
-                parent = b.construct.get(name)
-                d = depth.get(parent, -1) + 1 if parent else 0
-                depth[name] = d
+            for name, (kind, cls, order) in node_info.items():
                 if name in written:
                     continue
                 written.add(name)
                 node_rows["node"].append(name)
-                node_rows["parent"].append(parent)
+                node_rows["parent"].append(construct.get(name))
                 node_rows["class_name"].append(cls)
-                node_rows["depth"].append(d)
+                node_rows["depth"].append(depth.get(name, 0))
                 node_rows["order"].append(order)
                 node_rows["stack_ref"].append(stack_ids.get(name))
             m = len(node_rows["node"])

@@ -139,8 +139,11 @@ def _spawn(spec: RunSpec) -> None:
     """
     import torch.multiprocessing as mp
 
+    import threading
+
     port = _free_port()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    main = threading.current_thread() is threading.main_thread()    # signals go to the main thread
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
     context = None
     try:
         context = mp.start_processes(_worker, args=(spec, port, os.getpid()), nprocs=spec.nproc,
@@ -156,7 +159,8 @@ def _spawn(spec: RunSpec) -> None:
     finally:
         if context is not None:
             _stop_ranks(context.processes)
-        signal.signal(signal.SIGTERM, previous)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -6,7 +6,12 @@
  * or domain alone for an end). The GIL serialises appends and drains, so no lock is taken.
  * drain() hands every buffer's records to the recorder as bytes (codes, ids, times) and lists
  * (messages, domains), leaving fresh empty buffers behind. A buffer holds at most max_buffer
- * records between two drains; past that, records are dropped and counted, never blocking.
+ * records between two drains. What a full buffer does is the session's overflow policy (the
+ * names of ground.background): "block" (the default) calls on_full() to wake the drain, then
+ * waits with the GIL released until the drain has taken the buffer (when on_full() says no
+ * drain will come, the record is dropped and counted); "spool" detaches the full buffer and hands
+ * it to on_full(chunk) on the calling thread, which writes it to disk; "drop" drops the record
+ * and counts it. All of this is off the hot path: a record that fits costs what it always did.
  *
  * Calls given a CUDA stream, and range ends while stream ranges are open, go to Python
  * callables registered by profiler.mstx (they record device events, then push() here).
@@ -19,6 +24,12 @@
 #include <string.h>
 #include <time.h>
 
+#if defined(__GNUC__) || defined(__clang__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
 typedef struct Buf {
     unsigned long tid;
     Py_ssize_t n, cap;
@@ -28,11 +39,16 @@ typedef struct Buf {
     PyObject **a;
     PyObject **b;
     long long dropped;
+    unsigned long taken;          /* times a drain (or a spill) took this buffer's records */
     struct Buf *next;
 } Buf;
 
+enum { OVERFLOW_BLOCK, OVERFLOW_SPOOL, OVERFLOW_DROP };
+
 static int active = 0, ends = 0;
 static Py_ssize_t max_buffer = 1000000;
+static int overflow = OVERFLOW_BLOCK;
+static long long waits = 0, wait_ns = 0;   /* this session's waits for the drain (block) */
 static long long next_id_value = 1;
 static unsigned long generation = 1;
 static Buf *buffers = NULL;
@@ -47,6 +63,7 @@ static PyObject *slow_mark = NULL;        /* (message, stream, domain) -> None *
 static PyObject *slow_start = NULL;       /* (message, stream, domain) -> id */
 static PyObject *end_on_stream = NULL;    /* (range_id) -> None */
 static PyObject *on_new_thread = NULL;    /* () -> None, once per thread per session */
+static PyObject *on_full = NULL;          /* block: () -> bool (a drain will come); spool: (chunk) -> None */
 
 static inline int64_t now_ns(void) {
     struct timespec ts;
@@ -94,17 +111,95 @@ static int grow(Buf *bf) {
     return 0;
 }
 
-/* Append one record; a reference to a and b (b may be NULL) is taken. Never fails. */
-static inline void push_record(int8_t code, int64_t id, int64_t t, PyObject *a, PyObject *b) {
+static PyObject *take_buffer(Buf *bf);
+
+/* Block: wake the drain, then wait (GIL released) until it has taken this buffer. 0: room now;
+ * 1: nothing to record into (no drain will come: counted as dropped; or the session ended);
+ * -1: a signal handler raised while waiting (the exception is set). */
+static int wait_for_drain(Buf *bf) {
+    unsigned long gen = generation, taken = bf->taken;
+    int64_t t0 = now_ns();
+    int coming = 0;
+    PyObject *r = on_full != NULL ? PyObject_CallNoArgs(on_full) : NULL;
+    if (r == NULL)
+        PyErr_Clear();
+    else {
+        coming = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (coming < 0) {
+            PyErr_Clear();
+            coming = 0;
+        }
+    }
+    if (generation != gen)
+        return 1;
+    if (!coming) {
+        bf->dropped++;
+        return 1;
+    }
+    long pause_ns = 20000;
+    int rc = 0;
+    while (generation == gen && bf->taken == taken) {
+        struct timespec pause = {0, pause_ns};
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&pause, NULL);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0) {     /* Ctrl-C while a stuck sink holds the drain */
+            rc = -1;
+            break;
+        }
+        if (pause_ns < 1000000)
+            pause_ns *= 2;
+    }
+    waits++;
+    wait_ns += now_ns() - t0;
+    return rc < 0 ? -1 : generation == gen ? 0 : 1;
+}
+
+/* Spool: hand the full buffer to on_full(chunk) on this thread; 0: room now, 1: session ended. */
+static int spill(Buf *bf) {
+    unsigned long gen = generation;
+    Py_ssize_t n = bf->n;
+    PyObject *chunk = take_buffer(bf);
+    PyObject *r = chunk != NULL ? PyObject_CallOneArg(on_full, chunk) : NULL;
+    Py_XDECREF(chunk);
+    if (r == NULL)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    if (generation != gen)
+        return 1;
+    if (r == NULL)
+        bf->dropped += n;           /* the recorder's spill never raises; if it did, say so */
+    return 0;
+}
+
+/* The cold path of push_record: the buffer is full (or its memory could not grow). */
+static NOINLINE int make_room(Buf *bf) {
+    if (overflow == OVERFLOW_DROP || on_full == NULL) {
+        bf->dropped++;
+        return 1;
+    }
+    return overflow == OVERFLOW_SPOOL ? spill(bf) : wait_for_drain(bf);
+}
+
+/* Append one record; a reference to a and b (b may be NULL) is taken. 0: recorded, or counted
+ * as dropped, or the session ended meanwhile; -1 only when a signal handler raised during a
+ * block wait (the exception is set). */
+static inline int push_record(int8_t code, int64_t id, int64_t t, PyObject *a, PyObject *b) {
     Buf *bf = tls_buf;
     if (bf == NULL || tls_generation != generation) {
         bf = new_buffer();
         if (bf == NULL)
-            return;
+            return 0;
     }
     if (bf->n == bf->cap && grow(bf) < 0) {
-        bf->dropped++;
-        return;
+        int rc = make_room(bf);
+        if (rc != 0)
+            return rc < 0 ? -1 : 0;
+        if (bf->n == bf->cap && grow(bf) < 0) {
+            bf->dropped++;          /* no memory even for an empty buffer */
+            return 0;
+        }
     }
     Py_ssize_t i = bf->n++;
     bf->code[i] = code;
@@ -114,6 +209,7 @@ static inline void push_record(int8_t code, int64_t id, int64_t t, PyObject *a, 
     bf->a[i] = a;
     Py_XINCREF(b);
     bf->b[i] = b;
+    return 0;
 }
 
 /* Positional-or-keyword arguments of (message, stream=None, domain="default"). */
@@ -179,7 +275,8 @@ static PyObject *mark(PyObject *self, PyObject *const *args, Py_ssize_t nargs, P
         Py_RETURN_NONE;
     if (stream != Py_None)
         return call3(slow_mark, message, stream, domain);
-    push_record(0, 0, now_ns(), message, domain);
+    if (push_record(0, 0, now_ns(), message, domain) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -199,7 +296,8 @@ static PyObject *range_start(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (stream != Py_None)
         return call3(slow_start, message, stream, domain);
     long long rid = next_id_value++;
-    push_record(1, rid, now_ns(), message, domain);
+    if (push_record(1, rid, now_ns(), message, domain) < 0)
+        return NULL;
     return PyLong_FromLongLong(rid);
 }
 
@@ -260,7 +358,8 @@ static PyObject *range_end(PyObject *self, PyObject *const *args, Py_ssize_t nar
             PyErr_Clear();
         Py_XDECREF(r);
     }
-    push_record(2, rid, now_ns(), domain, NULL);
+    if (push_record(2, rid, now_ns(), domain, NULL) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -278,7 +377,8 @@ static PyObject *push(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long t = PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred())
         return NULL;
-    push_record((int8_t)code, rid, t, args[3], args[4] == Py_None ? NULL : args[4]);
+    if (push_record((int8_t)code, rid, t, args[3], args[4] == Py_None ? NULL : args[4]) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -328,18 +428,49 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(session_doc,
-"session(on_new_thread, max_buffer)\n--\n\n"
-"Per-session settings: a callable run once per thread on its first record (None for none), "
-"and the most records a buffer holds between two drains.");
+"session(on_new_thread, max_buffer, overflow='block', on_full=None)\n--\n\n"
+"Per-session settings: a callable run once per thread on its first record (None for none); "
+"the most records a buffer holds between two drains; what a full buffer does ('block', "
+"'spool' or 'drop'); on_full: for 'block' a callable () -> bool that wakes the drain and says "
+"whether one will come, for 'spool' a callable (chunk) -> None that writes a chunk (a drain() "
+"item) to disk. Without on_full a full buffer drops. Zeroes stats().");
 
 static PyObject *session(PyObject *self, PyObject *args) {
-    PyObject *cb;
+    PyObject *cb, *full = Py_None;
     Py_ssize_t mb;
-    if (!PyArg_ParseTuple(args, "On", &cb, &mb))
+    const char *policy = "block";
+    if (!PyArg_ParseTuple(args, "On|sO", &cb, &mb, &policy, &full))
         return NULL;
+    int mode;
+    if (strcmp(policy, "block") == 0)
+        mode = OVERFLOW_BLOCK;
+    else if (strcmp(policy, "spool") == 0)
+        mode = OVERFLOW_SPOOL;
+    else if (strcmp(policy, "drop") == 0)
+        mode = OVERFLOW_DROP;
+    else {
+        PyErr_Format(PyExc_ValueError, "overflow %R: use one of block, spool, drop",
+                     PyTuple_GET_ITEM(args, 2));
+        return NULL;
+    }
+    if (full != Py_None && !PyCallable_Check(full)) {
+        PyErr_SetString(PyExc_TypeError, "on_full must be callable or None");
+        return NULL;
+    }
     set_ref(&on_new_thread, cb);
+    set_ref(&on_full, full);
     max_buffer = mb > 0 ? mb : 1;
+    overflow = mode;
+    waits = wait_ns = 0;
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(stats_doc,
+"stats() -> (waits, wait_ns)\n--\n\n"
+"This session's waits for the drain ('block'): how many, and how long in all (ns).");
+
+static PyObject *stats(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("(LL)", waits, wait_ns);
 }
 
 static void free_arrays(int8_t *code, int64_t *id, int64_t *t, PyObject **a, PyObject **b) {
@@ -348,6 +479,44 @@ static void free_arrays(int8_t *code, int64_t *id, int64_t *t, PyObject **a, PyO
     free(t);
     free(a);
     free(b);
+}
+
+/* Detach a buffer's records and build its drain() item; the buffer is left empty. */
+static PyObject *take_buffer(Buf *bf) {
+    /* detach the arrays first: building Python objects may run code that records again */
+    Py_ssize_t n = bf->n;
+    int8_t *code = bf->code;
+    int64_t *id = bf->id, *t = bf->t;
+    PyObject **a = bf->a, **b = bf->b;
+    long long dropped = bf->dropped;
+    bf->code = NULL; bf->id = NULL; bf->t = NULL; bf->a = NULL; bf->b = NULL;
+    bf->n = bf->cap = 0;
+    bf->dropped = 0;
+    bf->taken++;
+    PyObject *la = PyList_New(n), *lb = PyList_New(n);
+    PyObject *bc = PyBytes_FromStringAndSize((const char *)code, n * (Py_ssize_t)sizeof(int8_t));
+    PyObject *bi = PyBytes_FromStringAndSize((const char *)id, n * (Py_ssize_t)sizeof(int64_t));
+    PyObject *bt = PyBytes_FromStringAndSize((const char *)t, n * (Py_ssize_t)sizeof(int64_t));
+    if (!la || !lb || !bc || !bi || !bt) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_DECREF(a[i]);
+            Py_XDECREF(b[i]);
+        }
+        free_arrays(code, id, t, a, b);
+        Py_XDECREF(la); Py_XDECREF(lb); Py_XDECREF(bc); Py_XDECREF(bi); Py_XDECREF(bt);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyList_SET_ITEM(la, i, a[i]);                 /* the buffer's reference moves */
+        PyObject *bi_obj = b[i];
+        if (bi_obj == NULL) {
+            Py_INCREF(Py_None);
+            bi_obj = Py_None;
+        }
+        PyList_SET_ITEM(lb, i, bi_obj);
+    }
+    free_arrays(code, id, t, a, b);
+    return Py_BuildValue("(kNNNNNL)", bf->tid, bc, bi, bt, la, lb, dropped);
 }
 
 PyDoc_STRVAR(drain_doc,
@@ -363,40 +532,7 @@ static PyObject *drain(PyObject *self, PyObject *unused) {
     for (Buf *bf = buffers; bf != NULL; bf = bf->next) {
         if (bf->n == 0 && bf->dropped == 0)
             continue;
-        /* detach the arrays first: building Python objects may run code that records again */
-        Py_ssize_t n = bf->n;
-        int8_t *code = bf->code;
-        int64_t *id = bf->id, *t = bf->t;
-        PyObject **a = bf->a, **b = bf->b;
-        long long dropped = bf->dropped;
-        bf->code = NULL; bf->id = NULL; bf->t = NULL; bf->a = NULL; bf->b = NULL;
-        bf->n = bf->cap = 0;
-        bf->dropped = 0;
-        PyObject *la = PyList_New(n), *lb = PyList_New(n);
-        PyObject *bc = PyBytes_FromStringAndSize((const char *)code, n * (Py_ssize_t)sizeof(int8_t));
-        PyObject *bi = PyBytes_FromStringAndSize((const char *)id, n * (Py_ssize_t)sizeof(int64_t));
-        PyObject *bt = PyBytes_FromStringAndSize((const char *)t, n * (Py_ssize_t)sizeof(int64_t));
-        if (!la || !lb || !bc || !bi || !bt) {
-            for (Py_ssize_t i = 0; i < n; i++) {
-                Py_DECREF(a[i]);
-                Py_XDECREF(b[i]);
-            }
-            free_arrays(code, id, t, a, b);
-            Py_XDECREF(la); Py_XDECREF(lb); Py_XDECREF(bc); Py_XDECREF(bi); Py_XDECREF(bt);
-            Py_DECREF(out);
-            return NULL;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyList_SET_ITEM(la, i, a[i]);                 /* the buffer's reference moves */
-            PyObject *bi_obj = b[i];
-            if (bi_obj == NULL) {
-                Py_INCREF(Py_None);
-                bi_obj = Py_None;
-            }
-            PyList_SET_ITEM(lb, i, bi_obj);
-        }
-        free_arrays(code, id, t, a, b);
-        PyObject *item = Py_BuildValue("(kNNNNNL)", bf->tid, bc, bi, bt, la, lb, dropped);
+        PyObject *item = take_buffer(bf);
         if (item == NULL || PyList_Append(out, item) < 0) {
             Py_XDECREF(item);
             Py_DECREF(out);
@@ -417,6 +553,7 @@ static PyObject *reset(PyObject *self, PyObject *unused) {
     Buf *bf = buffers;
     buffers = NULL;
     set_ref(&on_new_thread, Py_None);
+    set_ref(&on_full, Py_None);
     while (bf != NULL) {
         Buf *next = bf->next;
         for (Py_ssize_t i = 0; i < bf->n; i++) {
@@ -443,6 +580,7 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, configure_doc},
     {"session", session, METH_VARARGS, session_doc},
     {"drain", drain, METH_NOARGS, drain_doc},
+    {"stats", stats, METH_NOARGS, stats_doc},
     {"reset", reset, METH_NOARGS, reset_doc},
     {NULL, NULL, 0, NULL},
 };

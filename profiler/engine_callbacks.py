@@ -126,7 +126,9 @@ class ProfileCallback(TrainCallback):
     activity; ``flops``: add FLOPs/MFU/HFU to step metrics (``peak_tflops`` as FlopsCallback);
     ``step_ranges``: record each step as a ``step N`` range in domain ``step`` (for a loop that
     marks none, such as a script's optimizer steps; the payload names the context's
-    ``extra["step_source"]``).
+    ``extra["step_source"]``); ``overflow`` (``block``, ``spool`` or ``drop``) and ``max_buffer``:
+    what a thread's full mstx buffer does, as :class:`profiler.session.Session` (the default
+    loses nothing).
     """
 
     def __init__(self, steps: Iterable[int] | None = None,
@@ -134,7 +136,8 @@ class ProfileCallback(TrainCallback):
                  otel: Any = None, torch_ops: bool = False, flops: bool = True,
                  peak_tflops: float | None = None, recount_every: int = 0,
                  domains: Iterable[str] | None = None, ranks: Iterable[int] | None = None,
-                 step_ranges: bool = False) -> None:
+                 step_ranges: bool = False, overflow: str = "block",
+                 max_buffer: int = 1_000_000) -> None:
         self.ranks = set(ranks) if ranks is not None else None
         self.steps = list(steps) if steps is not None else None
         self.schedule = tuple(schedule) if schedule is not None else None
@@ -144,6 +147,8 @@ class ProfileCallback(TrainCallback):
         self.domains = list(domains) if domains is not None else None
         self.flops = FlopsCallback(peak_tflops, recount_every) if flops else None
         self.step_ranges = step_ranges
+        self.overflow = overflow
+        self.max_buffer = max_buffer
         self.session: Any = None
         self.report: Any = None
         self._step_start_ns = 0
@@ -162,7 +167,8 @@ class ProfileCallback(TrainCallback):
             ctx.out_dir, rank=ctx.rank, world_size=ctx.world_size, run=ctx.run, store=ctx.store,
             trace=self.trace, otel_exporter=otel_exporter_from(self.otel), steps=self.steps,
             schedule=self.schedule, first_step=0, domains=self.domains,
-            torch_ops=self.torch_ops, clock_offset_ns=offset).start()
+            torch_ops=self.torch_ops, clock_offset_ns=offset, overflow=self.overflow,
+            max_buffer=self.max_buffer).start()
 
     def on_step_start(self, ctx: TrainContext, step: int) -> None:
         if self.flops is not None:
@@ -187,7 +193,7 @@ class ProfileCallback(TrainCallback):
             self.flops.on_train_end(ctx, error)
         if self.session is not None:
             self.report = self.session.stop()
-            if self.report.problems or self.report.sink_errors:
+            if self.report.problems or self.report.sink_errors or self.report.dropped:
                 print(f"probe: profile {self.report.summary()}", file=sys.stderr, flush=True)
 
 

@@ -16,6 +16,13 @@ Which steps are kept, either:
 
 ``step()`` says the current step ended (as ``torch.profiler.profile.step``). Events belong to
 the step during which they started. Ranges still open when recording pauses get their end.
+
+Recording loses nothing by default: ``overflow="block"`` makes a thread that fills its buffer
+(``max_buffer`` records between two drains) wait for the drain; ``"spool"`` writes the full
+buffer to disk instead; ``"drop"`` drops the excess (see :mod:`profiler.event_recorder`). What
+was dropped, spooled or waited is in the report, in the trace (a ``process_labels`` metadata
+event of the rank) and in the store (metrics ``mstx_dropped_events``, ``mstx_spilled_records``,
+``mstx_wait_ms``).
 A script's optimizer steps drive a session through :class:`engine_adapter.steps.StepSource`
 and :class:`profiler.engine_callbacks.ProfileCallback` (which then also records each step as a
 ``step N`` range in domain ``step``).
@@ -58,7 +65,7 @@ from typing import Any, Iterable, Sequence
 from profiler.builtin_ranges import BuiltinRanges
 from profiler.event_recorder import EventRecorder
 from profiler.events import EventBatch, describe_problems
-from profiler.sinks import StoreSink, TraceMeta
+from profiler.sinks import StoreSink, TraceMeta, recording_label
 from profiler.torch_ops import TorchOps
 
 OFF, WARMUP, ACTIVE = "off", "warmup", "active"
@@ -75,15 +82,27 @@ class SessionReport:
     trace_path: str | None
     clock_offset_ns: int
     sink_errors: list[str] = field(default_factory=list)
+    overflow: str = "block"          # what a full buffer did (profiler.event_recorder)
+    dropped: int = 0                 # events lost (overflow "drop")
+    spilled: int = 0                 # records that went through the spool (overflow "spool")
+    wait_ms: float = 0.0             # recording threads' time spent waiting (overflow "block")
 
     def summary(self) -> str:
         """One line for a human.
 
         >>> SessionReport(0, 12, [0, 1], {}, None, 0).summary()
         'rank 0: 12 events over steps 0-1'
+        >>> SessionReport(0, 9, [0], {}, None, 0, overflow="drop", dropped=3).summary()
+        'rank 0: 9 events over steps 0-0; 3 events dropped (overflow drop)'
         """
         steps = f"steps {self.steps[0]}-{self.steps[-1]}" if self.steps else "no steps"
         line = f"rank {self.rank}: {self.events} events over {steps}"
+        if self.dropped:
+            line += f"; {self.dropped} events dropped (overflow {self.overflow})"
+        if self.spilled:
+            line += f"; {self.spilled} records spooled to disk"
+        if self.wait_ms >= 1:
+            line += f"; recording threads waited {self.wait_ms:.0f} ms for the recorder"
         problems = describe_problems(Counter(self.problems))
         if problems:
             line += f"; input problems: {problems}"
@@ -105,7 +124,8 @@ class Session:
                  dataloader: bool = True, checkpoint: bool = True,
                  torch_ops: bool = False, align_clocks: bool = False,
                  clock_offset_ns: int | None = None, align_on_init: bool = True,
-                 interval_s: float = 0.05) -> None:
+                 interval_s: float = 0.05, overflow: str = "block",
+                 max_buffer: int = 1_000_000) -> None:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.run = run or (self.out_dir.name if self.out_dir is not None else "run")
@@ -124,7 +144,8 @@ class Session:
         self._sinks = self._build_sinks(store, trace, otel_exporter, otel_processor, sinks)
         self._sink_errors: Counter[str] = Counter()
         self._recorder = EventRecorder(self._to_sinks, interval_s=interval_s,
-                                       windows=self._step_windows, domains=domains)
+                                       windows=self._step_windows, domains=domains,
+                                       overflow=overflow, max_buffer=max_buffer)
         self._builtins = BuiltinRanges(comm=comm, dataloader=dataloader, checkpoint=checkpoint,
                                        after_init=self._align_after_init if align_on_init else None)
         self._torch_ops = TorchOps() if torch_ops else None
@@ -190,7 +211,11 @@ class Session:
             self._torch_ops.stop(self.meta)
             torch_events = self._torch_ops.events
         self._builtins.remove()
-        problems = self._recorder.stop()
+        recorder = self._recorder
+        problems = Counter(recorder.stop())
+        dropped = problems.pop("dropped_events", 0)
+        recording = {"overflow": recorder.overflow, "dropped_events": dropped,
+                     "spilled_records": recorder.spilled, "wait_ms": recorder.wait_ns / 1e6}
         torch_batch = None
         if torch_events:
             torch_batch = self._torch_ops.batch(self._win_starts, self._win_steps, self.clock_offset_ns)
@@ -202,13 +227,20 @@ class Session:
                 self._guard(sink, "write", torch_batch)
             if hasattr(sink, "add_counters") and self._counters:
                 self._guard(sink, "add_counters", self._counters)
+            if hasattr(sink, "add_raw"):
+                self._guard(sink, "add_raw", [recording_label(self.rank, recording)])
+            if hasattr(sink, "add_recording"):
+                last = max(self._steps_seen - {None}, default=self.current_step)
+                self._guard(sink, "add_recording", recording, last)
             self._guard(sink, "close")
         trace_path = next((str(s.path) for s in self._sinks if hasattr(s, "add_raw")), None)
         self.report = SessionReport(
             rank=self.rank, events=self._recorder.events_out,
             steps=sorted(s for s in self._steps_seen if s is not None),
             problems=dict(problems), trace_path=trace_path, clock_offset_ns=self.clock_offset_ns,
-            sink_errors=[f"{k} (x{v})" for k, v in self._sink_errors.items()])
+            sink_errors=[f"{k} (x{v})" for k, v in self._sink_errors.items()],
+            overflow=recorder.overflow, dropped=dropped, spilled=recorder.spilled,
+            wait_ms=recorder.wait_ns / 1e6)
         return self.report
 
     def __enter__(self) -> "Session":

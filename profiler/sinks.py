@@ -4,7 +4,10 @@ A sink has three methods, called from the session's batching thread (never the h
 ``open(meta)`` once, ``write(batch)`` with each :class:`profiler.events.EventBatch` of finished
 events (columns; iterating it yields :class:`profiler.events.Event` rows), ``close()`` once.
 ``meta`` is a :class:`TraceMeta`. The Perfetto trace sink lives in
-:mod:`collectors.perfetto`, the OpenTelemetry sink in :mod:`collectors.otel`.
+:mod:`collectors.perfetto`, the OpenTelemetry sink in :mod:`collectors.otel`. At the end of a
+session the recording's own figures (overflow policy, events dropped, records spooled, time
+waited) go to the trace as :func:`recording_label` and to the store by
+:meth:`StoreSink.add_recording`.
 
 >>> import tempfile
 >>> from collectors.store import StoreWriter, open_store
@@ -38,6 +41,29 @@ class TraceMeta:
     clock_offset_ns: int = 0          # added to this rank's clock to get rank 0's
     epoch_offset_ns: int = 0          # added to a (rank-0-aligned) timestamp to get Unix-epoch ns
     thread_names: dict[int, str] = field(default_factory=dict)
+
+
+#: The store metrics :meth:`StoreSink.add_recording` writes, by the recording figure they hold.
+RECORDING_METRICS = {"dropped_events": "mstx_dropped_events", "spilled_records": "mstx_spilled_records",
+                     "wait_ms": "mstx_wait_ms"}
+
+
+def recording_label(rank: int, recording: dict[str, Any]) -> dict:
+    """The trace metadata event that tells what recording rank ``rank`` lost or waited for.
+
+    A ``process_labels`` event (shown beside the rank's track); its args also hold the figures
+    by name, ``mstx_overflow`` and ``mstx_`` + each key of ``recording``.
+
+    >>> e = recording_label(1, {"overflow": "drop", "dropped_events": 5, "spilled_records": 0,
+    ...                         "wait_ms": 0.0})
+    >>> e["args"]["labels"], e["args"]["mstx_dropped_events"]
+    ('mstx: 5 events dropped (overflow drop)', 5)
+    """
+    dropped = recording["dropped_events"]
+    text = (f"mstx: {dropped} events dropped (overflow {recording['overflow']})" if dropped
+            else f"mstx: no event lost (overflow {recording['overflow']})")
+    return {"name": "process_labels", "ph": "M", "pid": rank, "tid": 0,
+            "args": {"labels": text, **{f"mstx_{k}": v for k, v in recording.items()}}}
 
 
 class Sink(Protocol):
@@ -89,6 +115,16 @@ class StoreSink:
             "payload": payload,
         }
         self.store.write("event", table_from_columns("event", columns))
+
+    def add_recording(self, recording: dict[str, Any], step: int) -> None:
+        """Write the recording's figures (:data:`RECORDING_METRICS`) as metric points of
+        ``step`` (the session's last, so the per-step views gain no row)."""
+        import time
+
+        now = time.time_ns()
+        self.store.write_rows("metric", [
+            {"time_ns": now, "job": self.meta.run, "rank": self.meta.rank, "step": int(step),
+             "name": name, "value": float(recording[key])} for key, name in RECORDING_METRICS.items()])
 
     def close(self) -> None:
         if self.own_store:

@@ -10,23 +10,37 @@ in-process, steps detected from ``optimizer.step()``. It writes:
   (``probe query OUT "select * from events"``);
 - with ``--otel console``, OpenTelemetry spans on stdout.
 
+Recording loses no event by default (``--overflow block``: a thread that records faster than
+the recorder drains waits for it; ``spool``: the excess goes to disk; ``drop``: it is dropped,
+and the count is in the trace's metadata, the store and the summary). See docs/profile.md.
+
+``OUT`` is claimed first (:mod:`ground.outdir`): an earlier profile's ``store``, ``trace`` and
+``trace.json`` are replaced; anything else there (a ``probe train`` store, a file of yours)
+stops the command unless ``--force``. Under a launcher (torchrun: every rank runs this command)
+each rank replaces only its own part, see :func:`_claim`.
+
 Exit codes: 0 done; 1 the script or a rank failed (what was recorded is still written);
 2 bad input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
+from ground.background import OVERFLOW_POLICIES
 from ground.errors import ProbeError
-from probe.options import engine_options, selection_option
+from probe.options import engine_options, force_option, fsync_option, selection_option
 
 DEFAULT_OUT = os.path.join("runs", "profile")
+#: What ``probe profile`` writes at the top of ``OUT`` (claimed with ground.outdir.claim).
+ENTRIES = ("store", "trace", "trace.json")
 
 
 def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple | None:  # noqa: ARG001
@@ -55,10 +69,20 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--torch-ops", is_flag=True, help="Add torch.profiler's op-level activity to the trace.")
 @click.option("--otel", type=click.Choice(["console"]), default=None,
               help="Also export OpenTelemetry spans (console: print them).")
+@click.option("--overflow", type=click.Choice(list(OVERFLOW_POLICIES)), default="block",
+              show_default=True,
+              help="What a thread does when it records mstx events faster than they are drained "
+                   "and its buffer is full: block (wait for the drain, lose nothing), spool "
+                   "(write the excess to disk, lose nothing), drop (lose and count them).")
+@click.option("--max-buffer", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              metavar="N", help="mstx records a thread buffers between two drains (about 33 bytes each).")
+@force_option
+@fsync_option
 @engine_options
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
 def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | None, out: str,
             peak_tflops: float | None, no_flops: bool, torch_ops: bool, otel: str | None,
+            overflow: str, max_buffer: int, force: bool, fsync: str,
             engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
             faults: tuple[str, ...], device: str, script: tuple[str, ...]) -> int:
     """Profile a run: user mstx ranges, steps, communication, FLOPs/MFU; one merged trace.
@@ -73,21 +97,25 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
         raise ProbeError("give either --steps or --schedule, not both")
     if peak_tflops is not None and peak_tflops <= 0:
         raise ProbeError(f"--peak-tflops {peak_tflops}: give a positive number (TFLOP/s of one device)")
-    _clear_old(out)
+    if not script and _launched_rank() is not None:
+        raise ProbeError("under a launcher (torchrun) give a SCRIPT: probe profile -- train.py; "
+                         "the bundled engine launches its own ranks (probe profile --nproc N)")
     options = {"steps": steps, "schedule": schedule, "peak_tflops": peak_tflops,
-               "flops": not no_flops, "torch_ops": torch_ops, "otel": otel}
+               "flops": not no_flops, "torch_ops": torch_ops, "otel": otel,
+               "overflow": overflow, "max_buffer": max_buffer}
     if script:
-        code = _run_script(list(script), out, options)
+        code = _run_script(list(script), out, options, force=force, fsync=fsync)
     else:
         code = _run_engine(out, options, ranks=ranks, engine=engine, preset=preset, nproc=nproc,
-                           max_steps=max_steps, seed=seed, faults=faults, device=device)
-    _summarise(out)
+                           max_steps=max_steps, seed=seed, faults=faults, device=device,
+                           force=force, fsync=fsync)
+    _summarise(out, overflow)
     return code
 
 
 def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, engine: str,
                 preset: str, nproc: int, max_steps: int | None, seed: int,
-                faults: tuple[str, ...], device: str) -> int:
+                faults: tuple[str, ...], device: str, force: bool, fsync: str) -> int:
     from engine_adapter.callbacks import CallbackSpec
     from profiler.engine_callbacks import ProfileCallback
     from engine.launch import run_training
@@ -105,7 +133,9 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
     profile = CallbackSpec(ProfileCallback, kwargs)
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max(max_steps or 0, needed, 5 if max_steps is None else 0),
-                   seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(profile,))
+                   seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(profile,),
+                   owner="profile", force=force, fsync=fsync)
+    _claim(out, force)
     try:
         result = run_training(spec)
     except ProbeError as e:
@@ -117,7 +147,8 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
     return 0
 
 
-def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
+def _run_script(argv: list[str], out: str, options: dict[str, Any], *, force: bool,
+                fsync: str) -> int:
     from collectors.store import StoreWriter
     from engine_adapter.base import get_adapter
     from engine_adapter.steps import StepSource
@@ -125,12 +156,14 @@ def _run_script(argv: list[str], out: str, options: dict[str, Any]) -> int:
     from profiler.engine_callbacks import ProfileCallback
 
     path = check_script(argv)
+    _claim(out, force)
     adapter = get_adapter("torch")     # imports torch: the session's built-in ranges attach to it
-    store = StoreWriter(out, rank=adapter.rank(), run=Path(out).name)
+    store = StoreWriter(out, rank=adapter.rank(), run=Path(out).name, fsync=fsync)
     profile = ProfileCallback(steps=options["steps"], schedule=options["schedule"],
                               otel=options["otel"], torch_ops=options["torch_ops"],
                               flops=options["flops"], peak_tflops=options["peak_tflops"],
-                              step_ranges=True)
+                              step_ranges=True, overflow=options["overflow"],
+                              max_buffer=options["max_buffer"])
     source = StepSource(adapter, [profile], out, run=store.run, store=store).start()
     try:
         code = run_script(argv, "what was recorded is written")
@@ -164,29 +197,68 @@ def _launched_rank() -> tuple[int, int] | None:
     return (int(os.environ.get("RANK", "0") or 0), world) if world > 1 else None
 
 
-def _clear_old(out: str) -> None:
-    """Remove an earlier profile's files from ``out``; under a launcher each rank removes its own."""
-    import shutil
+def _claim(out: str, force: bool) -> None:
+    """Make ``out`` ready: an earlier profile's :data:`ENTRIES` are replaced, anything else stops
+    the command unless ``force`` (see :mod:`ground.outdir`).
 
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ProbeError(f"{out}: exists and is not a directory; choose another --out")
+    Under a launcher every rank runs this command at about the same time, and a rank may
+    already be writing while another claims, so no rank may replace a whole ``store`` or
+    ``trace`` folder that profile wrote: each rank removes only its own part
+    (``store/*/rank<R>``, ``trace/rank<R>.json``; rank 0 also ``trace.json``), as before. The
+    ranks claim one at a time, under a lock on ``OUT/.probe-outputs.json.lock`` (held across
+    nodes where the file system has POSIX locks, as NFS does), so the manifest is read and
+    written by one rank at a time: an entry no manifest names yet is claimed by the first rank
+    (nothing to remove), one that profile wrote is left whole, and one that another verb wrote
+    stops every rank, or with ``force`` is replaced by the first rank, before any rank of this
+    launch has written, since each writes only after its own claim.
+    """
+    from ground.outdir import claim
+
     launched = _launched_rank()
     if launched is None:
-        for name in ("trace", "store"):
-            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-        old = [os.path.join(out, "trace.json")]
-    else:
-        rank = launched[0]
-        for folder in glob.glob(os.path.join(out, "store", "*", f"rank{rank}")):
+        claim(out, "profile", ENTRIES, force=force)
+        return
+    rank = launched[0]
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise ProbeError(f"{out}: exists and is not a directory; choose another --out")
+    root.mkdir(parents=True, exist_ok=True)
+    with _claim_lock(root):
+        # an entry of ours is left whole (other ranks write into it); anything else is claimed
+        mine = [name for name in ENTRIES[:2] if _owner(root, name) != "profile" or not (root / name).exists()]
+        claim(out, "profile", mine + (["trace.json"] if rank == 0 else []), force=force)
+        for folder in root.glob(f"store/*/rank{rank}"):
             shutil.rmtree(folder, ignore_errors=True)
-        old = [os.path.join(out, "trace", f"rank{rank}.json")]
-        if rank == 0:
-            old.append(os.path.join(out, "trace.json"))
-    for path in old:
+        (root / "trace" / f"rank{rank}.json").unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _claim_lock(root: Path) -> Iterator[None]:
+    """Exclusive POSIX lock on ``root/.probe-outputs.json.lock`` (the ranks of one launch)."""
+    import fcntl
+
+    from ground.outdir import MANIFEST
+
+    with open(root / f"{MANIFEST}.lock", "a") as fh:
+        fcntl.lockf(fh, fcntl.LOCK_EX)
         try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
+            yield
+        finally:
+            fcntl.lockf(fh, fcntl.LOCK_UN)
+
+
+def _owner(root: Path, name: str) -> str | None:
+    """The verb ``root``'s output manifest names as the writer of its top-level entry ``name``."""
+    import fnmatch
+    import json
+
+    from ground.outdir import MANIFEST
+
+    try:
+        entries = json.loads((root / MANIFEST).read_text(encoding="utf-8")).get("entries", {})
+    except (OSError, ValueError, AttributeError):
+        return None          # no manifest, or a broken one: claim() says what is wrong with it
+    return next((verb for pattern, verb in entries.items() if fnmatch.fnmatchcase(name, pattern)), None)
 
 
 def _fragments(out: str, wait_s: float) -> list[str]:
@@ -212,8 +284,9 @@ def _fragments(out: str, wait_s: float) -> list[str]:
     return found
 
 
-def _summarise(out: str) -> None:
-    """Merge the rank fragments into ``out/trace.json`` and print what was recorded.
+def _summarise(out: str, overflow: str) -> None:
+    """Merge the rank fragments into ``out/trace.json`` and print what was recorded (the trace
+    line also says how many events recording dropped, under ``--overflow drop``).
 
     Under a launcher every rank runs this command: the others only write their fragment, and
     rank 0 waits (up to ``PROBE_MERGE_WAIT_S``, 120 s) for all of them before merging.
@@ -231,8 +304,6 @@ def _summarise(out: str) -> None:
         click.echo(f"probe profile: no step was recorded in {out}", err=True)
         return
     merged = merge_traces(fragments, os.path.join(out, "trace.json"))
-    click.echo(f"trace: {merged['path']} ({merged['events']} events, ranks {', '.join(merged['ranks'])}); "
-               "open it in https://ui.perfetto.dev")
     try:
         con = open_store(out)
         rows = con.sql("""SELECT kind, count(*), round(sum(host_end_ns - host_start_ns) / 1e6, 2)
@@ -241,8 +312,18 @@ def _summarise(out: str) -> None:
                                   avg(CASE WHEN name = 'mfu' THEN value END),
                                   avg(CASE WHEN name = 'hfu' THEN value END)
                            FROM metrics GROUP BY rank ORDER BY rank""").fetchall()
+        dropped = con.sql("""SELECT rank, sum(value)::BIGINT FROM metrics
+                             WHERE name = 'mstx_dropped_events' AND value > 0
+                             GROUP BY rank ORDER BY rank""").fetchall()
     except ProbeError:
-        return
+        rows, flops, dropped = [], [], []
+    lost = ""
+    if dropped:
+        per_rank = ", ".join(f"rank {r}: {n}" for r, n in dropped)
+        lost = (f"; {sum(n for _, n in dropped)} events dropped under --overflow {overflow} "
+                f"({per_rank})")
+    click.echo(f"trace: {merged['path']} ({merged['events']} events, ranks {', '.join(merged['ranks'])}"
+               f"{lost}); open it in https://ui.perfetto.dev")
     for kind, n, ms in rows:
         click.echo(f"  {kind:6s} {n:6d} events  {ms:10.2f} ms")
     for rank, fl, mfu, hfu in flops:

@@ -123,6 +123,84 @@ def test_bad_options_are_one_line_errors(tmp_path):
     assert res.returncode == 2 and "--max-steps" in res.stderr
 
 
+def test_drop_with_a_tiny_buffer_puts_the_drop_count_in_the_trace_the_store_and_the_summary(tmp_path):
+    script = tmp_path / "loud.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from profiler import mstx
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(2):
+            for _ in range(5000):
+                mstx.mark("tick", domain="user")
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    """))
+    out = tmp_path / "out"
+    res = run_probe("profile", "--overflow", "drop", "--max-buffer", "100", "--no-flops",
+                    "--out", str(out), "--", str(script))
+    assert res.returncode == 0, res.stderr
+    con = open_store(out)
+    [(dropped,)] = con.sql("select value::BIGINT from metrics where name = 'mstx_dropped_events'").fetchall()
+    [(kept,)] = con.sql("select count(*) from events where kind = 'mark'").fetchall()
+    assert dropped > 0 and kept + dropped == 10_000
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace_problems(trace) == []
+    (label,) = [e for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_labels"]
+    assert label["args"]["mstx_dropped_events"] == dropped
+    assert f"{dropped} events dropped (overflow drop)" in res.stdout            # the session's line
+    assert f"{dropped} events dropped under --overflow drop (rank 0: {dropped})" in res.stdout  # the trace's
+
+
+def test_profile_refuses_an_out_that_probe_train_wrote_and_replaces_it_with_force(tmp_path):
+    out = tmp_path / "run"
+    assert run_probe("train", "--max-steps", "1", "--out", str(out)).returncode == 0
+    res = run_probe("profile", "--max-steps", "1", "--no-flops", "--out", str(out))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "'probe train'" in res.stderr and "--force" in res.stderr
+    assert not (out / "trace").exists()
+    res = run_probe("profile", "--max-steps", "1", "--no-flops", "--force", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert (out / "trace.json").exists()
+    res = run_probe("profile", "--max-steps", "1", "--no-flops", "--fsync", "never", "--out", str(out))
+    assert res.returncode == 0, res.stderr               # its own earlier output: replaced
+
+
+def test_under_a_launcher_each_rank_replaces_only_its_own_part(tmp_path, monkeypatch):
+    from ground.errors import ProbeError
+    from ground.outdir import claim
+    from probe.commands.profile import ENTRIES, _claim
+
+    out = tmp_path / "prof"
+    claim(out, "profile", ENTRIES)
+    for rank in (0, 1):
+        (out / "store" / "event" / f"rank{rank}").mkdir(parents=True)
+        (out / "trace").mkdir(exist_ok=True)
+        (out / "trace" / f"rank{rank}.json").write_text("{}")
+    (out / "trace.json").write_text("{}")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    _claim(str(out), force=False)
+    assert sorted(p.name for p in (out / "store" / "event").iterdir()) == ["rank0"]
+    assert sorted(p.name for p in (out / "trace").iterdir()) == ["rank0.json"]
+    assert (out / "trace.json").exists()                  # rank 0's alone
+    monkeypatch.setenv("RANK", "0")
+    _claim(str(out), force=False)
+    assert list((out / "store" / "event").iterdir()) == [] and not (out / "trace.json").exists()
+    manifest = json.loads((out / ".probe-outputs.json").read_text())
+    assert all(manifest["entries"][name] == "profile" for name in ENTRIES)
+
+    trained = tmp_path / "trained"
+    claim(trained, "train", ["store"])
+    (trained / "store" / "metric" / "rank1").mkdir(parents=True)
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(ProbeError, match="'probe train'"):
+            _claim(str(trained), force=False)
+    assert (trained / "store" / "metric" / "rank1").is_dir()
+
+
 @pytest.mark.slow
 def test_a_script_under_torchrun_gives_one_trace_with_both_ranks_aligned_after_init(tmp_path):
     import subprocess

@@ -13,7 +13,9 @@ queue does when it is full is one choice, made by its owner:
 - ``"drop"``: the item is counted in :attr:`dropped` and let go; the owner reports the count.
 
 With ``interval_s`` the worker also wakes that often with nothing new and calls
-``handle([])`` (a heartbeat, a periodic drain of buffers that live elsewhere).
+``handle([])`` (a heartbeat, a periodic drain of buffers that live elsewhere); a put then does
+not wake it (it takes what waits at its next tick: a batch, and no context switch per item),
+while :meth:`flush` and :meth:`close` do.
 A ``handle`` that raises is reported to ``on_error`` and the worker goes on.
 
 >>> seen = []
@@ -73,7 +75,9 @@ class BackgroundQueue(Generic[T]):
         self.spilled = 0
         self.handled = 0
         self._items: deque[T] = deque()
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
+        self._worker_waiting = False     # the worker sleeps on the condition: a put must wake it
+        self._callers_waiting = 0        # callers blocked on a full queue: a take must wake them
         self._put_total = 0          # items accepted into the queue, ever
         self._done_total = 0         # of those, handed to ``handle`` and returned
         self._closing = False
@@ -112,11 +116,16 @@ class BackgroundQueue(Generic[T]):
                         if left is not None and left <= 0:
                             self.dropped += 1
                             return False
-                        self._cond.wait(left)
+                        self._callers_waiting += 1
+                        try:
+                            self._cond.wait(left)
+                        finally:
+                            self._callers_waiting -= 1
             if len(self._items) < self.capacity or self.overflow == "block":
                 self._items.append(item)
                 self._put_total += 1
-                self._cond.notify_all()
+                if self._worker_waiting and self.interval_s is None:
+                    self._cond.notify_all()
                 return True
         assert spill is not None
         spill(item)                      # outside the lock: it may write to disk
@@ -127,6 +136,7 @@ class BackgroundQueue(Generic[T]):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             target = self._put_total
+            self._cond.notify_all()          # a worker between ticks: take it now
             while self._done_total < target:
                 if not self._thread.is_alive():
                     return False
@@ -153,12 +163,16 @@ class BackgroundQueue(Generic[T]):
     def _take(self) -> tuple[list[T], bool]:
         with self._cond:
             if not self._items and not self._closing:
-                self._cond.wait(self.interval_s)
+                self._worker_waiting = True
+                try:
+                    self._cond.wait(self.interval_s)
+                finally:
+                    self._worker_waiting = False
             n = len(self._items) if self.max_batch is None else min(self.max_batch, len(self._items))
             batch = [self._items.popleft() for _ in range(n)]
             finished = self._closing and not self._items
             self._busy = bool(batch) or self.interval_s is not None
-            if batch:
+            if batch and self._callers_waiting:
                 self._cond.notify_all()       # room for blocked callers
             return batch, finished
 

@@ -221,7 +221,9 @@ def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) 
         click.echo(f"          [{a['kind']}] step {a['step']}: {a['message']}")
     summary = json.loads((cmp_dir / "summary.json").read_text())
     first = summary.get("first_divergence")
-    click.echo(f"compare:  {summary.get('matched')} matched, verdicts {summary.get('verdicts')}")
+    from compare.verdict import format_counts
+
+    click.echo(f"compare:  {summary.get('matched')} matched; " + format_counts(summary["counts"], sep="; "))
     click.echo("          first divergence: " + (f"{first['b']} ({first['direction']})" if first else "none"))
     click.echo(f"trace:    {prof / 'trace.json'} (open in https://ui.perfetto.dev)")
     click.echo(f"records:  probe query {root / 'demo-train'} \"{STRAGGLER_QUERY}\"")

@@ -7,14 +7,19 @@ columns a call sets (:data:`ROW_COLUMNS`, in the schema's order); the step's col
 (:data:`STAT_COLUMNS`) arrive as columns of their own when the step's statistics are gathered
 (:func:`apply_statistics`), which also fills the JSON entries.
 
+The ``tensor`` task names each tensor's file with :func:`tensor_file_name`: distinct dump names
+get distinct file names, and one name gets the same file name in every run and rank.
+
 >>> ROW_COLUMNS[:3], STAT_COLUMNS[0]
 (('seq', 'node', 'node_kind'), 'max')
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 import time
 import weakref
 from typing import Any, Callable, NamedTuple, Sequence
@@ -35,6 +40,54 @@ POS = tuple(str(i) for i in range(64))
 #: exact scalar types and their msprobe ``type`` (subclasses take the isinstance path)
 _SCALAR_TYPES = {int: "int", float: "float", bool: "bool", str: "str"}
 
+#: the longest tensor file name (without its extension) :func:`tensor_file_name` gives
+MAX_FILE_STEM = 160
+#: the longest slot suffix (``.input.0``, ``.kwarg.<key>``) kept whole in a cut name
+_MAX_TAIL = 48
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+#: what marks a name as hashed: a dash and 16 hex digits before a dot or the end
+_HASH_MARK = re.compile(r"-[0-9a-f]{16}(?:\.|$)")
+
+
+def tensor_file_name(node: str, slot: str, index: str) -> str:
+    """The file name (no extension) of the tensor ``index`` of ``slot`` of dump entry ``node``.
+
+    The name is ``<node>.<slot>.<index>`` itself when that is short and made of file-name-safe
+    characters only (``[A-Za-z0-9_.-]``, no ``..``, no leading dot). Otherwise the cleaned name
+    is cut to fit and a 16-hex-digit hash of the full name follows the node part, before the
+    slot suffix, which is always kept. Collision-free: two kept names differ as their dump names
+    do; a hashed name holds the hash mark (``-`` and 16 hex digits) that no kept name holds (a
+    dump name that looks like one is hashed too); two hashed names differ unless 64-bit BLAKE2b
+    hashes of different names collide. The same name gives the same file name in every run,
+    process and rank, so two dumps of one model pair up. The full name stays in dump.json,
+    whose ``data_name`` points at the file.
+
+    >>> tensor_file_name("Module.fc.Linear.forward.0", "input", "0")
+    'Module.fc.Linear.forward.0.input.0'
+    >>> tensor_file_name("Module.a_b.Linear.forward.0", "output", "0")
+    'Module.a_b.Linear.forward.0.output.0'
+    >>> tensor_file_name("Module.a/b.Linear.forward.0", "output", "0")
+    'Module.a_b.Linear.forward.0-d1338fc8fd0b71eb.output.0'
+    >>> len(tensor_file_name("Module." + "x" * 300 + ".Linear.forward.0", "input", "0"))
+    160
+    """
+    full = f"{node}.{slot}.{index}"
+    if (len(full) <= MAX_FILE_STEM and not _UNSAFE.search(full) and ".." not in full
+            and not full.startswith(".") and not _HASH_MARK.search(full)):
+        return full
+    digest = hashlib.blake2b(full.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    tail = _clean(f".{slot}.{index}")[:_MAX_TAIL]
+    head = _clean(node).lstrip(".")[:MAX_FILE_STEM - len(tail) - 17] or "_"
+    return f"{head}-{digest}{tail}"
+
+
+def _clean(text: str) -> str:
+    """``text`` with every character outside ``[A-Za-z0-9_.-]`` made ``_`` and no ``..`` left."""
+    text = _UNSAFE.sub("_", text)
+    while ".." in text:
+        text = text.replace("..", "._")
+    return text
+
 
 class Leaf(NamedTuple):
     """A tensor whose statistics come at the end of the step."""
@@ -49,7 +102,8 @@ class Leaf(NamedTuple):
 class RowBuilder:
     """Turns the values of one step into JSON entries and rows; :meth:`start_step` begins a step.
 
-    ``save(t, name)`` writes a tensor file and returns its name (the ``tensor`` task), or is None.
+    ``save(t, name)`` writes a tensor file named from ``name`` (a :func:`tensor_file_name`) and
+    returns its name (the ``tensor`` task), or is None.
     """
 
     def __init__(self, stats: StatsBackend, *, want_hash: bool,
@@ -150,7 +204,7 @@ class RowBuilder:
         if digest is not None:
             entry["md5"] = digest
         if self._save is not None:
-            file_name = self._save(t, f"{node}.{slot}.{index}")
+            file_name = self._save(t, tensor_file_name(node, slot, index))
             entry["data_name"] = file_name
         rows = self.rows
         self.leaves.append(Leaf(entry, handle_index, len(rows), meta.numel, meta.kind))

@@ -3,7 +3,9 @@
 A :class:`DumpSession` attaches an engine adapter's hooks to a model (``module`` level), to the
 framework's APIs (``api`` level) or both (``mix``), records every selected step and rank, and
 writes ``OUT/step{N}/rank{R}/dump.json, construct.json, stack.json`` (msprobe's format) plus
-the Arrow store under ``OUT/store`` as each step ends. Steps come from the optimizer
+the Arrow store under ``OUT/store`` as each step ends. With ``fsync="step"`` (the default) each
+finished step's files are also forced to disk, off the training thread; ``"never"`` leaves that
+to the operating system. Steps come from the optimizer
 (``auto_step=True``, the default) or from your own :func:`step` calls (``auto_step=False``).
 
 Example::
@@ -53,13 +55,14 @@ class DumpSession:
                  scope: str | None = None, names: Sequence[str] | str | None = None,
                  framework: str = "torch", auto_step: bool = True, store: Any = True,
                  rank: int | None = None, run: str | None = None, stack: bool = True,
-                 first_step: int | None = 0, quiet: bool = False, store_flush_s: float = 1.0) -> None:
+                 first_step: int | None = 0, quiet: bool = False, store_flush_s: float = 1.0,
+                 fsync: str = "step") -> None:
         if isinstance(names, str):
             names = [n for n in names.split(",") if n.strip()]
         self.config = DumpConfig(out=str(out), level=level, task=task,
                                  steps=_selection(steps, "--steps"), ranks=_selection(ranks, "--ranks"),
                                  scope=scope, names=names, stack=stack, run=run,
-                                 store_flush_s=store_flush_s)
+                                 store_flush_s=store_flush_s, fsync=fsync)
         self.model = model
         self.framework = framework
         self.auto_step = auto_step
@@ -86,7 +89,8 @@ class DumpSession:
         rank = self.adapter.rank() if self._rank_arg is None else int(self._rank_arg)
         if self._store_arg is True:
             from collectors.store import StoreWriter
-            self.store = StoreWriter(self.config.out, rank=rank, run=self.config.run)
+            self.store = StoreWriter(self.config.out, rank=rank, run=self.config.run,
+                                     fsync=self.config.fsync)
             self._own_store = True
         elif self._store_arg not in (None, False):
             self.store = self._store_arg

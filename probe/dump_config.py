@@ -37,12 +37,18 @@ class DumpConfig:
     #: 0 = every step). The msprobe files are always written every step; a crash loses at most
     #: this long of store records. Fast steps otherwise pay a Parquet segment per step.
     store_flush_s: float = 1.0
+    #: ``step``: each finished step's msprobe files (and tensor files) are forced to disk by the
+    #: writer thread; ``never``: left to the operating system (``--fsync``)
+    fsync: str = "step"
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
             raise ProbeError(f"--level {self.level!r}: use one of {', '.join(LEVELS)}")
         if self.task not in TASKS:
             raise ProbeError(f"--task {self.task!r}: use one of {', '.join(TASKS)}")
+        from collectors.store import FSYNC_MODES
+        if self.fsync not in FSYNC_MODES:
+            raise ProbeError(f"--fsync {self.fsync!r}: use one of {', '.join(FSYNC_MODES)}")
         if self.scope:
             try:
                 re.compile(self.scope)

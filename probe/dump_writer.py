@@ -9,11 +9,17 @@ The queue (:class:`ground.background.BackgroundQueue`) holds at most :data:`QUEU
 (statistics and names, a few hundred KB a step): a disk that stalls for a moment (writeback, a
 shared volume) does not stall training, while a disk slower than training for good makes the
 training thread wait at the end of a step instead of holding unbounded memory.
+
+With ``fsync="step"`` the writer also forces each step to disk, on its own thread: the step's
+tensor files (written by the training thread as the step ran) before dump.json names them, then
+dump.json, construct.json, stack.json and the folders that hold them, so a power loss loses at
+most the step in flight, as it does for the store.
 """
 
 from __future__ import annotations
 
 import linecache
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,11 +28,14 @@ from collectors import msprobe_writer
 from engine_adapter.base import EngineAdapter
 from ground.background import BackgroundQueue
 from probe.dump_config import DumpConfig
-from probe.dump_rows import Leaf, TensorTables, apply_statistics
+from probe.dump_rows import ROW_COLUMNS, Leaf, TensorTables, apply_statistics
 from probe.dump_tree import CallTree, node_depths
 
 #: finished steps waiting for the writer at most
 QUEUE_STEPS = 16
+#: msprobe's files of a step, in the order :func:`collectors.msprobe_writer.write_step` writes them
+STEP_FILES = ("dump.json", "construct.json", "stack.json")
+_FILE_COLUMN = ROW_COLUMNS.index("tensor_file")
 
 
 @dataclass
@@ -98,16 +107,37 @@ class DumpWriter:
                 text = formatted[frames] = _format_frames(frames)
             stacks[name] = text
         config = self.config
+        folder = msprobe_writer.step_dir(config.out, b.step, self.rank)
         dump_data_dir = None
         if config.task == "tensor":
-            dump_data_dir = str(msprobe_writer.step_dir(config.out, b.step, self.rank) / "dump_tensor_data")
+            dump_data_dir = str(folder / "dump_tensor_data")
+            if config.fsync == "step":
+                files = [os.path.join(dump_data_dir, row[_FILE_COLUMN]) for row in b.rows
+                         if row[_FILE_COLUMN] is not None]
+                self._force_to_disk(b.step, files, [dump_data_dir] if files else [])
         msprobe_writer.write_step(config.out, step=b.step, rank=self.rank, data=b.data,
                                   construct=b.tree.construct, stacks=stacks, task=config.task,
                                   level=config.level, framework=self.adapter.framework,
                                   dump_data_dir=dump_data_dir, finite=True)
+        if config.fsync == "step":
+            self._force_to_disk(b.step, [str(folder / name) for name in STEP_FILES],
+                                [str(folder), str(folder.parent), config.out])
         self.steps_written.append(b.step)
         if self.store is not None:
             self._write_store(b, statistics, stacks)
+
+    def _force_to_disk(self, step: int, files: list[str], folders: list[str]) -> None:
+        """fsync ``files``, then ``folders`` (the renames and new entries that made them
+        visible). A failure is reported; the step is still written."""
+        try:
+            for path in (*files, *folders):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as e:
+            self.report_error(f"forcing step {step} to disk", e)
 
     def _write_store(self, b: StepBatch, statistics: dict[str, list], stacks: dict[str, list[str]]) -> None:
         from collectors.records import table_from_columns

@@ -62,7 +62,7 @@ def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | N
     options: dict[str, Any] = {"level": level, "task": task, "steps": steps, "ranks": ranks,
                                "scope": scope, "names": names, "stack": not no_stack}
     if script:
-        code = _run_script(list(script), framework, out, options, force)
+        code = _run_script(list(script), framework, out, options, force, fsync)
     else:
         if framework != "torch":
             raise ProbeError("--framework mindspore needs a SCRIPT (probe dump --framework mindspore "
@@ -88,7 +88,7 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
                          f"use --max-steps {needed} or more")
     from probe.dump_callback import DumpCallback
 
-    dump = CallbackSpec(DumpCallback, {**options, "out": out})
+    dump = CallbackSpec(DumpCallback, {**options, "out": out, "fsync": fsync})
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc, max_steps=max(max_steps or 0, needed),
                    seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(dump,),
                    owner="dump", force=force, fsync=fsync)
@@ -98,13 +98,13 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
 
 
 def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any],
-                force: bool) -> int:
+                force: bool, fsync: str) -> int:
     from probe.dump import DumpSession
     from probe.script import check_script, run_script
 
     check_script(argv)
     _claim(out, force)
-    session = DumpSession(None, out=out, framework=framework, auto_step=True, **options)
+    session = DumpSession(None, out=out, framework=framework, auto_step=True, fsync=fsync, **options)
     session.start()
     try:
         code = run_script(argv, "finished steps are written")

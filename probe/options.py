@@ -55,8 +55,9 @@ def fsync_option(func: Callable) -> Callable:
     """``--fsync step|never``: force each finished step's records to disk (default step)."""
     return click.option("--fsync", type=click.Choice(["step", "never"]), default="step",
                         show_default=True,
-                        help="step: each finished step's store segments are forced to disk (a "
-                             "power loss loses at most the step in flight); never: left to the OS.")(func)
+                        help="step: each finished step's files (store segments, and a dump's "
+                             "msprobe and tensor files) are forced to disk, so a power loss loses "
+                             "at most the step in flight; never: left to the OS.")(func)
 
 
 def force_option(func: Callable) -> Callable:

@@ -1,4 +1,4 @@
-"""The diff graph: two hierarchy graphs, their matched node pairs, states, search and filters.
+"""The diff graph: two hierarchy graphs, their matched node pairs and each node's state.
 
 Built from a compare result (``compare.api.compare`` or ``compare.api.load_result``), or from one
 dump alone (no pairs; NaN/Inf still found). A node's state, its colour, is its own verdict in
@@ -6,7 +6,8 @@ the compare (:mod:`compare.verdict`); whether its divergence starts there or com
 (:func:`compare.localise.with_impact`) is told apart by :meth:`DiffGraph.impact`. A compare
 result of other dumps than the ones given is refused (:attr:`DiffGraph.refusal`). Everything
 is computed when first asked for: states of the nodes on screen, the worst state below a
-collapsed node, the filter list.
+collapsed node. Finding nodes (first divergence, first NaN, filters, search) is
+:mod:`visualizer.navigate`; what the detail panel shows of a node is :mod:`visualizer.detail`.
 
 >>> from visualizer.graph import Graph
 >>> g = Graph.load("/work/shared/data/msprobe/torch_L0")                      # doctest: +SKIP
@@ -19,14 +20,12 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ground.errors import ProbeError
 from visualizer import bands as B
-from visualizer.graph import Graph, TensorStat, dump_source, load_graph
+from visualizer.graph import GROUP, Graph, dump_source, load_graph
 from visualizer.pairs import PROXY_METHODS, NodePair, as_mapping, node_pairs, records
-from visualizer.search import find
 
 SIDES = ("a", "b")
 #: What the filter list can show.
@@ -35,27 +34,8 @@ FILTERS = ("error", "warning", "unmatched", "nan")
 STATES = frozenset({B.PASS, B.WARNING, B.ERROR, B.NAN, B.UNMATCHED})
 
 
-@dataclass
-class Detail:
-    """What the detail panel shows for a selected node."""
-
-    node_a: str | None
-    node_b: str | None
-    state: str
-    score: float | None
-    match_method: str
-    reason: str
-    impact: str = ""                      # origin | affected | ""
-    affected_by: tuple[str, str] | None = None
-    tensors_a: list[TensorStat] = field(default_factory=list)
-    tensors_b: list[TensorStat] = field(default_factory=list)
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    stack_a: list[str] = field(default_factory=list)
-    stack_b: list[str] = field(default_factory=list)
-    nonfinite: bool = False
-
-
-def _other(side: str) -> str:
+def other_side(side: str) -> str:
+    """The side facing ``side``: ``"b"`` for ``"a"`` and back."""
     return "b" if side == "a" else "a"
 
 
@@ -77,8 +57,10 @@ class DiffGraph:
                     held = self._pair[side].get(name)
                     if held is None or p.direct > held.direct:
                         self._pair[side][name] = p
-        self._rows = list(rows)
+        #: the compare's per-tensor rows (:mod:`visualizer.detail` shows a pair's)
+        self.rows = list(rows)
         self._rows_by: dict[tuple[str | None, str | None], list[dict]] | None = None
+        self._twins: dict[str, dict[str, str | None]] = {"a": {}, "b": {}}
         self._worst: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._band: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._state: dict[str, dict[str, str]] = {"a": {}, "b": {}}
@@ -110,21 +92,26 @@ class DiffGraph:
     @classmethod
     def from_dumps(cls, dump_a: str | os.PathLike | None, dump_b: str | os.PathLike | None = None,
                    compare_dir: str | os.PathLike | None = None,
-                   mapping: str | os.PathLike | None = None) -> "DiffGraph":
+                   mapping: str | os.PathLike | None = None, *, step: int | None = None,
+                   rank: int | None = None) -> "DiffGraph":
         """One dump; two dumps compared now with ``compare.api.compare``; or the result written
         by ``probe compare --out compare_dir`` (its dumps found from its summary when not given),
-        refused (:meth:`refused`) when its inputs' fingerprints are not those of the dumps."""
+        refused (:meth:`refused`) when its inputs' fingerprints are not those of the dumps.
+        ``step`` and ``rank`` choose among a dump folder's dumps (the lowest by default)."""
         if compare_dir is None:
             if dump_a is None:
                 raise ProbeError("give a dump (--dump A [B]) or a compare result (--compare DIR)")
             if dump_b is None:
-                return cls(load_graph(dump_a))
+                return cls(Graph.load(dump_a, step, rank))
         try:
             from compare import api
         except ImportError as e:
             raise ProbeError(f"compare is not available ({e}); open one dump at a time") from None
         if compare_dir is None:
-            return cls.from_result(api.compare(str(dump_a), str(dump_b), mapping=mapping), dump_a, dump_b)
+            if step is None and rank is None:
+                return cls.from_result(api.compare(str(dump_a), str(dump_b), mapping=mapping), dump_a, dump_b)
+            ga, gb = Graph.load(dump_a, step, rank), Graph.load(dump_b, step, rank)
+            return cls.from_result(api.compare(str(ga.source), str(gb.source), mapping=mapping), ga, gb)
         result = api.load_result(compare_dir)
         summary = as_mapping(getattr(result, "summary", None))
         dump_a = dump_a if dump_a is not None else summary.get("a")
@@ -133,12 +120,12 @@ class DiffGraph:
             raise ProbeError(f"{compare_dir}: the result does not name its dumps; give them too (--dump A B)")
         from compare.fingerprint import foreign_input
 
-        why = foreign_input(summary, {"a": dump_source(dump_a), "b": dump_source(dump_b)})
+        why = foreign_input(summary, {"a": dump_source(dump_a, step, rank), "b": dump_source(dump_b, step, rank)})
         if why:
             return cls.refused(f"{compare_dir}: this compare result belongs to other dumps: {why}. "
                                f"Compare these dumps (probe compare {dump_a} {dump_b} --out DIR) "
                                "and open that result.")
-        diff = cls.from_result(result, dump_a, dump_b)
+        diff = cls.from_result(result, Graph.load(dump_a, step, rank), Graph.load(dump_b, step, rank))
         if "inputs" not in summary:
             diff.summary.setdefault("notes", []).append(
                 "this compare result predates input fingerprints: not checked against the dumps")
@@ -162,11 +149,37 @@ class DiffGraph:
         return p if p and p.node_a and p.node_b and p.match_method not in PROXY_METHODS else None
 
     def counterpart(self, side: str, name: str) -> str | None:
-        """The matched node on the other side, if any."""
+        """The matched node on the other side, if any (for a group of top-level API calls: the
+        group that holds the counterpart of its first matched call)."""
         p = self._pair[side].get(name)
-        if p is None:
+        if p is not None:
+            return p.node_b if side == "a" else p.node_a
+        g = self.graphs[side]
+        if not self.paired or g is None or name not in g or g.nodes[name].kind != GROUP:
             return None
-        return p.node_b if side == "a" else p.node_a
+        memo = self._twins[side]
+        if name not in memo:
+            other = self.graph(other_side(side))
+            memo[name] = None
+            for kid in g.children(name):
+                twin = self.counterpart(side, kid)
+                if twin in other:
+                    top = (other.ancestors(twin) or [twin])[0]
+                    memo[name] = top if other.nodes[top].kind == GROUP else None
+                    break
+        return memo[name]
+
+    def pair(self, side: str, name: str) -> NodePair | None:
+        """The compare's pair of the node (its own, or a stand-in's), if any."""
+        return self._pair[side].get(name)
+
+    def metric_rows(self, node_a: str | None, node_b: str | None) -> list[dict[str, Any]]:
+        """The compare's per-tensor rows of the pair (``node_a``, ``node_b``)."""
+        if self._rows_by is None:
+            self._rows_by = {}
+            for r in self.rows:
+                self._rows_by.setdefault((r.get("node_a"), r.get("node_b")), []).append(r)
+        return self._rows_by.get((node_a, node_b), [])
 
     def score(self, side: str, name: str) -> float | None:
         """The pair's precision score: the compare result's, else computed from the statistics."""
@@ -190,7 +203,7 @@ class DiffGraph:
             result = B.NAN if self.nonfinite(side, name) else B.NONE
         elif p is not None and p.verdict:
             result = p.verdict if p.verdict in STATES else B.NONE
-        elif self._direct(side, name) and self.nonfinite(side, name) != self.nonfinite(_other(side), twin):
+        elif self._direct(side, name) and self.nonfinite(side, name) != self.nonfinite(other_side(side), twin):
             result = B.NAN
         else:
             result = self.band(side, name)
@@ -213,7 +226,7 @@ class DiffGraph:
         if p.origin:
             return "origin", None
         mine, theirs = (p.affected_a, p.affected_b) if side == "a" else (p.affected_b, p.affected_a)
-        for s, n in ((side, mine), (_other(side), theirs)):
+        for s, n in ((side, mine), (other_side(side), theirs)):
             if n and self.graphs[s] is not None and n in self.graph(s):
                 return "affected", (s, n)
         return "", None
@@ -276,16 +289,16 @@ class DiffGraph:
             for side in SIDES if self.paired else ("a",):
                 for root in self.graph(side).roots():
                     self.worst_below(side, root)
-            for side, n in self._in_order():
+            for side, n in self.in_order():
                 self.state(side, n)
-            self._search_index()
+            self.search_keys()
             self._warm.set()
 
     @property
     def warmed(self) -> bool:
         return self._warm.is_set()
 
-    def _in_order(self) -> list[tuple[str, str]]:
+    def in_order(self) -> list[tuple[str, str]]:
         """Every node in execution order: side a, then the nodes of side b left unmatched."""
         if self._order is None:
             out = [("a", n) for n in self.graph("a").walk()]
@@ -294,110 +307,12 @@ class DiffGraph:
             self._order = out
         return self._order
 
-    def first_divergence(self) -> tuple[str, str] | None:
-        """(side, node) where numerics first go wrong: the compare summary's, else the first
-        node in execution order whose band is ``error`` with no ``error`` below it."""
-        if not self.paired:
-            return None
-        named = self._summary_node("first_divergence")
-        if named:
-            return named
-        for side, n in self._in_order():
-            if side == "a" and self.band(side, n) == B.ERROR and self.worst_below(side, n) != B.ERROR:
-                return side, n
-        return None
-
-    def first_nan(self) -> tuple[str, str] | None:
-        """(side, node) of the first node in execution order with a NaN/Inf statistic."""
-        named = self._summary_node("first_nan")
-        if named:
-            return named
-        sides = SIDES if self.paired else ("a",)
-        for side in sides:
-            g = self.graph(side)
-            for n in g.walk():
-                if g.nonfinite(n) and not any(g.nonfinite(k) for k in g.children(n)):
-                    return side, n
-        return None
-
-    def _summary_node(self, key: str) -> tuple[str, str] | None:
-        v = self.summary.get(key)
-        if isinstance(v, Mapping):
-            named = [("a", v.get("a") or v.get("node_a")), ("b", v.get("b") or v.get("node_b"))]
-        elif isinstance(v, (list, tuple)) and v:
-            named = [("a", v[0]), ("b", v[1] if len(v) > 1 else v[0])]
-        else:
-            named = [("a", v), ("b", v)]
-        for side, name in named:
-            g = self.graphs[side]
-            if name and g is not None and name in g:
-                return side, str(name)
-        return None
-
-    def filter(self, kinds: Iterable[str]) -> list[tuple[str, str]]:
-        """Nodes in execution order whose state is in ``kinds`` (error, warning, unmatched,
-        nan); a ``nan`` node is listed on the side that holds the NaN/Inf."""
-        kinds = set(kinds)
-        out = []
-        for side, n in self._in_order():
-            st = self.state(side, n)
-            if st not in kinds:
-                continue
-            twin = self.counterpart(side, n)
-            if st == B.NAN and not self.nonfinite(side, n) and twin and self.nonfinite(_other(side), twin):
-                out.append((_other(side), twin))
-            else:
-                out.append((side, n))
-        return out
-
-    def search(self, query: str) -> list[tuple[str, str]]:
-        """Nodes whose name or label matches ``query`` (fuzzy, case-insensitive), execution order."""
-        keys = self._search_index()
-        return [keys[t] for t in find(query, keys)]
-
-    def _search_index(self) -> dict[str, tuple[str, str]]:
+    def search_keys(self) -> dict[str, tuple[str, str]]:
+        """Search text (name and label) of every node in execution order -> (side, node)."""
         if self._search_keys is None:
             self._search_keys = {f"{n} {self.graph(side).nodes[n].label}": (side, n)
-                                 for side, n in self._in_order()}
+                                 for side, n in self.in_order()}
         return self._search_keys
-
-    def reveal(self, side: str, name: str) -> dict[str, list[str]]:
-        """The nodes to expand on each side so that ``name`` and its counterpart are visible."""
-        out = {side: self.graph(side).ancestors(name), _other(side): []}
-        twin = self.counterpart(side, name)
-        if twin and twin in (self.graphs[_other(side)] or ()):
-            out[_other(side)] = self.graph(_other(side)).ancestors(twin)
-        return out
-
-    # -- detail -----------------------------------------------------------------------------
-
-    def _metric_rows(self, node_a: str | None, node_b: str | None) -> list[dict[str, Any]]:
-        if self._rows_by is None:
-            self._rows_by = {}
-            for r in self._rows:
-                self._rows_by.setdefault((r.get("node_a"), r.get("node_b")), []).append(r)
-        return self._rows_by.get((node_a, node_b), [])
-
-    def detail(self, side: str, name: str) -> Detail:
-        """Both sides' statistics, the pair's metrics, verdict with reason, and the stacks."""
-        twin = self.counterpart(side, name)
-        na, nb = (name, twin) if side == "a" else (twin, name)
-        p = self._pair[side].get(name)
-        state = self.state(side, name)
-        impact, source = self.impact(side, name)
-        ga, gb = self.graphs["a"], self.graphs["b"]
-        return Detail(
-            node_a=na, node_b=nb, state=state, score=self.score(side, name),
-            match_method=p.match_method if p else "",
-            reason=p.reason if p else ("no counterpart on the other side" if state == B.UNMATCHED else ""),
-            impact=impact, affected_by=source,
-            tensors_a=ga.tensors(na) if na and ga is not None else [],
-            tensors_b=gb.tensors(nb) if nb and gb is not None else [],
-            metrics=self._metric_rows(na, nb),
-            stack_a=ga.stack(na) if na and ga is not None else [],
-            stack_b=gb.stack(nb) if nb and gb is not None else [],
-            nonfinite=bool((na and ga is not None and ga.nonfinite(na))
-                           or (nb and gb is not None and gb.nonfinite(nb))))
 
     def counts(self) -> dict[str, int]:
         """Node verdicts: how many node pairs (a compare's nodes.parquet rows) have each."""
@@ -411,6 +326,6 @@ class DiffGraph:
         def verdict(p: NodePair) -> str:
             side, name = ("a", p.node_a) if p.node_a else ("b", p.node_b)
             return p.verdict or (self.state(side, name) if name in (self.graphs[side] or ()) else B.NONE)
-        return counts([r.get("verdict") for r in self._rows if r.get("verdict")],
+        return counts([r.get("verdict") for r in self.rows if r.get("verdict")],
                       [verdict(p) for p in self.pairs], [p.node_a for p in self.pairs],
                       [p.node_b for p in self.pairs])

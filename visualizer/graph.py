@@ -2,7 +2,10 @@
 
 Nodes are the modules (``Module.*``/``Cell.*``), APIs and collectives of an msprobe-format dump,
 nested as construct.json says; children are ordered by execution order and computed only when
-a node is first expanded, so a 10k-node dump opens at once. The graph is made of the dump's
+a node is first expanded, so a 10k-node dump opens at once. API calls made at the top level
+between modules are grouped, as msprobe's graph does, under ``Apis_Between_Modules.N`` nodes
+(kind ``group``), so a mix-level dump opens on the model's top modules. Data-flow edges join the
+node whose output a tensor is to the nodes that take it as input (:mod:`visualizer.dataflow`). The graph is made of the dump's
 tensor and node records (:data:`collectors.records.TENSOR`, :data:`collectors.records.NODE`), as
 :func:`collectors.msprobe_reader.read_msprobe_dump` reads them; a node's statistics (inputs,
 kwargs, outputs, parameters, parameter gradients) become :class:`TensorStat` when first looked at.
@@ -27,6 +30,11 @@ import pyarrow as pa
 from collectors.msprobe_layout import find_dump, find_dump_files, parse_node_name
 from collectors.msprobe_reader import read_msprobe_dump
 from collectors.store import STORE_DIRNAME, read_step
+from visualizer.dataflow import Edge, flow_edges
+
+#: Kind and class name of the node that groups top-level API calls between two modules.
+GROUP = "group"
+GROUP_NAME = "Apis_Between_Modules"
 
 
 @dataclass(frozen=True)
@@ -56,21 +64,13 @@ class TensorStat:
         return bool(self.nan_count or self.inf_count) or any(
             v is not None and not math.isfinite(v) for v in (self.max, self.min, self.mean, self.norm))
 
-    @property
-    def signature(self) -> tuple | None:
-        """Identity of the tensor's values, used to follow data from one node to the next."""
-        if self.dtype is None or self.max is None or self.norm is None:
-            return None
-        stats = tuple("nan" if v != v else v for v in (self.max, self.min, self.mean, self.norm))
-        return (self.dtype, self.shape) + stats     # NaN equal to NaN: a NaN output still flows
-
 
 @dataclass
 class Node:
     """One module, API or collective call."""
 
     name: str
-    kind: str                      # module | api | comm
+    kind: str                      # module | api | comm | group
     direction: str                 # forward | backward | ""
     class_name: str
     path: str                      # module path ("layers.0.attn") or API name ("Tensor.__mul__")
@@ -82,19 +82,11 @@ class Node:
     def label(self) -> str:
         """Short display text: ``layers.0.attn (Attention) fwd`` or ``Tensor.__mul__.3 fwd``."""
         arrow = {"forward": "fwd", "backward": "bwd"}.get(self.direction, "")
+        if self.kind == GROUP:
+            return f"{self.path} ({len(self.children)} calls)"
         if self.kind == "module":
             return f"{self.path} ({self.class_name}) {arrow}".strip()
         return f"{self.path} {arrow}".strip()
-
-
-@dataclass(frozen=True)
-class Edge:
-    """Data flow between two sibling nodes (``kind`` "data": an output seen as a later input;
-    "order": execution order, where no shared tensor was found)."""
-
-    src: str
-    dst: str
-    kind: str
 
 
 def parse_name(name: str) -> tuple[str, str, str, str]:
@@ -138,7 +130,7 @@ class Graph:
         self._stack_ref: dict[str, str] = {}
         self._grads: dict[str, str] = {}          # node name -> its parameters_grad entry name
         self._tensors: dict[str, list[TensorStat]] = {}
-        self._edges: dict[str | None, list[Edge]] = {}
+        self._flow: list[Edge] | None = None
         self._indexed = False
         self._roots: list[str] = []
         self._walk: list[str] | None = None
@@ -217,8 +209,34 @@ class Graph:
         for node in self.nodes.values():
             node.children.sort(key=key)
         roots.sort(key=key)
-        self._roots = roots
+        self._roots = self._group_apis(roots)
         self._indexed = True
+
+    def _group_apis(self, roots: list[str]) -> list[str]:
+        """Put each run of top-level API calls between modules under one group node (only when
+        modules sit at the top level too: a dump of APIs alone stays flat)."""
+        if all(self.nodes[r].kind == "module" for r in roots) or not any(
+                self.nodes[r].kind == "module" for r in roots):
+            return roots
+        out: list[str] = []
+        run: list[str] = []
+        for name in roots + [None]:
+            if name is not None and self.nodes[name].kind != "module":
+                run.append(name)
+                continue
+            if run:
+                group = Node(name=f"{GROUP_NAME}.{sum(self.nodes[r].kind == GROUP for r in out)}",
+                             kind=GROUP, direction="", class_name=GROUP_NAME, path="",
+                             order=self.nodes[run[0]].order, children=run)
+                group.path = group.name
+                self.nodes[group.name] = group
+                for member in run:
+                    self.nodes[member].parent = group.name
+                out.append(group.name)
+                run = []
+            if name is not None:
+                out.append(name)
+        return out
 
     def roots(self) -> list[str]:
         """Top-level nodes in execution order."""
@@ -236,6 +254,7 @@ class Graph:
 
     def ancestors(self, name: str) -> list[str]:
         """Ancestors of ``name``, outermost first."""
+        self._index()
         out = []
         parent = self.nodes[name].parent
         while parent and parent not in out:
@@ -293,40 +312,41 @@ class Graph:
         """The call stack msprobe recorded for the node (empty when none)."""
         return self._stacks.get(self._stack_ref.get(name, ""), [])
 
-    def edges(self, parent: str | None = None) -> list[Edge]:
-        """Data-flow edges among the children of ``parent`` (``None``: among the roots).
-
-        A child's input whose statistics equal an earlier sibling's output is that output: the
-        edge goes from the producer to the consumer. A child fed by no sibling is linked to the
-        previous one in execution order.
-        """
-        if parent in self._edges:
-            return self._edges[parent]
-        kids = self.roots() if parent is None else self.children(parent)
-        producers: dict[tuple, str] = {}
-        edges: list[Edge] = []
-        for i, kid in enumerate(kids):
-            tensors = self.tensors(kid)
-            srcs = []
-            for t in tensors:
-                if t.slot in ("input", "kwarg"):
-                    sig = t.signature
-                    src = producers.get(sig) if sig else None
-                    if src and src != kid and src not in srcs:
-                        srcs.append(src)
-            edges.extend(Edge(s, kid, "data") for s in srcs)
-            if not srcs and i > 0:
-                edges.append(Edge(kids[i - 1], kid, "order"))
-            for t in tensors:
-                if t.slot == "output" and t.signature:
-                    producers[t.signature] = kid
-        self._edges[parent] = edges
-        return edges
+    def flow(self) -> list[Edge]:
+        """Every data-flow edge of the dump, between the deepest nodes that touch each tensor
+        (:func:`visualizer.dataflow.flow_edges`), computed on first use."""
+        if self._flow is None:
+            self._index()
+            edges = flow_edges(self._records, {n: node.parent for n, node in self.nodes.items()})
+            self._flow = [e for e in edges if e.src in self.nodes and e.dst in self.nodes]
+        return self._flow
 
     def neighbours(self, name: str) -> tuple[list[str], list[str]]:
-        """The siblings that feed ``name`` and those it feeds (its data-flow edges)."""
-        edges = self.edges(self.nodes[name].parent)
-        return ([e.src for e in edges if e.dst == name], [e.dst for e in edges if e.src == name])
+        """The nodes that feed ``name`` and those it feeds, each lifted to its outermost ancestor
+        that does not hold ``name`` (a sibling of ``name`` or of one of its ancestors)."""
+        mine = set(self.ancestors(name)) | {name}
+        ins: list[str] = []
+        outs: list[str] = []
+        for e in self.flow():
+            src_in, dst_in = self.within(e.src, name), self.within(e.dst, name)
+            if src_in == dst_in:
+                continue
+            other = e.src if dst_in else e.dst
+            chain = self.ancestors(other) + [other]
+            lifted = next(n for n in chain if n not in mine)
+            found = ins if dst_in else outs
+            if lifted not in found:
+                found.append(lifted)
+        return ins, outs
+
+    def within(self, node: str, root: str) -> bool:
+        """Whether ``node`` is ``root`` or one of its descendants."""
+        while node is not None:
+            if node == root:
+                return True
+            held = self.nodes.get(node)
+            node = held.parent if held else None
+        return False
 
     def __len__(self) -> int:
         return len(self.nodes)

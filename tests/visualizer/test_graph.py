@@ -1,4 +1,5 @@
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,37 @@ def test_node_statistics_cover_inputs_outputs_parameters_and_parameter_grads():
 
 
 @needs_data
-def test_data_flow_edges_follow_an_output_into_the_sibling_that_consumes_it():
+def test_data_flow_edges_follow_an_output_into_the_node_that_consumes_it():
     g = Graph.load(DATA / "torch_llama_mix")
-    edges = g.edges("Module.layers.0.Block.forward.0")
-    assert ("Module.layers.0.input_norm.RMSNorm.forward.0", "Module.layers.0.attn.Attention.forward.0", "data") in [
-        (e.src, e.dst, e.kind) for e in edges]
+    flow = g.flow()
+    norm, attn = "Module.layers.0.input_norm.RMSNorm.forward.0", "Module.layers.0.attn.Attention.forward.0"
+    into_attn = [e for e in flow if g.within(e.dst, attn) and not g.within(e.src, attn)]
+    assert into_attn and all(g.within(e.src, norm) for e in into_attn)
+    # every edge joins two nodes that hold the same tensor: an output and a later input
+    def same(t):
+        return (t.dtype, math.prod(t.shape or ()), t.max, t.min, t.mean, t.norm)
+    for e in flow:
+        out = {same(t) for t in g.tensors(e.src) if t.slot == "output"}
+        assert out & {same(t) for t in g.tensors(e.dst) if t.slot in ("input", "kwarg")}, e
+
+
+@needs_data
+def test_a_node_fed_by_no_recorded_tensor_has_no_incoming_edge():
+    g = Graph.load(DATA / "torch_llama_mix")
+    first = g.walk()[0]
+    assert not [e for e in g.flow() if e.dst == first] and g.neighbours(first)[0] == []
+
+
+@needs_data
+def test_top_level_api_calls_between_modules_are_grouped_and_modules_stay_on_top():
+    g = Graph.load(DATA / "torch_llama_mix")
+    groups = [r for r in g.roots() if g.nodes[r].kind == "group"]
+    assert groups and all(g.nodes[r].kind in ("module", "group") for r in g.roots())
+    members = g.children(groups[0])
+    assert members and all(g.nodes[m].kind != "module" and g.nodes[m].parent == groups[0] for m in members)
+    assert g.ancestors(members[0]) == [groups[0]]
+    assert g.nodes[groups[0]].label == f"{groups[0]} ({len(members)} calls)"
+    assert sorted(g.walk()) == sorted(g)
 
 
 @needs_data

@@ -8,6 +8,7 @@ from collectors.sql_sandbox import run_untrusted
 from collectors.store import StoreWriter
 from ground.errors import ProbeError
 from tests.conftest import run_probe
+from visualizer.navigate import first_divergence
 from web.app import create_app
 from web.pages.live import LiveSource, series
 from web.pages.query import LIMITS, quick_chart
@@ -70,7 +71,7 @@ def test_a_compare_result_alone_opens_the_dumps_it_names(tmp_path, msprobe_data)
     compare(str(msprobe_data / "torch_L0"), str(msprobe_data / "mindspore_L0")).write(tmp_path / "cmp")
     diff = create_app(compare_dir=tmp_path / "cmp").probe_diff
     assert diff.paired and diff.counterpart("a", "Module.embed.Linear.forward.0") == "Cell.embed.Dense.forward.0"
-    assert diff.counts()["error"] == 0 and diff.first_divergence() is None
+    assert diff.counts()["error"] == 0 and first_divergence(diff) is None
 
 
 def test_live_page_with_an_unreachable_monitor_reports_it_instead_of_failing():

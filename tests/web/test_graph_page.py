@@ -14,6 +14,7 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 from tests.web.conftest import wait_for
 from visualizer.diff import DiffGraph, NodePair
 from visualizer.graph import Graph
+from visualizer.navigate import first_divergence
 from visualizer.synthetic import write_dump_pair
 from web.app import create_app
 
@@ -108,7 +109,7 @@ def test_graph_diff_page_expands_selects_searches_filters_and_jumps(browser, ser
     wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, f"#g-tree-a .row[data-node='{FAULTY}']"),
              what="collapsed")
     browser.find_element(By.ID, "g-jump").click()
-    first = diff.first_divergence()[1]
+    first = first_divergence(diff)[1]
     wait_for(lambda: selected(browser, "a") == first, what="jump to first divergence")
     assert diff.graph("a").nodes[first].parent == FAULTY
     assert "band-error" in row(browser, "a", first).get_attribute("class")

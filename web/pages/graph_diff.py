@@ -20,7 +20,9 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from compare.verdict import format_counts
 from visualizer import bands as B
-from visualizer.diff import FILTERS, Detail, DiffGraph
+from visualizer.detail import Detail, detail
+from visualizer.diff import FILTERS, DiffGraph
+from visualizer.navigate import filter_nodes, first_divergence, first_nan, reveal, search
 
 SIDE_TITLE = {"a": "A", "b": "B"}
 FILTER_CAP = 500
@@ -188,7 +190,7 @@ def _metrics_table(rows: list[dict]) -> list:
 
 
 def render_detail(diff: DiffGraph, side: str, name: str) -> list:
-    d = diff.detail(side, name)
+    d = detail(diff, side, name)
     head = [html.Div([html.B("A: "), d.node_a or "—"]), ]
     if diff.paired:
         head.append(html.Div([html.B("B: "), d.node_b or "—"]))
@@ -274,7 +276,7 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
             else:
                 target = (side, name)
         elif trig in ("g-prev", "g-next", "g-search"):
-            hits = diff.search(query or "")
+            hits = search(diff, query or "")
             if not hits:
                 state["hit"] = -1
                 hit_text = "no match" if (query or "").strip() else ""
@@ -288,16 +290,16 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
                 target = hits[i]
                 hit_text = f"{i + 1}/{len(hits)}"
         elif trig == "g-jump":
-            target = diff.first_divergence()
+            target = first_divergence(diff)
             if target is None:
                 hit_text = "no divergence found"
         elif trig == "g-jump-nan":
-            target = diff.first_nan()
+            target = first_nan(diff)
             if target is None:
                 hit_text = "no NaN/Inf found"
         if target is not None:
             sel = target
-            for s, names in diff.reveal(*target).items():
+            for s, names in reveal(diff, *target).items():
                 exp[s] = list(dict.fromkeys(exp[s] + names))
         state.update(exp=exp, sel=list(sel) if sel else None)
         trees = [render_rows(diff, s, set(exp[s]), sel) for s in sides]
@@ -316,7 +318,7 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
                   Input("g-filter", "value"))
     def on_filter(kinds):
         diff.warm()
-        found = diff.filter(kinds or [])
+        found = filter_nodes(diff, kinds or [])
         items = [{"s": side, "n": name, "l": f"{SIDE_TITLE[side]} · {diff.graph(side).nodes[name].label}",
                   "c": f"flt band-{diff.state(side, name)}"} for side, name in found[:FILTER_CAP]]
         note = f"{len(found)} node(s)" + (f", first {FILTER_CAP} shown" if len(found) > FILTER_CAP else "")
@@ -329,9 +331,9 @@ def register(app: Dash, diff: DiffGraph | None) -> None:
         parts = []
         if diff.paired:
             parts.append(format_counts(diff.labelled_counts(), sep=" · "))
-            first = diff.first_divergence()
+            first = first_divergence(diff)
             parts.append(f"first divergence: {first[1] if first else 'none'}")
-        first_nan = diff.first_nan()
+        first_nan = first_nan(diff)
         parts.append(f"first NaN: {first_nan[1] if first_nan else 'none'}")
         return " · ".join(parts + s.get("notes", []))
 

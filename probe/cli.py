@@ -26,6 +26,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "monitor": ("probe.commands.monitor", "Live monitor service: serve, status, trace."),
     "web": ("probe.commands.web", "Serve the dashboard: graph diff, live cluster, timeline, SQL."),
     "query": ("probe.commands.query", "Run DuckDB SQL over a run's record store."),
+    "check-api": ("probe.commands.check_api", "Replay recorded API calls against a high-precision golden."),
     "demo": ("probe.commands.demo", "The main job: train, monitor, dump, compare, then the dashboard."),
 }
 

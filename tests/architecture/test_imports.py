@@ -21,6 +21,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("engine_adapter",),    # attaching to PyTorch / MindSpore; the training-callback interface
     ("profiler",),          # mstx, profiling sessions, FLOPs
     ("compare",),           # loading, matching, metrics, verdicts of two dumps
+    ("checker",),           # API precision check: replay recorded calls on a golden, grade them (torch)
     ("visualizer",),        # hierarchy graph and diff model for the UI
     ("monitor",),           # the gRPC service and the per-rank agent that speaks its protocol
     ("engine",),            # the bundled engine: models, training loop, launcher, faults

@@ -1,0 +1,177 @@
+"""Replaying one recorded API call on a trusted backend in higher precision, and grading it.
+
+:func:`check_call` takes a call's API name, its inputs as they were at the call (tensors
+loaded, or live tensors in an online check) and its measured outputs:
+
+1. a call that cannot be replayed faithfully is skipped with the reason in words
+   (:func:`checker.apis.skip_reason`: random, in-place, communication, uninitialised memory;
+   an API this framework does not have; a tensor the dump did not save);
+2. every floating input is cast to the golden dtype on the golden device (integers and bools
+   stay as they are), a floating ``dtype=`` argument is raised to the golden dtype too (except
+   in casts: ``x.to(torch.bfloat16)`` stays a cast), devices become the golden device;
+3. the framework's own function (never a dump's or a planted fault's wrapper in front of it)
+   runs with autocast off and gradients off;
+4. for a matmul-like or summing call the same call runs on the inputs' absolute values: the
+   magnitude of the terms, the scale of the accumulation error (:mod:`checker.standards`);
+5. :func:`checker.grade.grade` grades each measured output against the golden.
+
+>>> import torch
+>>> x = torch.randn(4, 8)
+>>> w = torch.randn(3, 8)
+>>> row = check_call("Functional.linear", [x, w], {}, [torch.nn.functional.linear(x, w)], GOLDENS["cpu-fp64"])
+>>> row["verdict"], row["k"]
+('pass', 8)
+>>> check_call("Functional.dropout", [x], {}, [x], GOLDENS["cpu-fp64"])["reason"]
+'random: dropout draws new random numbers on every call'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from checker.apis import ABS_REPLAYABLE, family_and_attr, op_class, reduction_length, resolve, skip_reason
+from checker.grade import METRICS, grade
+from checker.standards import standard
+from ground.errors import ProbeError
+
+
+@dataclass(frozen=True)
+class Golden:
+    """Where and in what precision the golden runs."""
+
+    name: str
+    device: str
+    dtype: torch.dtype
+
+
+GOLDENS = {
+    "cpu-fp64": Golden("cpu-fp64", "cpu", torch.float64),
+    "cpu-fp32": Golden("cpu-fp32", "cpu", torch.float32),
+    "cuda-fp64": Golden("cuda-fp64", "cuda", torch.float64),
+}
+
+#: casts: their dtype argument is what they do, not a precision to raise
+_CASTS = {"to", "type", "type_as", "float", "half", "bfloat16", "double", "int", "long", "bool",
+          "view", "view_as"}
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def golden(name: str) -> Golden:
+    """The golden backend called ``name`` (``cpu-fp64``, ``cpu-fp32``, ``cuda-fp64``)."""
+    g = GOLDENS.get(name)
+    if g is None:
+        raise ProbeError(f"--golden {name!r}: use one of {', '.join(GOLDENS)}")
+    if g.device == "cuda" and not torch.cuda.is_available():
+        raise ProbeError(f"--golden {name}: CUDA is not available on this machine; use --golden cpu-fp64")
+    return g
+
+
+def row_for(api: str, verdict: str, reason: str, **fields: Any) -> dict[str, Any]:
+    """One result row (the columns of :data:`checker.report.COLUMNS` that a check sets)."""
+    row = {"api": api, "op": op_class(api), "dtype": None, "shape": None, "k": None,
+           "verdict": verdict, "reason": reason, **dict.fromkeys(METRICS)}
+    row.update(fields)
+    return row
+
+
+def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
+               missing: str | None = None) -> dict[str, Any]:
+    """Replay one call of ``api`` and grade ``measured`` (its recorded outputs); see the
+    module docstring. Returns a result row."""
+    reason = skip_reason(api, kwargs.keys() if isinstance(kwargs, dict) else ())
+    if reason is not None:
+        return row_for(api, "skipped", reason)
+    if missing is not None:
+        return row_for(api, "skipped", f"not replayable: the dump holds no tensor file {missing!r} "
+                                       "(dump with --task tensor)")
+    fn = resolve(api)
+    if fn is None:
+        return row_for(api, "skipped", f"not replayable: this PyTorch has no {api}")
+    outs = flat_tensors(measured)
+    if not outs:
+        return row_for(api, "skipped", "not graded: the call returned no tensor")
+    first = outs[0]
+    k = reduction_length(api, args, kwargs, first)
+    std = standard(api, str(first.dtype), k)
+    in_dtype = _most_precise_input(args, kwargs)
+    attr = family_and_attr(api)[1]
+    opmath = torch.float64 if first.dtype == torch.float64 else torch.float32
+    g_args, g_kwargs = _to_golden(args, gold, attr, opmath), _to_golden(kwargs, gold, attr, opmath)
+    try:
+        gold_out = flat_tensors(_run(fn, g_args, g_kwargs, gold))
+        terms = None
+        if attr.rstrip("_") in ABS_REPLAYABLE and std.op in ("matmul", "reduction"):
+            terms = flat_tensors(_run(fn, _absolute(g_args), _absolute(g_kwargs), gold))
+    except Exception as e:  # noqa: BLE001 - any failure of the replay is a skip with its reason
+        msg = str(e).splitlines()[0] if str(e) else ""
+        return row_for(api, "skipped", f"not replayable on {gold.name}: {type(e).__name__}: {msg[:160]}",
+                       dtype=str(first.dtype), shape=list(first.shape), k=k)
+    result = grade([o.detach().cpu() for o in outs], [o.detach().cpu() for o in gold_out],
+                   [t.detach().cpu() for t in terms] if terms is not None else None, std, in_dtype)
+    return row_for(api, result.verdict, result.reason, dtype=str(first.dtype), shape=list(first.shape),
+                   k=k, **result.metrics)
+
+
+def _run(fn: Any, args: list, kwargs: dict, gold: Golden) -> Any:
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        if gold.device == "cuda":
+            with torch.autocast("cuda", enabled=False):
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+
+def flat_tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors of ``x`` (a tensor, or nested tuples/lists of them), in order."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in flat_tensors(v)]
+    return []
+
+
+def _most_precise_input(args: Any, kwargs: Any) -> str | None:
+    best = None
+    for t in flat_tensors([args, list(kwargs.values()) if isinstance(kwargs, dict) else []]):
+        if t.is_floating_point() and (best is None or torch.finfo(t.dtype).eps < torch.finfo(best).eps):
+            best = t.dtype
+    return str(best) if best is not None else None
+
+
+def _to_golden(x: Any, gold: Golden, attr: str, opmath: torch.dtype) -> Any:
+    """``x`` on the golden backend; a Python float as the kernel sees it (rounded to the
+    float32 it computes in, unless it computes in float64)."""
+    if type(x) is float:
+        return float(torch.tensor(x, dtype=opmath)) if opmath != torch.float64 else x
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.dtype in _FLOATS:
+            return t.to(device=gold.device, dtype=gold.dtype)
+        return t.to(device=gold.device)
+    if isinstance(x, torch.dtype):
+        return gold.dtype if x in _FLOATS and attr not in _CASTS else x
+    if isinstance(x, torch.device):
+        return torch.device(gold.device)
+    if isinstance(x, list):
+        return [_to_golden(v, gold, attr, opmath) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_to_golden(v, gold, attr, opmath) for v in x)
+    if isinstance(x, dict):
+        return {k: (gold.device if k == "device" and isinstance(v, str) else _to_golden(v, gold, attr, opmath))
+                for k, v in x.items()}
+    return x
+
+
+def _absolute(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.abs() if x.is_floating_point() else x
+    if isinstance(x, list):
+        return [_absolute(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_absolute(v) for v in x)
+    if isinstance(x, dict):
+        return {k: (abs(v) if k in ("alpha", "beta") and isinstance(v, (int, float)) else _absolute(v))
+                for k, v in x.items()}
+    return x

@@ -1,0 +1,125 @@
+"""Measure this machine for the time model: ``probe simulate --calibrate``.
+
+Three curves, each the median time of many calls at growing sizes, on the threads torch uses
+now (the CPU) or on the current CUDA device, and one figure from a real training loop:
+
+1. ``matmul``: ``torch.mm`` of square matrices per dtype, as (FLOPs, seconds) points;
+2. ``memory``: ``x + y`` (two reads, one write, one fresh output, as most ops do), as
+   (bytes moved, seconds) points;
+3. ``view_s``: a metadata-only op (``x.view(-1)``), the cost of an op that moves nothing;
+4. ``op_overhead_s``: what an eager training loop spends per op beyond the op itself (Python,
+   module calls, autograd bookkeeping, the optimizer's loop): a small MLP trained with AdamW is
+   timed for real, then simulated with each of its ops replayed alone
+   (:mod:`simulator.replay`); the difference per traced op.
+
+Sizes grow until one call takes longer than ``max_call_s``. On a CPU with one thread the clock
+is the thread's own CPU time (``time.thread_time``), so other work on a shared machine does
+not count; otherwise wall time (synchronised on CUDA). The result is a
+:class:`~simulator.devices.Device` whose peak FLOP/s and bandwidth are the best measured, saved
+in the user cache (:func:`simulator.devices.save_calibrated`) by the command.
+
+>>> dev = calibrate("cpu", max_call_s=0.002, min_time_s=0.002)
+>>> dev.name, dev.source.startswith("calibrated"), len(dev.curves["memory"]) > 2
+('cpu', True, True)
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import torch
+
+from ground.errors import ProbeError
+from simulator.clock import Timer, clock_name, timer_for
+from simulator.devices import Device
+
+MATMUL_SIZES = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
+ELEMENTS = tuple(4 ** k for k in range(2, 14))          # 16 .. 64M elements
+
+
+def calibrate(device: str = "cpu", *, max_call_s: float = 0.05, min_time_s: float = 0.02) -> Device:
+    """Measure ``device`` (``cpu`` or ``cuda``); see the module docstring."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ProbeError(f"--calibrate on {device}: CUDA is not available on this machine")
+    dev = torch.device(device)
+    timer = timer_for(dev, min_time_s)
+    dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if dev.type == "cuda" else [])
+    matmul: dict[str, list[list[float]]] = {}
+    for dtype in dtypes:
+        points = []
+        for n in MATMUL_SIZES:
+            a = torch.randn(n, n, device=dev, dtype=dtype)
+            b = torch.randn(n, n, device=dev, dtype=dtype)
+            seconds = timer(lambda: torch.mm(a, b))
+            points.append([2.0 * n ** 3, seconds])
+            if seconds > max_call_s:
+                break
+        matmul[str(dtype).replace("torch.", "")] = points
+    memory = []
+    for n in ELEMENTS:
+        x = torch.randn(n, device=dev)
+        y = torch.randn(n, device=dev)
+        seconds = timer(lambda: x + y)
+        memory.append([3.0 * 4 * n, seconds])
+        if seconds > max_call_s:
+            break
+    view_s = timer(lambda: x.view(-1))
+    curves = {"matmul": matmul, "memory": memory, "view_s": view_s, "clock": clock_name(dev),
+              "threads": torch.get_num_threads() if dev.type == "cpu" else None}
+    curves["op_overhead_s"] = _op_overhead(dev, curves, timer)
+    return _device(dev, curves)
+
+
+def _op_overhead(dev: torch.device, curves: dict, timer: Timer) -> float:
+    """Seconds per op a real eager training step spends beyond its ops' curve times."""
+    from simulator.fake_run import FakeRun
+    from simulator.replay import replay_seconds
+    from simulator.timing import op_seconds, phase_seconds
+
+    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+        layers = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU())
+                  for _ in range(4)]
+        model = torch.nn.Sequential(*layers).to(dev)
+        return model, torch.optim.AdamW(model.parameters(), foreach=False), torch.randn(16, 64, device=dev)
+
+    def step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    model, opt, x = build()
+    real = timer(lambda: step(model, opt, x))
+    with FakeRun(max_steps=2, signatures=True) as run:
+        fake = build()
+        while True:
+            step(*fake)
+    probe = Device(name="probe", kind=dev.type, memory_bytes=0, peak_flops={}, memory_bw=1.0,
+                   link_intra_bw=1.0, link_inter_bw=1.0, ranks_per_node=1, link_latency_s=0.0,
+                   launch_s=0.0, curves={**curves, "op_overhead_s": 0.0})
+    trace = run.tracer.trace
+    seconds = op_seconds(trace, probe, replay_seconds(trace, probe, cache=False))
+    predicted = sum(phase_seconds(trace, seconds, 1).values())
+    ops = sum(1 for s in trace.op_step if s == 1)
+    return max(0.0, (real - predicted) / ops)
+
+
+def _device(dev: torch.device, curves: dict) -> Device:
+    peaks = {dtype: max(f / s for f, s in points) for dtype, points in curves["matmul"].items()}
+    bandwidth = max(b / s for b, s in curves["memory"])
+    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        name, memory = props.name, props.total_memory
+        where = f"{name}, calibrated {stamp}"
+    else:
+        import psutil
+
+        name, memory = "cpu", psutil.virtual_memory().total
+        where = f"calibrated {stamp} on {platform.node()} with {curves['threads']} threads"
+    return Device(name=name, kind=dev.type, memory_bytes=int(memory), peak_flops=peaks,
+                  memory_bw=bandwidth, link_intra_bw=bandwidth, link_inter_bw=bandwidth,
+                  ranks_per_node=os.cpu_count() or 1, link_latency_s=curves["memory"][0][1],
+                  launch_s=curves["memory"][0][1],
+                  source=where if where.startswith("calibrated") else f"calibrated: {where}",
+                  curves=curves)

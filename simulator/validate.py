@@ -1,0 +1,173 @@
+"""Predicted against measured: the bundled engine simulated, then run for real on this machine.
+
+One rank, the preset as it is, float32. On the CPU:
+
+- **peak memory**: the level-2 peak (the CPU allocator: requested bytes, plus kernel
+  workspaces) against the peak of the bytes the c10 CPU allocator holds, read from
+  ``torch.profiler``'s memory events (``profile_memory=True``: every allocation and free the
+  allocator reports, summed in time order), over the same two steps; within 10%;
+- **step time** (needs ``--calibrate``): the level-3 step time against the median of the real
+  steps after the first, each timed by a training callback from ``on_step_start`` to
+  ``on_step_end`` on the calibration's clock (a thread's CPU time when torch runs one thread,
+  so other work on a shared machine does not count); within 30%.
+
+On CUDA, where a GPU is present (else no checks, and the caller says it skipped): peak from
+``torch.cuda.max_memory_allocated`` against the level-2 *allocated* peak on the GPU's device
+entry, within 10%; the engine's own ``step_time_ms`` (wall) against level 3, within 25%.
+
+>>> checks = validate_cpu("tiny", time=False)
+>>> [(c.what, c.ok) for c in checks]
+[('peak memory', True)]
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import get_preset
+from engine_adapter.callbacks import CallbackSpec, TrainCallback
+from ground.errors import ProbeError
+from simulator.clock import clock_for, clock_name
+from simulator.devices import Device, all_devices, this_cpu
+from simulator.engine_workload import TRACED_STEPS, trace_engine
+from simulator.layout import make_layout
+from simulator.replay import replay_seconds
+from simulator.simulation import simulate
+
+MEMORY_TOLERANCE = 0.10
+CPU_TIME_TOLERANCE = 0.30
+CUDA_TIME_TOLERANCE = 0.25
+
+
+@dataclass
+class Check:
+    """One predicted-against-measured figure."""
+
+    what: str
+    device: str
+    predicted: float
+    measured: float
+    tolerance: float
+    how: str
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1 if self.measured else float("inf")
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error) <= self.tolerance
+
+
+class StepClock(TrainCallback):
+    """Times each step from ``on_step_start`` to ``on_step_end`` into ``sink`` (seconds)."""
+
+    def __init__(self, sink: list[float], clock: str, wall: list[float] | None = None) -> None:
+        self.sink, self.clock, self.wall = sink, clock_for(clock), wall
+        self.started = 0.0
+
+    def on_step_start(self, ctx, step: int) -> None:
+        self.started = self.clock()
+
+    def on_step_end(self, ctx, step: int, metrics: dict) -> None:
+        self.sink.append(self.clock() - self.started)
+        if self.wall is not None:
+            self.wall.append(metrics["step_time_ms"] / 1e3)
+
+
+def validate_cpu(preset: str, engine: str = "reference", *, time: bool = True,
+                 time_steps: int = 6) -> list[Check]:
+    """Checks of ``preset`` on this machine's CPU (see the module docstring)."""
+    cpu = this_cpu()
+    if time and not cpu.curves:
+        raise ProbeError("--validate checks step time against a calibration of this machine: "
+                         "run 'probe simulate --calibrate' first")
+    if time and cpu.curves.get("threads") != torch.get_num_threads():
+        raise ProbeError(f"this machine was calibrated with {cpu.curves.get('threads')} thread(s) and "
+                         f"torch now uses {torch.get_num_threads()}; calibrate again with the same "
+                         "OMP_NUM_THREADS as the run to validate")
+    cfg = get_preset(preset)
+    layout = make_layout(nproc=1, global_batch=cfg.global_batch)
+    traced = trace_engine(preset, engine, "float32", layout, signatures=time)
+    measured = {id(rt.trace): replay_seconds(rt.trace, cpu) for rt in traced.ranks} if time else None
+    sim = simulate(traced, layout, level=3 if time else 2, device=cpu, measured=measured)
+    peak = sim.worst(cpu.name).memory["peak"]
+    checks = [Check("peak memory", "cpu", peak, _cpu_allocator_peak(preset, engine),
+                    MEMORY_TOLERANCE, "c10 CPU allocator bytes (torch.profiler memory events)")]
+    if time:
+        clock = clock_name(torch.device("cpu"))
+        steps: list[float] = []
+        _run(preset, engine, "cpu", time_steps, CallbackSpec(StepClock, {"sink": steps, "clock": clock}))
+        checks.append(Check("step time", "cpu", sim.times[cpu.name]["step_time_s"],
+                            statistics.median(steps[1:]), CPU_TIME_TOLERANCE,
+                            f"median of steps 1-{time_steps - 1}, {clock.replace('_', ' ')} clock"))
+    return checks
+
+
+def validate_cuda(preset: str, engine: str = "reference", *, time_steps: int = 6) -> list[Check]:
+    """Checks of ``preset`` on this machine's GPU; none when CUDA is not available."""
+    if not torch.cuda.is_available():
+        return []
+    device = _this_gpu()
+    cfg = get_preset(preset)
+    layout = make_layout(nproc=1, global_batch=cfg.global_batch)
+    traced = trace_engine(preset, engine, "float32", layout, signatures=bool(device.curves))
+    measured = ({id(rt.trace): replay_seconds(rt.trace, device) for rt in traced.ranks}
+                if device.curves else None)
+    sim = simulate(traced, layout, level=3, device=device, measured=measured)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    clock: list[float] = []
+    wall: list[float] = []
+    _run(preset, engine, "cuda", time_steps, CallbackSpec(StepClock, {"sink": clock, "clock": "wall",
+                                                                       "wall": wall}))
+    measured_peak = torch.cuda.max_memory_allocated() - base
+    checks = [Check("peak memory", device.name, sim.worst(device.name).memory["peak"], measured_peak,
+                    MEMORY_TOLERANCE, "torch.cuda.max_memory_allocated")]
+    if device.name in sim.times:
+        checks.append(Check("step time", device.name, sim.times[device.name]["step_time_s"],
+                            statistics.median(wall[1:]), CUDA_TIME_TOLERANCE,
+                            f"median step_time_ms of steps 1-{time_steps - 1}"))
+    return checks
+
+
+def _this_gpu() -> Device:
+    name = torch.cuda.get_device_name()
+    table = all_devices()
+    for key, device in table.items():
+        if key in name or device.name == name:
+            return device
+    props = torch.cuda.get_device_properties(0)
+    return Device(name=name, kind="cuda", memory_bytes=props.total_memory, peak_flops={},
+                  memory_bw=0.0, link_intra_bw=0.0, link_inter_bw=0.0, ranks_per_node=1,
+                  link_latency_s=0.0, launch_s=0.0, source="unknown GPU (memory only)")
+
+
+def _run(preset: str, engine: str, device: str, steps: int, *callbacks: CallbackSpec) -> None:
+    from engine.spec import RunSpec
+    from engine.train import run_rank
+
+    with tempfile.TemporaryDirectory(prefix="probe-validate-") as out:
+        spec = RunSpec(engine=engine, preset=preset, max_steps=steps, out_dir=out, quiet=True,
+                       device=device, fsync="never", owner="simulate", callbacks=callbacks)
+        run_rank(spec, 0, 1)
+
+
+def _cpu_allocator_peak(preset: str, engine: str) -> int:
+    """Peak bytes held by the c10 CPU allocator over a real run of ``TRACED_STEPS`` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _run(preset, engine, "cpu", TRACED_STEPS)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    held = peak = 0
+    for e in events:
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            held += e.nbytes()
+            peak = max(peak, held)
+    return peak

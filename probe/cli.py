@@ -28,6 +28,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "query": ("probe.commands.query", "Run DuckDB SQL over a run's record store."),
     "check-api": ("probe.commands.check_api", "Replay recorded API calls against a high-precision golden."),
     "demo": ("probe.commands.demo", "The main job: train, monitor, dump, compare, then the dashboard."),
+    "simulate": ("probe.commands.simulate", "Memory and time of a training step at any scale, without the device."),
 }
 
 

@@ -25,6 +25,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("visualizer",),        # hierarchy graph and diff model for the UI
     ("monitor",),           # the gRPC service and the per-rank agent that speaks its protocol
     ("engine",),            # the bundled engine: models, training loop, launcher, faults
+    ("simulator",),         # simulated training steps: fake tensors, memory, time, layouts
     ("web",),               # the Dash app
     ("probe",),             # the dump API and the command line: nothing imports it
 ]

@@ -68,8 +68,9 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
                     for path, title in PAGES], className="topnav"),
         html.Div(id="page"),
     ])
+    graph = graph_diff.GraphDiffPage(diff, dump_a, dump_b, compare_dir)
     pages = {
-        "/": lambda: graph_diff.layout(diff),
+        "/": graph.layout,
         "/live": lambda: live.layout(source, refresh_ms),
         "/timeline": lambda: timeline.layout(trace_file, stores),
         "/query": lambda: query.layout(stores),
@@ -80,7 +81,7 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
         build = pages.get(path or "/")
         return build() if build else html.Div([html.H2("Not found"), html.P(f"no page {path}")])
 
-    graph_diff.register(app, diff)
+    graph.register(app)
     live.register(app, source)
     timeline.register(app, trace_file, stores)
     query.register(app, stores)

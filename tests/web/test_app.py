@@ -97,7 +97,7 @@ def test_probe_web_serves_the_dashboard_on_loopback(msprobe_data):
         assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
         with urllib.request.urlopen(m.group(1) + "/_dash-dependencies", timeout=30) as r:
             deps = r.read()
-        assert b"g-rows-a" in deps and b"g-rows-b" in deps      # the graph-diff page of a pair
+        assert b"g-update" in deps and b"g-pane-b" in deps      # the graph-diff page
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -123,7 +123,7 @@ def test_single_dump_page_shows_one_tree_and_finds_nan(browser, serve_app, shot,
     _, b = write_dump_pair(tmp_path, blocks=3, width=4, fault_block=1, nan=True)
     browser.get(serve_app(create_app(dump_a=b), "/"))
     wait_for(lambda: rows(browser, "a"), what="tree")
-    assert not browser.find_elements(By.ID, "g-tree-b")
+    assert not browser.find_element(By.ID, "g-pane-b").is_displayed()
     browser.find_element(By.ID, "g-jump-nan").click()
     wait_for(lambda: selected(browser, "a"), what="first NaN selected")
     node = selected(browser, "a")

@@ -1,346 +1,345 @@
-"""Graph diff page: the two hierarchy graphs side by side (or one), expanded lazily.
+"""Graph diff page: each side of the pair as a graph (boxes and data-flow edges) above its tree.
 
-Expanding, collapsing and selecting a node on one side does the same to its counterpart on the
-other. A node's fill is its own verdict (the compare's node verdict: pass, warning, error, nan,
-unmatched); a second mark says whether its divergence starts there (◆ origin) or comes from an
-earlier node (↳ affected by it, a dashed edge). The header gives the compare's labelled counts
-(tensors, nodes, unmatched per side). A search box steps through fuzzy hits; a filter list shows
-error/warning/unmatched/NaN nodes in execution order; the detail panel shows both sides'
-statistics, the compare metrics, the verdict with its reason, and the stacks; "Jump to first
-divergence" selects where the numerics first go wrong. A compare result of other dumps is
-refused with its reason. All numerics come from :mod:`visualizer`; this module only renders.
+A collapsed module is one box; opening it (double click in the graph, the arrow in the tree, →
+or Enter) draws its children inside it, laid out in layers along the data flow
+(:mod:`visualizer.layout`). Opening, closing, selecting and panning one side does the same to
+its counterpart on the other; a node with no counterpart is dotted. A node's fill is its own
+verdict (the compare's node verdict: pass, warning, error, nan, unmatched); the marks say whether
+its divergence starts there (◆ origin) or comes from an earlier node (↳ affected), whether it
+holds NaN/Inf, and what a closed box hides. "Path to first divergence" and "Path to first NaN"
+select those nodes, open the way down to them and light the path from the top and the chain of
+data flow from the divergence to the NaN. A tap on an edge follows it to its consumer. ↑/↓ walk
+the nodes, ←/→ close and open. The selection and the dumps shown are kept in the URL.
+
+The page holds what it shows (``web/assets/view_model.js``): the server sends only what changes
+(:meth:`visualizer.view.SideView.delta`), the tree and filter list draw only the rows in view
+and the graph only the boxes in view. The source bar opens other dumps, steps and ranks
+(:mod:`web.pages.graph_open`); the detail panel (:mod:`web.pages.graph_detail`) shows a node's
+statistics, metrics and stacks, and its verdict on every rank. All numerics come from
+:mod:`visualizer`; this module only renders.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
+from urllib.parse import parse_qs, urlencode
 
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from compare.verdict import format_counts
+from ground.errors import ProbeError
 from visualizer import bands as B
-from visualizer.detail import Detail, detail
-from visualizer.diff import FILTERS, DiffGraph
-from visualizer.navigate import filter_nodes, first_divergence, first_nan, reveal, search
+from visualizer.catalog import Catalog, Choice, Opened, run_folder
+from visualizer.diff import FILTERS, DiffGraph, other_side
+from visualizer.navigate import filter_nodes, first_divergence, first_nan, flow_path, reveal, root_path, search
+from web.pages import graph_detail, graph_open
+from web.pages.graph_canvas import canvas
 
 SIDE_TITLE = {"a": "A", "b": "B"}
-FILTER_CAP = 500
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
+NOTHING = {"add": [], "prune": [], "set": [], "ea": [], "er": []}
+CLEARED = dict(NOTHING, reset=True)
 
 
 def legend() -> html.Div:
-    """What the fill says (the node's own verdict) and what the marks say (where it comes from)."""
+    """What the fill says (the node's own verdict) and what the marks say."""
     fills = [(B.PASS, "pass"), (B.WARNING, "warning"), (B.ERROR, "error"),
              (B.NAN, "nan: NaN/Inf on one side only"), (B.UNMATCHED, "unmatched")]
     marks = [("origin", "◆ origin: its divergence starts here"),
              ("affected", "↳ affected: comes from an earlier node"),
-             ("proxy", "hatched: no counterpart of its own, its ancestor's verdict")]
+             ("proxy", "hatched: no counterpart of its own, its ancestor's verdict"),
+             ("nomatch", "dotted: nothing faces it on the other side"),
+             ("hint", "● glow: what a closed box hides"),
+             ("onpath", "blue: path from the top"), ("chain", "orange: data flow divergence → NaN")]
     return html.Div([html.Span("fill = own verdict:", className="legend-head")]
                     + [html.Span(text, className=f"chip band-{b}") for b, text in fills]
                     + [html.Span(text, className=f"chip mark-{m}") for m, text in marks],
                     id="g-legend", className="legend")
 
 
-def layout(diff: DiffGraph | None) -> html.Div:
-    if diff is None:
-        return html.Div([html.H2("Graph diff"), html.P(
-            "No dump given. Start with: probe web --dump A [B] [--compare DIR]", className="empty")])
-    if diff.refusal:
-        return html.Div([html.H2("Graph diff: compare result refused"),
-                         html.P(diff.refusal, id="g-refusal", className="refusal")], id="page-graph")
-    paired = diff.paired
-    sides = ("a", "b") if paired else ("a",)
-    titles = [html.Div(f"A: {diff.graph('a').title}", className="pane-title")]
-    panes = [html.Div([titles[0], html.Div(id="g-tree-a", className="tree")], className="pane")]
-    if paired:
-        panes.append(html.Div([html.Div(f"B: {diff.graph('b').title}", className="pane-title"),
-                               html.Div(id="g-tree-b", className="tree")], className="pane"))
-    toolbar = html.Div([
-        dcc.Input(id="g-search", type="text", placeholder="search nodes (fuzzy)", debounce=True,
-                  className="search"),
-        html.Button("◀ prev", id="g-prev", n_clicks=0),
-        html.Button("next ▶", id="g-next", n_clicks=0),
-        html.Span("", id="g-hit", className="hit"),
-        html.Button("Jump to first divergence", id="g-jump", n_clicks=0, className="primary",
-                    disabled=not paired),
-        html.Button("Jump to first NaN", id="g-jump-nan", n_clicks=0),
-        legend(),
-    ], className="toolbar")
-    side = html.Div([
-        html.H4("Filter"),
-        dcc.Checklist(id="g-filter", options=[{"label": f" {k}", "value": k}
-                                               for k in FILTERS],
-                      value=["error", "nan"] if paired else ["nan"], inline=True),
-        html.Div(id="g-filter-count", className="count"),
-        html.Div(id="g-filter-list", className="filter-list"),
-    ], className="sidebar")
-    return html.Div([
-        html.Div(id="g-summary", className="summary"),
-        toolbar,
-        html.Div([side, html.Div(panes, className="panes"),
-                  html.Div(html.P("Select a node to see its statistics.", className="empty"),
-                           id="g-detail", className="detail")], className="graph-body"),
-        dcc.Store(id="g-state", data={"exp": {"a": [], "b": []}, "sel": None, "hit": -1}),
-        dcc.Store(id="g-click"),
-        # the first screen's rows come with the page: no round trip before the first paint
-        *[dcc.Store(id=f"g-rows-{s}", data=render_rows(diff, s, set(), None) if s in sides else None)
-          for s in ("a", "b")],
-        dcc.Store(id="g-flt-items"), dcc.Store(id="g-detail-for"),
-        html.Div(id="g-drawn-a", hidden=True), html.Div(id="g-drawn-b", hidden=True),
-        html.Div(id="g-drawn-flt", hidden=True),
-    ], id="page-graph")
+class GraphDiffPage:
+    """The page for the diff the dashboard was started on, and those opened from it."""
 
+    def __init__(self, diff: DiffGraph | None, dump_a: str | os.PathLike | None = None,
+                 dump_b: str | os.PathLike | None = None, compare_dir: str | os.PathLike | None = None) -> None:
+        given = [p for p in (dump_a, dump_b, compare_dir) if p is not None]
+        self.catalog = Catalog(run_folder(p).parent for p in given)
+        self.first: Opened | None = None
+        if diff is not None:
+            folder = (lambda p: str(run_folder(p)) if p is not None else None)
+            self.first = self.catalog.add(Choice(folder(dump_a), folder(dump_b), folder(compare_dir)), diff)
 
-def render_rows(diff: DiffGraph, side: str, expanded: set[str], sel: tuple[str, str] | None) -> list[dict]:
-    """The visible rows of one side (the roots and the children of every expanded node), as the
-    compact records ``web/assets/tree.js`` draws: node, label, depth, classes (the state's fill
-    and the marks), has children, open, the worst state hidden inside a collapsed node, and the
-    node an affected one comes from (label, name)."""
-    g = diff.graph(side)
-    other = "b" if side == "a" else "a"
-    selected = None
-    if sel:
-        selected = sel[1] if sel[0] == side else diff.counterpart(other, sel[1]) if diff.paired else None
-    rows = []
-    stack = [(n, 0) for n in reversed(g.roots())]
-    while stack:
-        name, depth = stack.pop()
-        open_ = name in expanded
-        has_kids = g.has_children(name)
-        cls = f"row band-{diff.state(side, name)}"
-        impact, source = diff.impact(side, name)
-        cls += f" {impact}" if impact else ""
-        if diff.proxy(side, name):
-            cls += " proxy"
-        if name == selected:
-            cls += " sel"
-        if diff.nonfinite(side, name):
-            cls += " nan"
-        hint = ""
-        if has_kids and not open_ and diff.paired and diff.warmed:
-            worst = diff.worst_below(side, name)
-            hint = worst if worst in (B.NAN, B.ERROR, B.WARNING) else ""
-        row = {"n": name, "l": g.nodes[name].label, "d": depth, "c": cls, "k": int(has_kids),
-               "o": int(open_), "h": hint}
-        if source:
-            row.update(a=diff.graph(source[0]).nodes[source[1]].label, an=source[1])
-        rows.append(row)
-        if open_:
-            stack.extend((k, depth + 1) for k in reversed(g.children(name)))
-    return rows
+    # -- layout -----------------------------------------------------------------------------
 
+    def layout(self) -> html.Div:
+        """The page, with the first view's nodes in it (no round trip before the first paint)."""
+        opened = self.first
+        if opened is None:
+            return html.Div([html.H2("Graph diff"), html.P(
+                "No dump given. Start with: probe web --dump A [B] [--compare DIR]", className="empty")])
+        if opened.diff.refusal:
+            return html.Div([html.H2("Graph diff: compare result refused"),
+                             html.P(opened.diff.refusal, id="g-refusal", className="refusal")], id="page-graph")
+        update = {s: opened.views[s].full(set()) if s in opened.views else CLEARED for s in ("a", "b")}
+        update["mark"] = None
+        toolbar = html.Div([
+            dcc.Input(id="g-search", type="text", placeholder="search nodes (fuzzy)", debounce=True,
+                      className="search"),
+            html.Button("◀ prev", id="g-prev", n_clicks=0),
+            html.Button("next ▶", id="g-next", n_clicks=0),
+            html.Span("", id="g-hit", className="hit"),
+            html.Button("Path to first divergence", id="g-jump", n_clicks=0, className="primary",
+                        disabled=not opened.diff.paired),
+            html.Button("Path to first NaN", id="g-jump-nan", n_clicks=0),
+            legend(),
+        ], className="toolbar")
+        side = html.Div([
+            html.H4("Filter"),
+            dcc.Checklist(id="g-filter", options=[{"label": f" {k}", "value": k} for k in FILTERS],
+                          value=["error", "nan"] if opened.diff.paired else ["nan"], inline=True),
+            html.Div(id="g-filter-count", className="count"),
+            html.Div(id="g-filter-list", className="filter-list"),
+            html.P("keys: ↑ ↓ next/previous node · → open · ← close · Enter open/close; "
+                   "graph: double click opens, a click on an edge follows it", className="hint-text"),
+        ], className="sidebar")
+        panes = [html.Div([html.Div(self._title(opened, s), id=f"g-title-{s}", className="pane-title"),
+                           canvas(s), html.Div(id=f"g-tree-{s}", className="tree")],
+                          className="pane", id=f"g-pane-{s}", style=self._pane_style(opened, s))
+                 for s in ("a", "b")]
+        return html.Div([
+            dcc.Location(id="g-url", refresh=False),
+            graph_open.bar(self.catalog, opened.choice),
+            html.Div(id="g-summary", className="summary"),
+            toolbar,
+            html.Div([side, html.Div(panes, className="panes"),
+                      html.Div(html.P("Select a node to see its statistics.", className="empty"),
+                               id="g-detail", className="detail")], className="graph-body"),
+            dcc.Store(id="g-state", data={"view": opened.choice.key, "exp": {"a": [], "b": []}, "sel": None,
+                                          "hit": -1}),
+            dcc.Store(id="g-view", data=opened.choice.key),
+            dcc.Store(id="g-click"), dcc.Store(id="g-update", data=update),
+            dcc.Store(id="g-flt-items"), dcc.Store(id="g-detail-for"),
+            html.Div(id="g-drawn", hidden=True), html.Div(id="g-drawn-flt", hidden=True),
+        ], id="page-graph")
 
-def _stats_table(d: Detail) -> html.Table:
-    keys = []
-    a_by = {t.key: t for t in d.tensors_a}
-    b_by = {t.key: t for t in d.tensors_b}
-    for t in d.tensors_a + d.tensors_b:
-        if t.key not in keys:
-            keys.append(t.key)
-    head = html.Tr([html.Th(h) for h in ("slot", "index", "dtype", "shape", "side", "max", "min",
-                                          "mean", "norm")])
-    body = []
-    for key in keys:
-        for label, t in (("A", a_by.get(key)), ("B", b_by.get(key))):
-            if t is None:
-                continue
-            dtype = (t.dtype or "").removeprefix("torch.").removeprefix("mindspore.")
-            cells = [key[0], key[1], dtype, "×".join(map(str, t.shape)) if t.shape else "", label]
-            if t.value is not None and t.max is None:
-                cells += [t.value, "", "", ""]
-            else:
-                cells += [_fmt(t.max), _fmt(t.min), _fmt(t.mean), _fmt(t.norm) or (t.md5 or "")]
-            body.append(html.Tr([html.Td(c) for c in cells], className="nan" if t.nonfinite else ""))
-    return html.Table([html.Thead(head), html.Tbody(body)], className="stats")
+    @staticmethod
+    def _title(opened: Opened, side: str) -> str:
+        g = opened.diff.graphs[side]
+        return f"{SIDE_TITLE[side]}: {g.title}" if g is not None else ""
 
+    @staticmethod
+    def _pane_style(opened: Opened, side: str) -> dict:
+        return {} if side in opened.views else {"display": "none"}
 
-#: Compare-row columns shown in the detail panel, in this order, when present.
-METRIC_COLUMNS = ("direction", "slot", "index", "max_rel", "min_rel", "mean_rel", "norm_rel", "err", "cosine",
-                  "max_abs_err", "max_rel_err", "rmse", "one_thousandth", "hash_match", "verdict")
+    # -- what a request changes ---------------------------------------------------------------
 
+    def _mark(self, opened: Opened, sel: tuple[str, str] | None, focus: bool, chain: bool) -> dict:
+        """The selection, its counterpart, the path from the top on both sides, and (when asked)
+        the chain of data flow from the first divergence to the first NaN, lifted to what shows."""
+        diff = opened.diff
+        out: dict[str, Any] = {"sel": list(sel) if sel else None, "twin": None, "path": {}, "chain": {},
+                               "echain": {}, "focus": focus}
+        if sel:
+            side, name = sel
+            out["path"][side] = root_path(diff, side, name)
+            twin = diff.counterpart(side, name) if diff.paired else None
+            if twin and twin in (diff.graphs[other_side(side)] or ()):
+                out["twin"] = twin
+                out["path"][other_side(side)] = root_path(diff, other_side(side), twin)
+        if chain:
+            out["chain"], out["echain"] = self._chain(opened)
+        return out
 
-def _metrics_table(rows: list[dict]) -> list:
-    """The compare result's per-tensor rows of the pair (its columns, or a ``metrics`` mapping),
-    then each row's reason."""
-    if not rows:
-        return []
-    flat = []
-    for r in rows:
-        item = dict(r)
-        if isinstance(item.get("metrics"), dict):
-            item.update(item.pop("metrics"))
-        flat.append(item)
-    extra = [k for k in flat[0] if k not in METRIC_COLUMNS and isinstance(flat[0][k], float)
-             and not k.endswith(("_a", "_b", "_diff"))]
-    cols = [c for c in (*METRIC_COLUMNS[:-1], *extra, METRIC_COLUMNS[-1])
-            if any(i.get(c) is not None for i in flat)]
-    table = html.Table([html.Thead(html.Tr([html.Th(c) for c in cols])),
-                        html.Tbody([html.Tr([html.Td(_fmt(i.get(c))) for c in cols]) for i in flat])],
-                       className="stats")
-    reasons = [html.Li(f"{i.get('slot', '')} {i.get('index', '')}: {i['reason']}") for i in flat if i.get("reason")]
-    return [table, html.Ul(reasons, className="reasons")] if reasons else [table]
+    @staticmethod
+    def _chain(opened: Opened) -> tuple[dict, dict]:
+        diff = opened.diff
+        start, nan = first_divergence(diff), first_nan(diff)
+        if not start or not nan:
+            return {}, {}
+        side, target = nan
+        src = start[1] if start[0] == side else diff.counterpart(start[0], start[1])
+        if not src or src not in diff.graph(side):
+            return {}, {}
+        nodes = flow_path(diff, side, src, target)
+        return {side: nodes}, {side: [list(e) for e in zip(nodes, nodes[1:])]}
 
+    def _url(self, opened: Opened, sel: tuple[str, str] | None) -> str:
+        params = opened.choice.params()
+        if sel:
+            params["sel"] = f"{sel[0]}:{sel[1]}"
+        return "?" + urlencode(params) if params else ""
 
-def render_detail(diff: DiffGraph, side: str, name: str) -> list:
-    d = detail(diff, side, name)
-    head = [html.Div([html.B("A: "), d.node_a or "—"]), ]
-    if diff.paired:
-        head.append(html.Div([html.B("B: "), d.node_b or "—"]))
-    verdict = [html.Span(d.state, className=f"chip band-{d.state}", id="g-detail-band",
-                         title="the node's own verdict", hidden=d.state == B.NONE)]
-    if d.score is not None:
-        verdict.append(html.Span(f"precision score {d.score:.3f}"))
-    if d.match_method:
-        verdict.append(html.Span(f"matched by {d.match_method}"))
-    if d.nonfinite:
-        verdict.append(html.Span("holds NaN/Inf", className="chip mark-nan"))
-    out = [html.Div(head, className="names"), html.Div(verdict, className="verdict")]
-    if d.impact == "origin":
-        out.append(html.P("◆ origin: its divergence starts here (its inputs agree, or its "
-                          "parameters differ, or its error grows here)", className="impact"))
-    elif d.affected_by:
-        s, n = d.affected_by
-        out.append(html.P(["↳ affected by ", html.Span(
-            diff.graph(s).nodes[n].label, className="flow-link", title=n,
-            **{"data-act": "select", "data-side": s, "data-node": n}),
-            ": its inputs already differ, the divergence comes from there"], className="impact"))
-    if d.reason:
-        out.append(html.P(d.reason, className="reason"))
-    flow = []
-    for label, node_name in (("A", d.node_a), ("B", d.node_b)):
-        if node_name and diff.graphs[label.lower()] is not None:
-            g = diff.graph(label.lower())
-            ins, outs = g.neighbours(node_name)
-            links = [html.Span(g.nodes[n].label, className="flow-link", title=n, **{
-                "data-act": "select", "data-side": label.lower(), "data-node": n}) for n in ins]
-            links.append(html.B(" → this → "))
-            links += [html.Span(g.nodes[n].label, className="flow-link", title=n, **{
-                "data-act": "select", "data-side": label.lower(), "data-node": n}) for n in outs]
-            flow.append(html.Div([html.B(f"{label}: "), *links], className="flow"))
-    out += [html.H4("Data flow"), *flow, html.H4("Statistics"), _stats_table(d)]
-    metrics = _metrics_table(d.metrics)
-    if metrics:
-        out += [html.H4("Compare metrics"), *metrics]
-    for label, stack in (("A", d.stack_a), ("B", d.stack_b)):
-        if stack:
-            out += [html.H4(f"Stack {label}"), html.Pre("\n".join(stack), className="stack")]
-    return out
+    def _open(self, choice: Choice) -> Opened:
+        opened = self.catalog.open(choice)
+        if opened.diff.refusal:
+            raise ProbeError(opened.diff.refusal)
+        return opened
 
+    # -- callbacks ----------------------------------------------------------------------------
 
-def register(app: Dash, diff: DiffGraph | None) -> None:
-    """Attach the page's callbacks to ``app``."""
-    if diff is None or diff.refusal:
-        return
-    threading.Thread(target=diff.warm, name="probe-web-warm", daemon=True).start()
-    sides = ("a", "b") if diff.paired else ("a",)
-    tree_outputs = [Output(f"g-rows-{s}", "data") for s in sides]
+    def register(self, app: Dash) -> None:
+        """Attach the page's callbacks to ``app``."""
+        if self.first is None or self.first.diff.refusal:
+            return
+        threading.Thread(target=self.first.diff.warm, name="probe-web-warm", daemon=True).start()
+        graph_open.register(app, self.catalog)
+        catalog = self.catalog
 
-    @app.callback(
-        Output("g-state", "data"), *tree_outputs, Output("g-hit", "children"),
-        Input("g-click", "data"),
-        Input("g-prev", "n_clicks"), Input("g-next", "n_clicks"), Input("g-search", "value"),
-        Input("g-jump", "n_clicks"), Input("g-jump-nan", "n_clicks"),
-        State("g-state", "data"),
-        prevent_initial_call=True,
-    )
-    def on_event(click, _prev, _next, query, _jump, _jnan, state):
-        state = state or {"exp": {"a": [], "b": []}, "sel": None, "hit": -1}
-        exp = {s: list(state["exp"].get(s, [])) for s in ("a", "b")}
-        sel = tuple(state["sel"]) if state.get("sel") else None
-        hit_text = no_update
-        trig = ctx.triggered_id
-        target = None
-        if trig == "g-click":
-            side, name = click.get("side"), click.get("node")
-            if side not in sides or name not in diff.graph(side):
-                return (no_update,) * (len(sides) + 2)
-            if click.get("act") == "toggle":
-                twin = diff.counterpart(side, name) if diff.paired else None
-                other = "b" if side == "a" else "a"
-                if name in exp[side]:
-                    exp[side].remove(name)
-                    if twin and twin in exp[other]:
-                        exp[other].remove(twin)
+        @app.callback(
+            Output("g-state", "data"), Output("g-update", "data"), Output("g-hit", "children"),
+            Output("g-url", "search"), Output("g-open-msg", "children"), Output("g-view", "data"),
+            Input("g-click", "data"), Input("g-prev", "n_clicks"), Input("g-next", "n_clicks"),
+            Input("g-search", "value"), Input("g-jump", "n_clicks"), Input("g-jump-nan", "n_clicks"),
+            Input("g-url", "search"), Input("g-open", "n_clicks"),
+            State("g-state", "data"), *[State(f, "value") for f in graph_open.FIELDS],
+            prevent_initial_call=True,
+        )
+        def on_event(click, _prev, _next, query, _jump, _jnan, url, _open, state, *fields):
+            trig = ctx.triggered_id
+            opened = catalog.get(state["view"]) or self.first
+            old = {s: set(state["exp"].get(s, [])) for s in ("a", "b")}
+            exp = {s: set(v) for s, v in old.items()}
+            sel = tuple(state["sel"]) if state.get("sel") else None
+            hit, msg, reset = no_update, no_update, False
+            target, chain = None, False
+            if trig in ("g-open", "g-url"):
+                try:
+                    if trig == "g-open":
+                        choice = graph_open.choice_of(*fields)
+                        target_sel = None
+                    else:
+                        query_ = {k: v[-1] for k, v in parse_qs((url or "").lstrip("?")).items()}
+                        target_sel = query_.pop("sel", None)
+                        choice = Choice.from_params(query_)
+                        if not query_ and not target_sel:
+                            return (no_update,) * 6
+                    if trig == "g-open" or (choice.params() and choice.key != opened.choice.key):
+                        opened, reset = self._open(choice), True
+                        exp, sel, old = {"a": set(), "b": set()}, None, {"a": set(), "b": set()}
+                        msg = ""
+                    if target_sel and ":" in target_sel:
+                        side, _, name = target_sel.partition(":")
+                        if side in opened.views and name in opened.diff.graph(side):
+                            target = (side, name)
+                except ProbeError as e:
+                    return (no_update,) * 4 + (f"cannot open: {e}", no_update)
+            elif trig == "g-click" and click:
+                side, name = click.get("side"), click.get("node")
+                if side not in opened.views or name not in opened.diff.graph(side):
+                    return (no_update,) * 6
+                if click.get("act") == "toggle":
+                    self._toggle(opened.diff, exp, side, name)
                 else:
-                    exp[side].append(name)
-                    if twin:
-                        exp[other] = list(dict.fromkeys(exp[other] + diff.graph(other).ancestors(twin) + [twin]))
-            else:
-                target = (side, name)
-        elif trig in ("g-prev", "g-next", "g-search"):
-            hits = search(diff, query or "")
-            if not hits:
-                state["hit"] = -1
-                hit_text = "no match" if (query or "").strip() else ""
-            else:
-                i = state.get("hit", -1)
-                if trig == "g-search":
-                    i = 0
+                    target = (side, name)
+            elif trig in ("g-prev", "g-next", "g-search"):
+                hits = search(opened.diff, query or "")
+                if not hits:
+                    state["hit"] = -1
+                    hit = "no match" if (query or "").strip() else ""
                 else:
-                    i = (i + (1 if trig == "g-next" else -1)) % len(hits)
-                state["hit"] = i
-                target = hits[i]
-                hit_text = f"{i + 1}/{len(hits)}"
-        elif trig == "g-jump":
-            target = first_divergence(diff)
-            if target is None:
-                hit_text = "no divergence found"
-        elif trig == "g-jump-nan":
-            target = first_nan(diff)
-            if target is None:
-                hit_text = "no NaN/Inf found"
-        if target is not None:
-            sel = target
-            for s, names in reveal(diff, *target).items():
-                exp[s] = list(dict.fromkeys(exp[s] + names))
-        state.update(exp=exp, sel=list(sel) if sel else None)
-        trees = [render_rows(diff, s, set(exp[s]), sel) for s in sides]
-        return (state, *trees, hit_text)
+                    i = 0 if trig == "g-search" else (state.get("hit", -1) + (1 if trig == "g-next" else -1)) % len(hits)
+                    state["hit"] = i
+                    target = hits[i]
+                    hit = f"{i + 1}/{len(hits)}"
+            elif trig in ("g-jump", "g-jump-nan"):
+                target = first_divergence(opened.diff) if trig == "g-jump" else first_nan(opened.diff)
+                chain = True
+                if target is None:
+                    hit = "no divergence found" if trig == "g-jump" else "no NaN/Inf found"
+            if target is not None:
+                sel = target
+                for s, names in reveal(opened.diff, *target).items():
+                    exp[s] |= set(names)
+            update: dict[str, Any] = {}
+            for s in ("a", "b"):
+                view = opened.views.get(s)
+                if view is None:
+                    update[s] = CLEARED if reset else NOTHING
+                else:
+                    update[s] = view.full(exp[s]) if reset else view.delta(old[s], exp[s])
+            selected = target is not None or reset
+            update["mark"] = self._mark(opened, sel, focus=target is not None, chain=chain) if selected else None
+            state.update(view=opened.choice.key, exp={s: sorted(v) for s, v in exp.items()},
+                         sel=list(sel) if sel else None)
+            url_out = self._url(opened, sel) if selected else no_update
+            return state, update, hit, url_out, msg, opened.choice.key if reset else no_update
 
-    @app.callback(Output("g-detail", "children"), Output("g-detail-for", "data"),
-                  Input("g-state", "data"), State("g-detail-for", "data"))
-    def on_detail(state, shown):
-        """The detail panel, redrawn only when the selection changes (in parallel with the trees)."""
-        sel = (state or {}).get("sel")
-        if not sel or sel == shown:
-            return no_update, no_update
-        return render_detail(diff, *sel), sel
+        @app.callback(Output("g-detail", "children"), Output("g-detail-for", "data"),
+                      Input("g-state", "data"), State("g-detail-for", "data"))
+        def on_detail(state, shown):
+            """The detail panel, redrawn only when the selection changes."""
+            sel = (state or {}).get("sel")
+            key = [state.get("view"), sel] if sel else None
+            if key == shown:
+                return no_update, no_update
+            opened = catalog.get(state["view"])
+            if not sel or opened is None:
+                return html.P("Select a node to see its statistics.", className="empty"), key
+            both = bool(opened.choice.a and opened.choice.b)
+            return graph_detail.render_detail(opened.diff, *sel, ranks=both), key
 
-    @app.callback(Output("g-flt-items", "data"), Output("g-filter-count", "children"),
-                  Input("g-filter", "value"))
-    def on_filter(kinds):
-        diff.warm()
-        found = filter_nodes(diff, kinds or [])
-        items = [{"s": side, "n": name, "l": f"{SIDE_TITLE[side]} · {diff.graph(side).nodes[name].label}",
-                  "c": f"flt band-{diff.state(side, name)}"} for side, name in found[:FILTER_CAP]]
-        note = f"{len(found)} node(s)" + (f", first {FILTER_CAP} shown" if len(found) > FILTER_CAP else "")
-        return items, note
+        @app.callback(Output("g-ranks-table", "children"), Input("g-ranks", "n_clicks"),
+                      State("g-state", "data"), prevent_initial_call=True)
+        def on_ranks(_n, state):
+            opened = catalog.get(state["view"])
+            if opened is None or not state.get("sel"):
+                return no_update
+            try:
+                return graph_detail.ranks_table(catalog.rank_states(opened, *state["sel"]))
+            except ProbeError as e:
+                return html.Span(str(e), className="error-text")
 
-    @app.callback(Output("g-summary", "children"), Input("g-summary", "id"))
-    def on_summary(_):
-        diff.warm()
-        s = diff.summary
-        parts = []
-        if diff.paired:
-            parts.append(format_counts(diff.labelled_counts(), sep=" · "))
-            first = first_divergence(diff)
-            parts.append(f"first divergence: {first[1] if first else 'none'}")
-        first_nan = first_nan(diff)
-        parts.append(f"first NaN: {first_nan[1] if first_nan else 'none'}")
-        return " · ".join(parts + s.get("notes", []))
+        @app.callback(Output("g-flt-items", "data"), Output("g-filter-count", "children"),
+                      Input("g-filter", "value"), Input("g-view", "data"))
+        def on_filter(kinds, key):
+            opened = catalog.get(key)
+            if opened is None:
+                return [], ""
+            diff = opened.diff
+            diff.warm()
+            found = filter_nodes(diff, kinds or [])
+            items = [{"s": s, "n": n, "l": f"{SIDE_TITLE[s]} · {diff.graph(s).nodes[n].label}",
+                      "c": f"flt band-{diff.state(s, n)}"} for s, n in found]
+            return items, f"{len(found)} node(s)"
 
-    for side in sides:
+        @app.callback(Output("g-summary", "children"), Output("g-title-a", "children"),
+                      Output("g-title-b", "children"), Output("g-pane-b", "style"), Output("g-jump", "disabled"),
+                      Input("g-view", "data"))
+        def on_view(key):
+            opened = catalog.get(key)
+            if opened is None:
+                return "", no_update, no_update, no_update, no_update
+            diff = opened.diff
+            diff.warm()
+            parts = []
+            if diff.paired:
+                parts.append(format_counts(diff.labelled_counts(), sep=" · "))
+                first = first_divergence(diff)
+                parts.append(f"first divergence: {first[1] if first else 'none'}")
+            nan = first_nan(diff)
+            parts.append(f"first NaN: {nan[1] if nan else 'none'}")
+            return (" · ".join(parts + diff.summary.get("notes", [])), self._title(opened, "a"),
+                    self._title(opened, "b"), self._pane_style(opened, "b"), not diff.paired)
+
+        app.clientside_callback("function(u) { return window.probe.applyUpdate(u); }",
+                                Output("g-drawn", "children"), Input("g-update", "data"))
         app.clientside_callback(
-            f"function(rows) {{ return window.probeRenderTree('g-tree-{side}', '{side}', rows); }}",
-            Output(f"g-drawn-{side}", "children"), Input(f"g-rows-{side}", "data"))
-    app.clientside_callback(
-        "function(items) { return window.probeRenderList('g-filter-list', items); }",
-        Output("g-drawn-flt", "children"), Input("g-flt-items", "data"))
+            "function(items) { return window.probeRenderList('g-filter-list', items); }",
+            Output("g-drawn-flt", "children"), Input("g-flt-items", "data"))
+
+    @staticmethod
+    def _toggle(diff: DiffGraph, exp: dict[str, set], side: str, name: str) -> None:
+        """Open or close ``name`` on ``side`` and its counterpart on the other side."""
+        other = other_side(side)
+        twin = diff.counterpart(side, name) if diff.paired else None
+        if twin and twin not in (diff.graphs[other] or ()):
+            twin = None
+        if name in exp[side]:
+            exp[side].discard(name)
+            if twin:
+                exp[other].discard(twin)
+        else:
+            exp[side].add(name)
+            if twin:
+                exp[other] |= set(diff.graph(other).ancestors(twin)) | {twin}

@@ -31,7 +31,7 @@ Verdicts (the compare's vocabulary, :mod:`compare.verdict`):
 'pass'
 >>> r = grade([(g * 1.001).float()], [g], None, standard("Tensor.__add__", "torch.float32", 1))
 >>> r.verdict, r.reason.split(";")[0]
-('error', 'beyond the float32 standard for an elementwise op on 100% of elements (max 16441x the budget, mean 12443x)')
+('error', 'beyond the float32 standard for an elementwise op (1 ulp) on 100% of elements: max 16441x the budget, mean 12443x')
 """
 
 from __future__ import annotations
@@ -101,16 +101,18 @@ def grade(measured: Sequence[torch.Tensor | None], golden: Sequence[torch.Tensor
         lower = (f"; computed in {std.dtype.replace('torch.', '')} from "
                  f"{input_dtype.replace('torch.', '')} inputs")
     over, bmax, bmean, bal = metrics["over"], metrics["budget_max"], metrics["budget_mean"], metrics["balance"]
-    stats = (f"max {_num(bmax)}x the budget, mean {_num(bmean)}x); max error {_num(metrics['max_ulp'])} ulp, "
+    of = " of the terms' magnitude" if acc.terms else ""
+    stats = (f"max {_num(bmax)}x the budget, mean {_num(bmean)}x; max error {_num(metrics['max_ulp'])} ulp{of}, "
              f"relative {metrics['rel_err']:.1e}, cosine {metrics['cosine']:.6f}")
     bias = _bias_words(bal)
     if bmax <= 1.0:
-        return Grade("pass", f"within {std.describe()} (max {_num(bmax)}x the budget); "
-                             f"max error {_num(metrics['max_ulp'])} ulp{lower}", metrics)
+        return Grade("pass", f"within {std.describe()}: max {_num(bmax)}x the budget; "
+                             f"max error {_num(metrics['max_ulp'])} ulp{of}{lower}", metrics)
     share = f"{_pct(over)} of elements"
+    verdict = "warning"
     if bmean > 1.0 or over > ERROR_SHARE or bmax > ERROR_FACTOR or (abs(bal) >= BIASED and over > 0.01):
-        return Grade("error", f"beyond {std.describe()} on {share} ({stats}; {bias}{lower}", metrics)
-    return Grade("warning", f"beyond {std.describe()} on {share} ({stats}; {bias}{lower}", metrics)
+        verdict = "error"
+    return Grade(verdict, f"beyond {std.describe()} on {share}: {stats}; {bias}{lower}", metrics)
 
 
 class _Accumulator:
@@ -119,6 +121,7 @@ class _Accumulator:
     def __init__(self) -> None:
         self.n = 0
         self.seen = False
+        self.terms = False
         self.max_abs = self.max_rel = self.max_ulp = 0.0
         self.err2 = self.gold2 = self.dot = self.meas2 = 0.0
         self.signed = self.abs_sum = 0.0
@@ -145,6 +148,7 @@ class _Accumulator:
         err = (y - g).abs()
         mag = g.abs()
         scale = mag if terms is None else torch.maximum(mag, terms.to(torch.float64).reshape(-1).abs())
+        self.terms = self.terms or std.k > 1
         if std.k > 1 and terms is None:
             scale = scale.clamp_min(float(g.pow(2).mean().sqrt()))
         u = ulp(scale, out_dt)

@@ -62,11 +62,18 @@ class Standard:
     acc: float        # accumulation allowance, relative to the terms' magnitude
 
     def describe(self) -> str:
-        """The standard in words: ``the bfloat16 standard for a 4096-term matmul``."""
+        """The standard in words.
+
+        >>> standard("Functional.linear", "torch.bfloat16", 4096).describe()
+        'the bfloat16 standard for a 4096-term matmul (2 ulp + float32 accumulation)'
+        """
         short = self.dtype.replace("torch.", "")
         what = f"{self.k}-term {self.op}" if self.k > 1 else f"{self.op} op"
         article = "an" if what[0] in "aeiou8" else "a"
-        return f"the {short} standard for {article} {what}"
+        allowed = f"{self.c_out:g} ulp"
+        if self.acc:
+            allowed += " + float64 accumulation" if self.dtype == "torch.float64" else " + float32 accumulation"
+        return f"the {short} standard for {article} {what} ({allowed})"
 
 
 def torch_dtype(name: str) -> torch.dtype | None:

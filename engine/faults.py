@@ -5,14 +5,22 @@ Written ``KIND:TARGET:ARG``:
 - ``scale:<parameter name>:<factor>`` multiplies one weight (a parameter name, or a module name
   whose ``weight`` is meant) by ``factor`` before training;
 - ``nan:<module name>:<step>`` writes NaN into that module's forward output at that step;
-- ``slow:<rank>:<factor>`` makes that rank's compute take ``factor`` times as long.
+- ``slow:<rank>:<factor>`` makes that rank's compute take ``factor`` times as long;
+- ``perturb:<api name>:<call index>`` makes one API a wrong kernel at one call: the
+  ``index``-th call of the API in every step (numbered as a dump names it:
+  ``perturb:Functional.linear:3`` is ``Functional.linear.3.forward``) returns its output
+  scaled by ``1 + PERTURB_REL`` (a relative 1e-3). APIs are named as dumps name them
+  (``Torch.matmul``, ``Functional.softmax``, ``Tensor.__matmul__``).
 
 >>> [f.kind for f in parse_faults(["scale:layers.0.attn.q_proj.weight:1.5", "slow:1:3"])]
 ['scale', 'slow']
+>>> str(parse_fault("perturb:Functional.linear:3"))
+'perturb:Functional.linear:3'
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -25,7 +33,12 @@ KINDS = {
     "scale": "scale:<parameter name>:<factor>",
     "nan": "nan:<module name>:<step>",
     "slow": "slow:<rank>:<factor>",
+    "perturb": "perturb:<api name>:<call index>",
 }
+#: the relative error a ``perturb`` fault puts into its call's output
+PERTURB_REL = 1e-3
+#: where the APIs a ``perturb`` fault names live (as dumps name them)
+_API_FAMILIES = {"Torch": torch, "Functional": torch.nn.functional, "Tensor": torch.Tensor}
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ def parse_fault(text: str) -> Fault:
         raise ProbeError(f"bad fault {text!r}: {arg_s!r} is not a number ({KINDS[kind]})") from None
     if kind == "nan" and (arg < 0 or arg != int(arg)):
         raise ProbeError(f"bad fault {text!r}: the step must be a non-negative integer")
+    if kind == "perturb" and (arg < 0 or arg != int(arg)):
+        raise ProbeError(f"bad fault {text!r}: the call index must be a non-negative integer")
     if kind == "slow":
         if not target.isdigit():
             raise ProbeError(f"bad fault {text!r}: the target of slow is a rank number ({KINDS['slow']})")
@@ -73,6 +88,9 @@ def check_faults(faults: list[Fault], model: nn.Module, world_size: int) -> None
         if f.kind == "nan" and f.target not in modules:
             near = [n for n in modules if n and f.target.split(".")[-1] in n][:5] or [n for n in modules if n][:5]
             raise ProbeError(f"fault {f}: no module {f.target!r} in this model; e.g. {', '.join(near)}")
+        if f.kind == "perturb" and _api_owner(f.target) is None:
+            raise ProbeError(f"fault {f}: no API {f.target!r}; name one as a dump does: "
+                             "Functional.linear, Torch.matmul, Tensor.__matmul__")
         if f.kind == "slow" and int(f.target) >= world_size:
             raise ProbeError(f"fault {f}: rank {f.target} does not exist with {world_size} rank(s)")
 
@@ -87,6 +105,7 @@ class FaultPlanter:
         self._handles: list = []
         self.slow_factor = max([f.arg for f in faults if f.kind == "slow" and int(f.target) == rank],
                                default=1.0)
+        self._patched: list[tuple[object, str, object]] = []
 
     def apply(self, model: nn.Module) -> None:
         params = dict(model.named_parameters())
@@ -98,6 +117,31 @@ class FaultPlanter:
                     p.mul_(f.arg)
             elif f.kind == "nan":
                 self._handles.append(modules[f.target].register_forward_hook(self._nan_hook(int(f.arg))))
+            elif f.kind == "perturb":
+                self._perturb(f.target, int(f.arg))
+
+    def _perturb(self, api: str, at_call: int) -> None:
+        """Put a wrapper in front of ``api`` that scales the output of its ``at_call``-th call of
+        every step; ``__probe_fault_original__`` names the true function (a precision check
+        replays that one)."""
+        owner, attr = _api_owner(api)
+        orig = getattr(owner, attr)
+        counter = {"step": None, "n": 0}
+
+        @functools.wraps(orig)
+        def wrong_kernel(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            if counter["step"] != self.step:
+                counter["step"], counter["n"] = self.step, 0
+            n = counter["n"]
+            counter["n"] = n + 1
+            if n == at_call and isinstance(out, torch.Tensor) and out.is_floating_point():
+                out = _scaled(out, 1.0 + PERTURB_REL)
+            return out
+
+        wrong_kernel.__probe_fault_original__ = orig
+        setattr(owner, attr, wrong_kernel)
+        self._patched.append((owner, attr, orig))
 
     def _nan_hook(self, at_step: int):
         def hook(module, args, output):
@@ -115,6 +159,25 @@ class FaultPlanter:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for owner, attr, orig in reversed(self._patched):
+            setattr(owner, attr, orig)
+        self._patched.clear()
+
+
+def _api_owner(api: str) -> tuple[object, str] | None:
+    """``(owner, attribute)`` of an API named as dumps name it, or None."""
+    family, _, attr = api.partition(".")
+    owner = _API_FAMILIES.get(family)
+    if owner is None or not attr or not callable(getattr(owner, attr, None)):
+        return None
+    return owner, attr
+
+
+def _scaled(out: torch.Tensor, factor: float) -> torch.Tensor:
+    """``out`` times ``factor``, the gradient flowing through. (In bfloat16 a relative 1e-3 is
+    under half a unit in the last place: the product rounds back to ``out``; plant it in a
+    float32 run.)"""
+    return out * factor
 
 
 def _poison(output):

@@ -21,7 +21,9 @@ class RunSpec:
     nproc: int = 1                     # ranks launched (data parallel, gradients all-reduced)
     max_steps: int = 10
     seed: int = 0
-    faults: tuple[str, ...] = ()       # "scale:<param>:<factor>", "nan:<module>:<step>", "slow:<rank>:<factor>"
+    faults: tuple[str, ...] = ()       # "scale:<param>:<factor>", "nan:<module>:<step>", "slow:<rank>:<factor>",
+                                       # "perturb:<api>:<call index>"
+    dtype: str = "fp32"                # fp32 | bf16 (forward and loss under bfloat16 autocast, fp32 weights)
     out_dir: str = "runs/train"
     device: str = "cpu"
     compile: bool | None = None        # torch.compile the fused engine; None = auto (on where it works)

@@ -9,6 +9,7 @@ step durable when it ends), and calls the training callbacks (:mod:`engine_adapt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -78,9 +79,21 @@ def _intra_op_threads(world_size: int) -> int | None:
     return max(1, (os.cpu_count() or 1) // world_size) if world_size > 1 else None
 
 
+#: ``--dtype`` → the autocast dtype of the forward and the loss (None: no autocast)
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def check_dtype(name: str) -> None:
+    """Raise a ProbeError for a ``--dtype`` the engine does not run."""
+    if name not in DTYPES:
+        from ground.errors import ProbeError
+        raise ProbeError(f"--dtype {name!r}: use one of {', '.join(DTYPES)}")
+
+
 def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
     """Train one rank for ``spec.max_steps`` steps; returns the last step's metrics."""
     dist = torch.distributed
+    check_dtype(spec.dtype)
     device = resolve_device(spec.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -155,8 +168,10 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     t1 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     r = mstx.range_start("forward", domain="engine")
-    logits = model(tokens)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    low = DTYPES[spec.dtype]
+    with torch.autocast(device.type, dtype=low) if low is not None else contextlib.nullcontext():
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     mstx.range_end(r, domain="engine")
     r = mstx.range_start("backward", domain="engine")
     loss.backward()

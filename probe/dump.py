@@ -56,13 +56,14 @@ class DumpSession:
                  framework: str = "torch", auto_step: bool = True, store: Any = True,
                  rank: int | None = None, run: str | None = None, stack: bool = True,
                  first_step: int | None = 0, quiet: bool = False, store_flush_s: float = 1.0,
-                 fsync: str = "step") -> None:
+                 fsync: str = "step", max_hits: int = 1, golden: str = "cpu-fp64") -> None:
         if isinstance(names, str):
             names = [n for n in names.split(",") if n.strip()]
         self.config = DumpConfig(out=str(out), level=level, task=task,
                                  steps=_selection(steps, "--steps"), ranks=_selection(ranks, "--ranks"),
                                  scope=scope, names=names, stack=stack, run=run,
-                                 store_flush_s=store_flush_s, fsync=fsync)
+                                 store_flush_s=store_flush_s, fsync=fsync, max_hits=max_hits,
+                                 golden=golden)
         self.model = model
         self.framework = framework
         self.auto_step = auto_step
@@ -94,7 +95,8 @@ class DumpSession:
             self._own_store = True
         elif self._store_arg not in (None, False):
             self.store = self._store_arg
-        self.recorder = DumpRecorder(self.adapter, self.config, rank=rank, store=self.store)
+        self.recorder = _recorder_class(self.config.task)(self.adapter, self.config, rank=rank,
+                                                          store=self.store)
         if self.config.ranks is None or rank in self.config.ranks:
             from probe.gc_policy import GcPolicy
             self._gc = GcPolicy().start()
@@ -193,6 +195,17 @@ class DumpSession:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _recorder_class(task: str) -> type:
+    """The recorder of a task: ``check`` and ``overflow`` watch calls instead of writing them."""
+    if task == "check":
+        from probe.dump_check import CheckRecorder
+        return CheckRecorder
+    if task == "overflow":
+        from probe.dump_overflow import OverflowRecorder
+        return OverflowRecorder
+    return DumpRecorder
 
 
 def start(model: Any = None, **kwargs: Any) -> DumpSession:

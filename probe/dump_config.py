@@ -6,6 +6,10 @@
 Traceback (most recent call last):
 ...
 ground.errors.ProbeError: --level 'L9': use one of module, api, mix
+>>> DumpConfig(task="check")
+Traceback (most recent call last):
+...
+ground.errors.ProbeError: --task check replays API calls: use --level api or mix
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from typing import Sequence
 from ground.errors import ProbeError
 
 LEVELS = ("module", "api", "mix")
-TASKS = ("statistics", "tensor", "md5")
+TASKS = ("statistics", "tensor", "md5", "check", "overflow")
+#: tasks with a recorder of their own (probe.dump_check, probe.dump_overflow)
+WATCH_TASKS = ("check", "overflow")
+GOLDENS = ("cpu-fp64", "cpu-fp32", "cuda-fp64")
 
 
 @dataclass
@@ -40,12 +47,22 @@ class DumpConfig:
     #: ``step``: each finished step's msprobe files (and tensor files) are forced to disk by the
     #: writer thread; ``never``: left to the operating system (``--fsync``)
     fsync: str = "step"
+    #: ``overflow``: stop watching after this many calls overflowed (each one's tensors written)
+    max_hits: int = 1
+    #: ``check``: where and in what precision the golden runs
+    golden: str = "cpu-fp64"
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
             raise ProbeError(f"--level {self.level!r}: use one of {', '.join(LEVELS)}")
         if self.task not in TASKS:
             raise ProbeError(f"--task {self.task!r}: use one of {', '.join(TASKS)}")
+        if self.task == "check" and self.level == "module":
+            raise ProbeError("--task check replays API calls: use --level api or mix")
+        if self.golden not in GOLDENS:
+            raise ProbeError(f"--golden {self.golden!r}: use one of {', '.join(GOLDENS)}")
+        if isinstance(self.max_hits, bool) or not isinstance(self.max_hits, int) or self.max_hits < 1:
+            raise ProbeError(f"--max-hits {self.max_hits!r}: give a whole number of at least 1")
         from collectors.store import FSYNC_MODES
         if self.fsync not in FSYNC_MODES:
             raise ProbeError(f"--fsync {self.fsync!r}: use one of {', '.join(FSYNC_MODES)}")

@@ -33,9 +33,18 @@ DEFAULT_OUT = os.path.join("runs", "dump")
 @click.option("--level", type=click.Choice(["module", "api", "mix"]), default="module",
               show_default=True, help="module: every nn.Module (msprobe L0); api: torch/functional/"
                                       "Tensor/distributed calls (L1); mix: both.")
-@click.option("--task", type=click.Choice(["statistics", "tensor", "md5"]), default="statistics",
-              show_default=True, help="statistics: max/min/mean/norm/NaN/Inf; tensor: full tensors "
-                                      "(safetensors); md5: a content hash (CRC32).")
+@click.option("--task", type=click.Choice(["statistics", "tensor", "md5", "check", "overflow"]),
+              default="statistics", show_default=True,
+              help="statistics: max/min/mean/norm/NaN/Inf; tensor: full tensors (safetensors); md5: a "
+                   "content hash (CRC32); check: replay each API call on a high-precision golden and "
+                   "grade it (no tensor written; --level api or mix); overflow: watch every output for "
+                   "NaN/Inf and write only the first overflowing call(s).")
+@click.option("--max-hits", "max_hits", default=1, show_default=True, type=click.IntRange(min=1),
+              help="overflow: stop after this many overflowing calls.")
+@click.option("--golden", type=click.Choice(["cpu-fp64", "cpu-fp32", "cuda-fp64"]), default="cpu-fp64",
+              show_default=True, help="check: where and in what precision the golden runs.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="Bundled engine: bf16 runs the forward and loss under bfloat16 autocast.")
 @selection_option("--steps", "--steps", "Steps to dump, e.g. 0,2-4 (default: every step run).")
 @selection_option("--ranks", "--ranks", "Ranks to dump, e.g. 0,1 (default: all).")
 @click.option("--scope", default=None, metavar="REGEX", help="Keep only entries whose name matches.")
@@ -49,7 +58,8 @@ DEFAULT_OUT = os.path.join("runs", "dump")
 @fsync_option
 @engine_options
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
-def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | None,
+def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
+            steps: list[int] | None, ranks: list[int] | None,
             scope: str | None, names: str | None, framework: str, out: str, no_stack: bool,
             force: bool, fsync: str, engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
             faults: tuple[str, ...], device: str, script: tuple[str, ...]) -> int:
@@ -60,7 +70,10 @@ def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | N
         except re.error as e:
             raise ProbeError(f"--scope {scope!r}: not a regular expression ({e})") from None
     options: dict[str, Any] = {"level": level, "task": task, "steps": steps, "ranks": ranks,
-                               "scope": scope, "names": names, "stack": not no_stack}
+                               "scope": scope, "names": names, "stack": not no_stack,
+                               "max_hits": max_hits, "golden": golden}
+    if script and dtype != "fp32":
+        raise ProbeError("--dtype applies to the bundled engine; a SCRIPT sets its own precision")
     if script:
         code = _run_script(list(script), framework, out, options, force, fsync)
     else:
@@ -69,14 +82,14 @@ def command(level: str, task: str, steps: list[int] | None, ranks: list[int] | N
                              "-- train.py); the bundled engine is PyTorch")
         code = _run_engine(out, options, engine=engine, preset=preset, nproc=nproc,
                            max_steps=max_steps, seed=seed, faults=faults, device=device, force=force,
-                           fsync=fsync)
+                           fsync=fsync, dtype=dtype)
     _summarise(out, options, code)
     return code
 
 
 def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, nproc: int,
                 max_steps: int | None, seed: int, faults: tuple[str, ...], device: str,
-                force: bool, fsync: str) -> int:
+                force: bool, fsync: str, dtype: str = "fp32") -> int:
     from engine_adapter.callbacks import CallbackSpec
     from engine.launch import run_training
     from engine.spec import RunSpec
@@ -91,7 +104,7 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
     dump = CallbackSpec(DumpCallback, {**options, "out": out, "fsync": fsync})
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc, max_steps=max(max_steps or 0, needed),
                    seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(dump,),
-                   owner="dump", force=force, fsync=fsync)
+                   owner="dump", force=force, fsync=fsync, dtype=dtype)
     _claim(out, force)
     run_training(spec)
     return 0
@@ -118,10 +131,16 @@ def _claim(out: str, force: bool) -> None:
     anything probe cannot prove the dump wrote stops it (``--force`` overrides)."""
     from ground.outdir import claim
 
-    claim(out, "dump", ["store", "step*", "dump_summary.json"], force=force)
+    claim(out, "dump", ["store", "step*", "dump_summary.json", "check", "overflow_rank*.json"], force=force)
 
 
 def _summarise(out: str, options: dict[str, Any], code: int) -> None:
+    if options["task"] == "check":
+        from probe.dump_check import summarise_run
+        return summarise_run(out, options, code)
+    if options["task"] == "overflow":
+        from probe.dump_overflow import summarise_run
+        return summarise_run(out, options, code)
     root = Path(out)
     found: dict[int, list[int]] = {}
     entries = 0

@@ -54,7 +54,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute below
@@ -62,8 +62,8 @@ import pyarrow.compute  # noqa: F401 - pa.compute below
 from collectors.msprobe_flatten import flatten_entries
 from collectors.msprobe_layout import loads, step_rank
 from collectors.msprobe_nodes import classify_entries, node_columns, stack_refs
-from collectors.msprobe_scan import scan_dump
-from collectors.records import table_from_columns
+from collectors.msprobe_scan import scan_file
+from collectors.records import schema_for, table_from_columns
 from ground.errors import ProbeError
 
 __all__ = ["MsprobeDump", "read_msprobe_dump"]
@@ -86,14 +86,25 @@ class MsprobeDump:
     stacks: dict[str, list[str]] = field(default_factory=dict)   # stack_ref -> stack lines
 
 
-def read_msprobe_dump(path: str | os.PathLike, run: str | None = None) -> MsprobeDump:
+def read_msprobe_dump(path: str | os.PathLike, run: str | None = None,
+                      columns: Sequence[str] | None = None, node_dictionary: bool = False) -> MsprobeDump:
     """Read one msprobe dump (a dump.json, or the folder holding it) into record tables.
 
     construct.json and stack.json are read from beside dump.json when present. Raises
     :class:`ground.errors.ProbeError` with one line naming the file for anything unreadable.
+
+    For a reader that needs less than the whole tensor record (the compare): ``columns``, the
+    tensor columns to build (in the record's order; all when None), and ``node_dictionary``,
+    ``node`` dictionary-encoded: the entries' names in file order, indexed by each record's
+    ``seq`` (no string per record).
+
+    >>> d = read_msprobe_dump("run/step0/rank0", columns=["seq", "node", "max"],
+    ...                       node_dictionary=True)                 # doctest: +SKIP
+    >>> d.tensors.schema.field("node").type                         # doctest: +SKIP
+    DictionaryType(dictionary<values=string, indices=int64, ordered=0>)
     """
     with _gc_paused():
-        return _read_msprobe_dump(path, run)
+        return _read_msprobe_dump(path, run, columns, node_dictionary)
 
 
 @contextmanager
@@ -110,18 +121,20 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
+def _read_msprobe_dump(path: str | os.PathLike, run: str | None, columns: Sequence[str] | None,
+                       node_dictionary: bool) -> MsprobeDump:
     path = Path(path)
     if path.is_dir():
         path = path / "dump.json"
     if not path.exists():
         raise ProbeError(f"{path}: no such file")
-    meta, names, flat = _read_entries(path)
+    meta, name_arr, flat = _read_entries(path)
+    names = name_arr.to_pylist()
     construct, refs, stacks = _read_tree(path)
     step, rank = step_rank(path.resolve())
     run = run if run is not None else str(path)
     info = classify_entries(names)
-    tensors = _tensor_table(path, meta, names, info, flat, run, rank, step)
+    tensors = _tensor_table(path, meta, name_arr, info, flat, run, rank, step, columns, node_dictionary)
     cols = node_columns(names, info.column("cls").combine_chunks(), construct, refs, path.parent / "construct.json")
     n = len(cols["node"])
     nodes = table_from_columns("node", {"run": _constant(run, n, pa.string()),
@@ -133,13 +146,13 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None) -> MsprobeDump:
                        stacks=stacks)
 
 
-def _read_entries(path: Path) -> tuple[dict, list[str], pa.Table]:
+def _read_entries(path: Path) -> tuple[dict, pa.Array, pa.Table]:
     """dump.json's top-level members but ``data``, its entry names in file order and its
     tensors flattened (the native scanner's table, or the general path's)."""
-    raw = _read_bytes(path, "dump.json")
-    scanned = scan_dump(raw)                 # the common layout, natively; else the general path
+    scanned = scan_file(path)                # the common layout, natively; else the general path
     if scanned is not None:
-        return scanned.meta, scanned.names.to_pylist(), scanned.flat
+        return scanned.meta, scanned.names, scanned.flat
+    raw = _read_bytes(path, "dump.json")
     doc = _load_json(path, "dump.json", raw)
     del raw
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
@@ -150,7 +163,7 @@ def _read_entries(path: Path) -> tuple[dict, list[str], pa.Table]:
         raise ProbeError(f"{path}: empty dump (its 'data' holds no entries); check the dump's "
                          "step/rank selection and scope")
     meta = {k: v for k, v in doc.items() if k != "data"}
-    return meta, list(data), flatten_entries(data, path)
+    return meta, pa.array(list(data), type=pa.string()), flatten_entries(data, path)
 
 
 def _read_tree(path: Path) -> tuple[dict, dict[str, str], dict[str, list[str]]]:
@@ -175,9 +188,11 @@ def _read_tree(path: Path) -> tuple[dict, dict[str, str], dict[str, list[str]]]:
     return construct, refs, stacks
 
 
-def _tensor_table(path: Path, meta: dict, names: list[str], info: pa.Table, flat: pa.Table,
-                  run: str, rank: int | None, step: int | None) -> pa.Table:
-    """The tensor records of the flattened tensors (``info``: the entries' kind and direction)."""
+def _tensor_table(path: Path, meta: dict, names: pa.Array, info: pa.Table, flat: pa.Table,
+                  run: str, rank: int | None, step: int | None, columns: Sequence[str] | None = None,
+                  node_dictionary: bool = False) -> pa.Table:
+    """The tensor records of the flattened tensors (``info``: the entries' kind and direction),
+    of ``columns`` only when given (see :func:`read_msprobe_dump`)."""
     seq = flat.column("seq")
     stats = flat.column("stats").combine_chunks() if isinstance(flat.column("stats"), pa.ChunkedArray) \
         else flat.column("stats")
@@ -187,30 +202,48 @@ def _tensor_table(path: Path, meta: dict, names: list[str], info: pa.Table, flat
     if bad is not None:
         row, why = bad
         where = f"{flat.column('slot')[row].as_py()} {flat.column('index')[row].as_py()}"
-        raise ProbeError(f"{path}: entry {names[seq[row].as_py()]!r}, {where}: shape "
+        raise ProbeError(f"{path}: entry {names[seq[row].as_py()].as_py()!r}, {where}: shape "
                          f"{shape[row].as_py()} {why}; this dump.json is corrupt, re-run the dump "
                          "or give another file")
-    files = stats.field("data_name")
-    dump_dir = meta.get("dump_data_dir")
-    if files.null_count < n:
-        base = Path(dump_dir) if dump_dir else path.parent / "dump_tensor_data"
-        if not base.is_absolute() or not base.exists():
-            base = path.parent / "dump_tensor_data"
-        files = pa.array([str(base / f) if f else None for f in files.to_pylist()], type=pa.string())
-    dtype = pa.compute.coalesce(stats.field("dtype"), stats.field("type"))
-    return table_from_columns("tensor", {
-        "run": _constant(run, n, pa.string()), "rank": _constant(rank, n, pa.int32()),
-        "step": _constant(step, n, pa.int64()), "seq": seq,
-        "node": pa.array(names, type=pa.string()).take(seq),
-        "node_kind": info.column("kind").take(seq), "direction": info.column("direction").take(seq),
-        "slot": flat.column("slot"), "index": flat.column("index"),
-        "dtype": dtype, "shape": shape, "numel": numel,
-        "max": stats.field("Max"), "min": stats.field("Min"), "mean": stats.field("Mean"),
-        "l2norm": stats.field("Norm"), "hash": stats.field("md5"), "tensor_file": files,
-        "requires_grad": stats.field("requires_grad"),
-        "value": flat.column("value"), "nan_count": pa.nulls(n, pa.int64()),
-        "inf_count": pa.nulls(n, pa.int64()), "host_ts_ns": pa.nulls(n, pa.int64()),
-    })
+    entry = seq.combine_chunks() if isinstance(seq, pa.ChunkedArray) else seq
+
+    def files() -> pa.Array:
+        files = stats.field("data_name")
+        if files.null_count < n:
+            dump_dir = meta.get("dump_data_dir")
+            base = Path(dump_dir) if dump_dir else path.parent / "dump_tensor_data"
+            if not base.is_absolute() or not base.exists():
+                base = path.parent / "dump_tensor_data"
+            files = pa.array([str(base / f) if f else None for f in files.to_pylist()], type=pa.string())
+        return files
+
+    def node() -> pa.Array:
+        if node_dictionary:
+            return pa.DictionaryArray.from_arrays(entry, names)
+        return names.take(entry)
+    build = {
+        "run": lambda: _constant(run, n, pa.string()), "rank": lambda: _constant(rank, n, pa.int32()),
+        "step": lambda: _constant(step, n, pa.int64()), "seq": lambda: seq, "node": node,
+        "node_kind": lambda: info.column("kind").take(entry),
+        "direction": lambda: info.column("direction").take(entry),
+        "slot": lambda: flat.column("slot"), "index": lambda: flat.column("index"),
+        "dtype": lambda: pa.compute.coalesce(stats.field("dtype"), stats.field("type")),
+        "shape": lambda: shape, "numel": lambda: numel,
+        "max": lambda: stats.field("Max"), "min": lambda: stats.field("Min"),
+        "mean": lambda: stats.field("Mean"), "l2norm": lambda: stats.field("Norm"),
+        "hash": lambda: stats.field("md5"), "tensor_file": files,
+        "requires_grad": lambda: stats.field("requires_grad"),
+        "value": lambda: flat.column("value"), "nan_count": lambda: pa.nulls(n, pa.int64()),
+        "inf_count": lambda: pa.nulls(n, pa.int64()), "host_ts_ns": lambda: pa.nulls(n, pa.int64()),
+    }
+    if columns is None and not node_dictionary:
+        return table_from_columns("tensor", {k: f() for k, f in build.items()})
+    schema = schema_for("tensor")
+    wanted = [f for f in schema if columns is None or f.name in columns]
+    cols = {f.name: build[f.name]() for f in wanted}
+    fields = [pa.field(f.name, cols[f.name].type) if f.name == "node" and node_dictionary else f
+              for f in wanted]
+    return pa.Table.from_pydict(cols, schema=pa.schema(fields))
 
 
 def _read_bytes(path: Path, what: str) -> bytes:

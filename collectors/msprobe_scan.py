@@ -20,6 +20,7 @@ same order.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ import pyarrow as pa
 
 from collectors.msprobe_layout import STAT_TYPE, loads, position_names
 
-__all__ = ["ScanResult", "scan_dump"]
+__all__ = ["ScanResult", "scan_dump", "scan_file"]
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "msprobe_scan.c")
 #: slot codes of the scanner → slot names of the tensor records (input_args and a backward
@@ -43,7 +44,7 @@ class _StrCol(ctypes.Structure):
 
 
 class _Scan(ctypes.Structure):
-    _fields_ = [("buf", ctypes.c_char_p), ("len", ctypes.c_int64),
+    _fields_ = [("buf", ctypes.c_void_p), ("len", ctypes.c_int64),
                 ("ent_cap", ctypes.c_int64), ("n_ent", ctypes.c_int64), ("names", _StrCol),
                 ("t_cap", ctypes.c_int64), ("n_t", ctypes.c_int64),
                 ("seq", ctypes.c_void_p), ("slot", ctypes.c_void_p), ("pos", ctypes.c_void_p),
@@ -117,27 +118,52 @@ class _Col:
         return arr
 
 
-def scan_dump(raw: bytes) -> ScanResult | None:
-    """The dump.json in ``raw`` read by the native scanner, or None (see the module docstring)."""
+def scan_dump(raw: bytes | mmap.mmap) -> ScanResult | None:
+    """The dump.json in ``raw`` (its bytes, or the file mapped: :func:`scan_file`) read by the
+    native scanner, or None (see the module docstring)."""
     fn = _scanner()
-    if not fn or not raw:
+    if not fn or not len(raw):
         return None
     # capacities for a dump as msprobe writes one (a tensor takes 60 bytes or more, a shape
     # value 2 or more); a denser file overflows them and is scanned again with exact bounds
     r = _scan(fn, raw, len(raw) // 48 + 64, len(raw) // 2 + 64)
     if r is _TOO_SMALL:
-        r = _scan(fn, raw, raw.count(b"{") + 1, raw.count(b",") + raw.count(b"[") + 1)
+        r = _scan(fn, raw, _count(raw, b"{") + 1, _count(raw, b",") + _count(raw, b"[") + 1)
     return None if r is _TOO_SMALL else r
+
+
+def scan_file(path: str | os.PathLike) -> ScanResult | None:
+    """:func:`scan_dump` of the file at ``path``, mapped rather than read (no copy of it in
+    memory; an 800 MB dump.json is read 0.5-2 s faster); None also when it cannot be mapped
+    (the reader's general path then reads it, and says why if it cannot)."""
+    if not _scanner():
+        return None
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as raw:
+            return scan_dump(raw)
+    except (OSError, ValueError):                      # an empty file, a folder, unreadable
+        return None
+
+
+def _count(raw: bytes | mmap.mmap, char: bytes) -> int:
+    """How often ``char`` occurs in ``raw``, a piece at a time (no copy of all of it)."""
+    step = 64 << 20
+    view = memoryview(raw)
+    try:
+        return sum(bytes(view[i:i + step]).count(char) for i in range(0, len(raw), step))
+    finally:
+        view.release()
 
 
 _TOO_SMALL = object()
 _E_CAPACITY = -3
 
 
-def _scan(fn: Any, raw: bytes, t_cap: int, s_cap: int) -> Any:
+def _scan(fn: Any, raw: bytes | mmap.mmap, t_cap: int, s_cap: int) -> Any:
     import numpy as np
 
     n_raw = len(raw)
+    buf = np.frombuffer(raw, dtype=np.uint8)     # the bytes' address, without a copy
     names, keys = _Col(t_cap, n_raw), _Col(t_cap, n_raw)
     cols = {k: _Col(t_cap, n_raw) for k in ("type", "dtype", "md5", "data_name")}
     seq = np.empty(t_cap, dtype=np.int64)
@@ -150,13 +176,14 @@ def _scan(fn: Any, raw: bytes, t_cap: int, s_cap: int) -> Any:
     shape_valid = np.empty(t_cap, dtype=np.uint8)
     shape_vals = np.empty(s_cap, dtype=np.int64)
     meta = np.empty(4 * _META_CAP, dtype=np.int64)
-    s = _Scan(raw, n_raw, t_cap, 0, names.struct(), t_cap, 0,
+    s = _Scan(buf.ctypes.data, n_raw, t_cap, 0, names.struct(), t_cap, 0,
               seq.ctypes.data, slot.ctypes.data, pos.ctypes.data,
               keys.struct(), cols["type"].struct(), cols["dtype"].struct(), cols["md5"].struct(),
               cols["data_name"].struct(), stats.ctypes.data, stat_valid.ctypes.data,
               grad.ctypes.data, shape_off.ctypes.data, shape_valid.ctypes.data, s_cap, 0,
               shape_vals.ctypes.data, _META_CAP, 0, meta.ctypes.data, 0)
     code = fn(ctypes.byref(s))
+    del buf
     if code == _E_CAPACITY:
         return _TOO_SMALL
     if code <= 0:
@@ -168,7 +195,7 @@ def _scan(fn: Any, raw: bytes, t_cap: int, s_cap: int) -> Any:
         return None                   # e.g. an older pyarrow without a call used here
 
 
-def _assemble(raw: bytes, s: _Scan, names: _Col, keys: _Col, cols: dict, seq: Any, slot: Any,
+def _assemble(raw: bytes | mmap.mmap, s: _Scan, names: _Col, keys: _Col, cols: dict, seq: Any, slot: Any,
               pos: Any, stats: Any, stat_valid: Any, grad: Any, shape_off: Any, shape_valid: Any,
               shape_vals: Any, meta: Any) -> ScanResult | None:
     """The scanner's buffers as the reader's tables (None: a layout the general path reads)."""
@@ -211,7 +238,7 @@ def _assemble(raw: bytes, s: _Scan, names: _Col, keys: _Col, cols: dict, seq: An
     return ScanResult(names=name_arr, flat=table, meta=meta_doc)
 
 
-def _meta(raw: bytes, ranges: Any) -> dict:
+def _meta(raw: bytes | mmap.mmap, ranges: Any) -> dict:
     """The top-level members other than ``data``, each value parsed from its own bytes (with the
     reader's parser: orjson, the standard library for NaN/Infinity literals)."""
     return {raw[k0:k1].decode(): loads(raw[v0:v1]) for k0, k1, v0, v1 in ranges.tolist()}

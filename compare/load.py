@@ -22,10 +22,18 @@ __all__ = ["Dump", "PendingDump", "load_dump", "load_pair", "start_load"]
 # (below it the fork and the transfer of B's records cost about what they save).
 PARALLEL_BYTES = 8 << 20
 
+#: The tensor record columns a compare reads (not the run, rank, step, kind, timestamps).
+COLUMNS = ("seq", "node", "direction", "slot", "index", "dtype", "shape", "numel", "max", "min",
+           "mean", "l2norm", "nan_count", "inf_count", "hash", "tensor_file", "value")
+
 
 @dataclass
 class Dump:
-    """One side of a comparison: its tensor and node records and where they came from."""
+    """One side of a comparison: its tensor and node records and where they came from.
+
+    ``tensors`` holds the record columns a compare reads (:data:`COLUMNS`); its ``node`` is
+    dictionary-encoded when read from dump.json (the entries' names, each record's entry by
+    position)."""
 
     source: str
     tensors: pa.Table
@@ -63,7 +71,7 @@ def load_dump(path: str | os.PathLike) -> Dump:
             note = (f"{p} holds {len(files)} dumps; comparing the first "
                     f"({files[0].relative_to(p).parent}); give a step/rank folder to choose")
         p = files[0]
-    d = read_msprobe_dump(p)
+    d = read_msprobe_dump(p, columns=COLUMNS, node_dictionary=True)
     return Dump(source=d.path, tensors=d.tensors, nodes=d.nodes, framework=d.framework,
                 task=d.task, step=d.step, rank=d.rank, note=note)
 
@@ -259,5 +267,5 @@ def _load_store(root: Path) -> Dump:
     note = None
     if ranks[0] > 1 or ranks[1] > 1:
         note = f"{root}: store holds {ranks[1]} steps × {ranks[0]} ranks; comparing step {step} rank {rank}"
-    return Dump(source=str(root / "store"), tensors=tensors, nodes=nodes, step=step, rank=rank,
+    return Dump(source=str(root / "store"), tensors=tensors.select(list(COLUMNS)), nodes=nodes, step=step, rank=rank,
                 note=note, task="statistics")

@@ -66,27 +66,36 @@ def _case_map(col: str, table: dict[str, str]) -> str:
     return f"(case {col} {whens} else {col} end)"
 
 
-def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> None:
-    """Create ``{side}_g`` and ``{side}_t`` in ``con``'s database from one side's records.
+def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> pa.Table:
+    """Create ``{side}_e`` and ``{side}_g`` in ``con``'s database from one side's records and
+    return ``{side}_t`` (a pyarrow.Table: register it where it is queried).
 
-    The tables are database tables, not temporary ones, so the two sides can be normalised at
-    once on two cursors of one in-memory database and read from any of its connections.
+    The entries and groups are database tables, not temporary ones, so the two sides can be
+    normalised at once on two cursors of one in-memory database and read from any of its
+    connections. The tensor table is built in Arrow from the records' own buffers: its
+    statistics, shapes, hashes and files are the records' columns, not copies, and its entry
+    and group are integer lookups (no join on the entries' names).
     """
     import numpy as np
+    import pyarrow.compute as pc
 
-    pos = pa.array(np.arange(tensors.num_rows, dtype=np.int64))
-    con.register(f"{side}_raw_t", tensors.append_column("pos", pos))
+    n = tensors.num_rows
+    node = _column(tensors, "node")
+    if not pa.types.is_dictionary(node.type):                    # entry id per tensor, in
+        node = pc.dictionary_encode(node, null_encoding="encode")  # order of first appearance
+    eid = node.indices
+    con.register(f"{side}_raw_e", pa.table({
+        "eid": pa.array(np.arange(len(node.dictionary), dtype=np.int32)), "node": node.dictionary,
+        "seq": _min_by(eid.to_numpy(zero_copy_only=False), _column(tensors, "seq"), len(node.dictionary))}))
     con.register(f"{side}_raw_n", nodes)
     cls_norm = _case_map("lower(cls)", CLASS_SYNONYMS)
     canon = _case_map("canon0", API_SYNONYMS)
     con.execute(f"""
-    create or replace table {side}_e as
-    with e as (
-        select node, min(seq) as seq from {side}_raw_t group by node
-    ), p as (
-        select node, seq, string_split(node, '.') as s from e
+    create or replace table {side}_e0 as
+    with p as (
+        select eid, node, seq, string_split(node, '.') as s from {side}_raw_e
     ), q as (
-        select node, seq, s, len(s) as n,
+        select eid, node, seq, s, len(s) as n,
           case when s[1] in ('Module', 'Cell') and len(s) >= 4 and regexp_full_match(s[-1], '[0-9]+') then 'module'
                when len(s) >= 4 and regexp_full_match(s[-2], '[0-9]+') then
                     case when s[1] = 'Distributed' then 'comm' else 'api' end
@@ -94,16 +103,22 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
                else 'api' end as kind
         from p
     ), r as (
-      select node, seq, kind, s[1] as prefix,
+      select eid, node, seq, kind, s[1] as prefix,
         array_to_string(s[2:-3], '.') as body,
         case when kind = 'module' then s[-2] else s[-1] end as dir_raw,
         try_cast(case when kind = 'module' then s[-1] else s[-2] end as bigint) as call
       from q
     )
-    -- a call group's id: the position of its first entry (an integer key joins faster than
-    -- the "prefix.body#call" text that defines the group)
-    select *, min(seq) over (partition by prefix || '.' || body || '#' || coalesce(call, 0)) as grp
-    from r
+    select *, prefix || '.' || body || '#' || coalesce(call, 0) as gkey from r
+    """)
+    # a call group's id: the position of its first entry (an integer key joins faster than
+    # the "prefix.body#call" text that defines the group); the window over the keys alone,
+    # joined back (a window sorts every column it is given)
+    con.execute(f"""
+    create or replace table {side}_e as
+    with w as (select eid, min(seq) over (partition by gkey) as grp from {side}_e0)
+    select e.eid, e.node, e.seq, e.kind, e.prefix, e.body, e.dir_raw, e.call, w.grp
+    from {side}_e0 e join w on w.eid = e.eid
     """)
     con.execute(f"""
     create or replace table {side}_g0 as
@@ -131,43 +146,129 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> N
       fwd, bwd, pgrad, seq_f, seq_b, seq0
     from y
     """)
+    # the joins first, then the numbering over the keys alone joined back by row (a window
+    # sorts all the columns it is given: the names, paths and classes of every group)
     con.execute(f"""
-    create or replace table {side}_g as
-    select g.*,
-      case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
-           else g.kind || ':' || coalesce(pg.path || ':' || coalesce(pg.call, 0), '') || ':' || g.canon || ':' ||
-                (row_number() over (partition by g.kind, pg.grp, g.canon order by g.seq0) - 1) end as exact_key,
-      case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
-           else g.kind || '::' || g.canon || ':' ||
-                (row_number() over (partition by g.kind, g.canon order by g.seq0) - 1) end as global_key,
-      row_number() over (order by g.seq_f nulls last, g.seq0) - 1 as ord_f,
-      case when g.seq_b is null then null else row_number() over (order by g.seq_b nulls last) - 1 end as ord_b,
-      pg.grp as parent, n.parent as parent_node,
-      coalesce(n.depth, 0) as depth,
-      case when g.kind = 'module' then regexp_extract(g.path, '([^.]*)$', 1) else g.canon end as leaf
+    create or replace table {side}_g1 as
+    select g.*, pg.grp as parent, n.parent as parent_node, coalesce(n.depth, 0) as depth,
+      pg.path as parent_path, pg.call as parent_call
     from {side}_g0 g
     left join {side}_raw_n n on n.node = g.fwd
     left join {side}_g0 pg on pg.fwd = n.parent
     """)
-    param = _case_map('"index"', PARAM_SYNONYMS)
-    uninit = ", ".join(f"'{u}'" for u in UNINITIALISED)
-    dtype = DTYPE_SQL.format(col="raw")
     con.execute(f"""
-    create or replace table {side}_t as
-    with dt as (select raw, {dtype} as norm from (select distinct dtype as raw from {side}_raw_t)),
-         eg as (select e.node, g.grp, g.kind, g.canon from {side}_e e join {side}_g g on g.grp = e.grp)
-    select g.grp, t.node, t.seq, t.pos, t.direction, t.slot,
-      case when t.slot in ('parameter', 'parameter_grad') then {param} else t."index" end as idx,
-      dt.norm as dtype, t.shape, t.numel, t."max" as mx, t."min" as mn, t.mean as mean,
-      t.l2norm as norm, t.hash, t.tensor_file,
-      (isnan(coalesce(t."max", 0)) or isinf(coalesce(t."max", 0)) or isnan(coalesce(t."min", 0))
-        or isinf(coalesce(t."min", 0)) or isnan(coalesce(t.mean, 0)) or isinf(coalesce(t.mean, 0))
-        or isnan(coalesce(t.l2norm, 0)) or isinf(coalesce(t.l2norm, 0))
-        or coalesce(t.nan_count, 0) > 0 or coalesce(t.inf_count, 0) > 0) as nonfinite,
-      (g.kind <> 'module' and g.canon in ({uninit}) and t.slot = 'output'
-       and t.direction = 'forward') as uninit
-    from {side}_raw_t t
-    join eg g on g.node = t.node
-    left join dt on dt.raw is not distinct from t.dtype
-    where t.value is null
+    create or replace table {side}_g as
+    with w as (
+      select rowid as rid,
+        row_number() over (partition by kind, parent, canon order by seq0) - 1 as k_local,
+        row_number() over (partition by kind, canon order by seq0) - 1 as k_global,
+        row_number() over (order by seq_f nulls last, seq0) - 1 as ord_f,
+        case when seq_b is null then null else row_number() over (order by seq_b nulls last) - 1 end as ord_b
+      from {side}_g1
+    )
+    select g.grp, g.kind, g.prefix, g.path, g.cls, g.cls_norm, g.canon, g.call, g.fwd, g.bwd, g.pgrad,
+      g.seq_f, g.seq_b, g.seq0,
+      case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
+           else g.kind || ':' || coalesce(g.parent_path || ':' || coalesce(g.parent_call, 0), '') || ':' || g.canon || ':' ||
+                w.k_local end as exact_key,
+      case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
+           else g.kind || '::' || g.canon || ':' || w.k_global end as global_key,
+      w.ord_f, w.ord_b, g.parent, g.parent_node, g.depth,
+      case when g.kind = 'module' then regexp_extract(g.path, '([^.]*)$', 1) else g.canon end as leaf
+    from {side}_g1 g join w on w.rid = g.rowid
+    order by g.grp
     """)
+    uninit = ", ".join(f"'{u}'" for u in UNINITIALISED)
+    # each entry's group, and whether its outputs are uninitialised memory, by entry id
+    groups = con.sql(f"""
+    select grp, coalesce(kind <> 'module' and canon in ({uninit}), false) as uninit from {side}_g
+    """).to_arrow_table()
+    entry_grp = con.sql(f"select grp from {side}_e order by eid").to_arrow_table().column(0).combine_chunks()
+    for name in (f"{side}_raw_e", f"{side}_raw_n"):
+        con.unregister(name)
+    for name in ("e0", "e", "g0", "g1"):
+        con.execute(f"drop table {side}_{name}")
+    # each record's group (its entry's, when the entry's group is one), and whether its
+    # entry's outputs are uninitialised memory
+    at = pc.index_in(entry_grp, value_set=groups.column("grp").combine_chunks())
+    grp = groups.column("grp").combine_chunks().take(at).take(eid)
+    entry_uninit = groups.column("uninit").combine_chunks().take(at).take(eid)
+    slot, direction = _column(tensors, "slot"), _column(tensors, "direction")
+    is_out_fwd = pc.and_kleene(pc.equal(slot, "output"), pc.equal(direction, "forward"))
+    table = pa.table({
+        "grp": grp, "seq": tensors.column("seq"), "pos": pa.array(np.arange(n, dtype=np.int64)),
+        "direction": direction, "slot": slot, "idx": _param_names(slot, _column(tensors, "index")),
+        "dtype": _dtypes(con, _column(tensors, "dtype")), "shape": tensors.column("shape"),
+        "numel": tensors.column("numel"), "mx": tensors.column("max"), "mn": tensors.column("min"),
+        "mean": tensors.column("mean"), "norm": tensors.column("l2norm"), "hash": tensors.column("hash"),
+        "tensor_file": tensors.column("tensor_file"), "nonfinite": _nonfinite(tensors),
+        "uninit": pc.fill_null(pc.and_kleene(entry_uninit, is_out_fwd), False),
+    })
+    # the records of a tensor: a named entry that has a group, and no non-tensor value
+    keep = pc.and_(pc.and_(pc.is_valid(node), pc.is_valid(grp)), pc.is_null(tensors.column("value")))
+    if pc.sum(keep).as_py() != n:
+        table = table.filter(keep)
+    return table
+
+
+def _min_by(keys: Any, values: pa.Array, k: int) -> pa.Array:
+    """The least non-null ``values`` for each key ``0..k-1`` (null where a key has none)."""
+    import numpy as np
+
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    v = values.to_numpy(zero_copy_only=False) if values.null_count == 0 else \
+        values.fill_null(0).to_numpy(zero_copy_only=False)
+    out = np.zeros(k, dtype=np.int64)
+    has = np.zeros(k, dtype=bool)
+    if k:
+        out[:] = np.iinfo(np.int64).max
+        np.minimum.at(out, keys[valid], v[valid])
+        has[keys[valid]] = True
+    return pa.array(out, mask=~has)
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    col = table.column(name)
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _param_names(slot: pa.Array, index: pa.Array) -> pa.Array:
+    """``index`` with parameter names made framework-free (:data:`PARAM_SYNONYMS`) where the
+    slot is a parameter or its gradient."""
+    import pyarrow.compute as pc
+
+    keys = pa.array(list(PARAM_SYNONYMS), type=pa.string())
+    values = pa.array(list(PARAM_SYNONYMS.values()), type=pa.string())
+    renamed = pc.coalesce(values.take(pc.index_in(index, value_set=keys)), index)
+    return pc.if_else(pc.is_in(slot, value_set=pa.array(["parameter", "parameter_grad"])), renamed, index)
+
+
+def _dtypes(con: Any, dtype: pa.Array) -> pa.Array:
+    """The normalised dtype of every record (:data:`DTYPE_SQL` run once per distinct dtype;
+    a missing dtype is ``''``)."""
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(dtype, null_encoding="encode")
+    import numpy as np
+
+    con.register("raw_dtypes", pa.table({"k": pa.array(np.arange(len(enc.dictionary))), "raw": enc.dictionary}))
+    try:
+        names = con.sql(f"select {DTYPE_SQL.format(col='raw')} from raw_dtypes order by k").to_arrow_table()
+    finally:
+        con.unregister("raw_dtypes")
+    return names.column(0).combine_chunks().take(enc.indices)
+
+
+def _nonfinite(tensors: pa.Table) -> pa.Array:
+    """Whether a record holds NaN/±Inf: a non-finite statistic, or a NaN/Inf count above 0."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    out = np.zeros(tensors.num_rows, dtype=bool)
+    for k in ("max", "min", "mean", "l2norm"):
+        out |= ~np.isfinite(pc.fill_null(tensors.column(k), 0.0).to_numpy())
+    for k in ("nan_count", "inf_count"):
+        col = tensors.column(k)
+        if col.null_count < len(col):
+            out |= pc.fill_null(col, 0).to_numpy() > 0
+    return pa.array(out)

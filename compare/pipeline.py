@@ -25,11 +25,12 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None,
     con = _connect()
     side_a = _Normaliser(con, "a", da).start()
     try:
-        _Normaliser(con, "b", db).run()
+        side_b = _Normaliser(con, "b", db)
+        side_b.run()
     finally:
         side_a.join()
     _tick(bar, "normalised")
-    return _finish(con, da, db, mapping, bar, out)
+    return _finish(con, da, db, (side_a.table, side_b.table), mapping, bar, out)
 
 
 def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
@@ -55,13 +56,14 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
         side_a = _Normaliser(con, "a", da).start()
         db = pending.result()
         _tick(bar, "read B")
-        _Normaliser(con, "b", db).run()
+        side_b = _Normaliser(con, "b", db)
+        side_b.run()
     finally:
         pending.close()
         if side_a is not None:
             side_a.join()
     _tick(bar, "normalised")
-    return _finish(con, da, db, mapping, bar, out)
+    return _finish(con, da, db, (side_a.table, side_b.table), mapping, bar, out)
 
 
 #: Tensor rows of both sides together from which DuckDB runs each query on every core. Below
@@ -96,12 +98,13 @@ class _Normaliser:
         self.dump = dump
         self.thread: Any = None
         self.error: BaseException | None = None
+        self.table: Any = None                  # the side's tensor table, once run
 
     def run(self) -> None:
         from compare.normalise import normalise_side
 
         try:
-            normalise_side(self.cursor, self.side, self.dump.tensors, self.dump.nodes)
+            self.table = normalise_side(self.cursor, self.side, self.dump.tensors, self.dump.nodes)
         finally:
             self.cursor.close()
 
@@ -126,10 +129,11 @@ class _Normaliser:
             raise self.error
 
 
-def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
+def _finish(con: Any, da: Dump, db: Dump, sides: tuple, mapping: str | None, bar: Any,
             out: Any = None) -> CompareResult:
-    """Match, metrics, verdicts and localisation over the two normalised sides; the result's
-    files are written to ``out`` (when given) while the later parts are computed."""
+    """Match, metrics, verdicts and localisation over the two normalised sides (``sides``: their
+    tensor tables, :func:`compare.normalise.normalise_side`); the result's files are written to
+    ``out`` (when given) while the later parts are computed."""
     from concurrent.futures import ThreadPoolExecutor
 
     from compare.localise import localise, with_impact
@@ -145,6 +149,9 @@ def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
     names_a = naming.submit(tensor_names, da.tensors)
     names_b = naming.submit(tensor_names, db.tensors)
     naming.shutdown(wait=False)
+    views = {"a_t": sides[0], "b_t": sides[1]}
+    for name, table in views.items():
+        con.register(name, table)
     try:
         mapped = None
         if mapping:
@@ -155,7 +162,8 @@ def _finish(con: Any, da: Dump, db: Dump, mapping: str | None, bar: Any,
         _tick(bar, "matched")
         n = da.tensors.num_rows + db.tensors.num_rows
         single = _size_threads(con, n) == 1
-        full = tensor_rows(con, 2 if single and n >= PARTITION_ROWS and (os.cpu_count() or 1) >= 2 else 1)
+        full = tensor_rows(con, 2 if single and n >= PARTITION_ROWS and (os.cpu_count() or 1) >= 2 else 1,
+                           views=views)
         full = with_names(full, (names_a.result(), names_b.result()))
         rows = full.drop_columns(list(HELPER_COLUMNS))
         if da.task == "tensor" or db.task == "tensor":

@@ -30,8 +30,10 @@ HELPER_COLUMNS = ("grp_a", "grp_b", "ctx", "tol_pass", "tol_warn", "uninit")
 PARTITION_ROWS = 16_384
 
 
-def tensor_rows(con: Any, parts: int = 1) -> Any:
+def tensor_rows(con: Any, parts: int = 1, views: dict | None = None) -> Any:
     """The per-tensor rows (pyarrow.Table, in execution order, with the helper columns).
+    ``views``: Arrow tables the query reads by name (the sides' tensor tables), registered on
+    every cursor it runs on.
 
     With ``parts`` = 2 the query runs in halves (the call groups split by a hash of A's group, so
     each half holds whole groups) on two cursors at once. The rows are ordered here by
@@ -45,6 +47,8 @@ def tensor_rows(con: Any, parts: int = 1) -> Any:
 
     def run(k: int) -> Any:
         cur = con.cursor()
+        for name, table in (views or {}).items():
+            cur.register(name, table)
         try:
             return cur.sql(_rows_sql(k, parts)).to_arrow_table()
         finally:
@@ -74,6 +78,8 @@ def tensor_names(tensors: Any) -> tuple[Any, Any]:
     import pyarrow.compute as pc
 
     node = tensors.column("node").combine_chunks()
+    if pa.types.is_dictionary(node.type):
+        node = node.dictionary.take(node.indices)
     slot = tensors.column("slot").combine_chunks()
     keys = pa.array(list(_NAME_SEP), type=pa.string())
     seps = pa.array(list(_NAME_SEP.values()), type=pa.string())
@@ -127,7 +133,7 @@ def _rows_sql(k: int, parts: int) -> str:
          tb as (select t.*, p.grp_a as other, p.method, p.reason as mreason
                 from b_t t join pairs p on p.grp_b = t.grp where {part("p.grp_a")})
     select coalesce(ta.grp, tb.other) as grp_a, coalesce(ta.other, tb.grp) as grp_b,
-      ta.node is not null as name_slot_a, tb.node is not null as name_slot_b,
+      ta.pos is not null as name_slot_a, tb.pos is not null as name_slot_b,
       coalesce(ta.direction, tb.direction) as direction, coalesce(ta.slot, tb.slot) as slot,
       coalesce(ta.idx, tb.idx) as "index", coalesce(ta.method, tb.method) as match_method,
       coalesce(ta.mreason, tb.mreason) as match_reason,

@@ -1,4 +1,4 @@
-"""Shared fixtures: where the real msprobe dumps are, and running the ``probe`` command."""
+"""Shared fixtures: the real msprobe dumps, and running the ``probe`` command."""
 
 from __future__ import annotations
 
@@ -9,16 +9,31 @@ from pathlib import Path
 
 import pytest
 
+from tests.msprobe_fixtures import MSPROBE_PY, msprobe_dumps
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA", ROOT.parent / "shared" / "data" / "msprobe"))
 
 
+def msprobe_data_root() -> Path | None:
+    """The folder of real msprobe dumps (``torch_L0``, ``torch_llama_mix``,
+    ``torch_llama_md5_L1``, ``mindspore_L0``, ``mindspore_mix``): written by msprobe itself in
+    ``.venv-bench`` on first use and cached (tests/msprobe_fixtures.py); when that Python has no
+    msprobe, the copies in ../shared/data/msprobe (``PROBE_SHARED_DATA``); else None."""
+    generated = msprobe_dumps()
+    if generated is not None:
+        return generated
+    return SHARED_DATA if SHARED_DATA.is_dir() else None
+
+
 @pytest.fixture(scope="session")
 def msprobe_data() -> Path:
-    """The folder of real msprobe dumps (../shared/data/msprobe); skips when absent."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real msprobe dumps not found at {SHARED_DATA}")
-    return SHARED_DATA
+    """:func:`msprobe_data_root`; skips, saying how to get msprobe, when there is none."""
+    root = msprobe_data_root()
+    if root is None:
+        pytest.skip(f"no msprobe to write the real msprobe dumps with ({MSPROBE_PY}: "
+                    f"bash scripts/test.sh installs it) and none at {SHARED_DATA}")
+    return root
 
 
 def run_probe(*args: str, timeout: float = 300, env: dict | None = None,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from collectors.msprobe_layout import loads
-from tests.conftest import SHARED_DATA, run_probe
+from tests.conftest import msprobe_data_root, run_probe
 
 #: Entries kept of each dump (its construct.json and stack.json are kept whole).
 KEEP_ENTRIES = 20
@@ -39,11 +39,12 @@ def _cut(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="session")
 def fuzz_sources(our_run, tmp_path_factory) -> dict[str, Path]:
     """Folders holding a cut dump.json with its construct.json and stack.json, by name: ours,
-    and each of msprobe's real dumps when ../shared/data/msprobe is there."""
+    and each of msprobe's real dumps (tests/msprobe_fixtures.py) when there are some."""
     root = tmp_path_factory.mktemp("fuzz-sources")
     sources = {"ours": _cut(our_run / "step0" / "rank0", root / "ours")}
-    if SHARED_DATA.is_dir():
-        for dump in sorted(SHARED_DATA.glob("*/step*/*/dump.json")):
+    real = msprobe_data_root()
+    if real is not None:
+        for dump in sorted(real.glob("*/step*/*/dump.json")):
             name = dump.parent.parent.parent.name
             sources[name] = _cut(dump.parent, root / name)
     return sources

@@ -1,7 +1,7 @@
 """Seeded fuzzing of every input a user hands to probe: dump.json, construct.json, stack.json,
 mapping YAML, store Parquet segments and monitor protobuf messages.
 
-Each case mutates a real file (ours from ``probe dump``, msprobe's from ../shared/data/msprobe)
+Each case mutates a real file (ours from ``probe dump``, msprobe's from tests/msprobe_fixtures.py)
 with :mod:`tests.fuzz.mutate` from its seed alone, runs the command in this process
 (``probe.cli.main``) and checks the contract of bad input: never an internal error (exit 3),
 never a traceback, every error one line, no case longer than a minute. A few cases run through

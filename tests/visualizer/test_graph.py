@@ -1,19 +1,14 @@
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from ground.errors import ProbeError
 from visualizer.graph import Graph, parse_name
 
-DATA = Path("/work/shared/data/msprobe")
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="shared msprobe dumps absent")
 
-
-@needs_data
-def test_module_tree_nests_children_under_their_construct_parent_in_execution_order():
-    g = Graph.load(DATA / "torch_llama_mix")
+def test_module_tree_nests_children_under_their_construct_parent_in_execution_order(msprobe_data):
+    g = Graph.load(msprobe_data / "torch_llama_mix")
     block = "Module.layers.0.Block.forward.0"
     assert g.roots()[:2] == ["Module.embed.Embedding.forward.0", block]
     kids = g.children(block)
@@ -23,9 +18,8 @@ def test_module_tree_nests_children_under_their_construct_parent_in_execution_or
         block, "Module.layers.0.attn.Attention.forward.0", "Module.layers.0.attn.q_proj.Linear.forward.0"]
 
 
-@needs_data
-def test_node_statistics_cover_inputs_outputs_parameters_and_parameter_grads():
-    g = Graph.load(DATA / "torch_L0")
+def test_node_statistics_cover_inputs_outputs_parameters_and_parameter_grads(msprobe_data):
+    g = Graph.load(msprobe_data / "torch_L0")
     fwd = g.tensors("Module.embed.Linear.forward.0")
     assert {t.slot for t in fwd} == {"input", "output", "parameter"}
     weight = next(t for t in fwd if t.slot == "parameter" and t.index == "weight")
@@ -34,9 +28,8 @@ def test_node_statistics_cover_inputs_outputs_parameters_and_parameter_grads():
     assert {t.index for t in bwd if t.slot == "parameter_grad"} == {"weight", "bias"}
 
 
-@needs_data
-def test_data_flow_edges_follow_an_output_into_the_node_that_consumes_it():
-    g = Graph.load(DATA / "torch_llama_mix")
+def test_data_flow_edges_follow_an_output_into_the_node_that_consumes_it(msprobe_data):
+    g = Graph.load(msprobe_data / "torch_llama_mix")
     flow = g.flow()
     norm, attn = "Module.layers.0.input_norm.RMSNorm.forward.0", "Module.layers.0.attn.Attention.forward.0"
     into_attn = [e for e in flow if g.within(e.dst, attn) and not g.within(e.src, attn)]
@@ -49,16 +42,14 @@ def test_data_flow_edges_follow_an_output_into_the_node_that_consumes_it():
         assert out & {same(t) for t in g.tensors(e.dst) if t.slot in ("input", "kwarg")}, e
 
 
-@needs_data
-def test_a_node_fed_by_no_recorded_tensor_has_no_incoming_edge():
-    g = Graph.load(DATA / "torch_llama_mix")
+def test_a_node_fed_by_no_recorded_tensor_has_no_incoming_edge(msprobe_data):
+    g = Graph.load(msprobe_data / "torch_llama_mix")
     first = g.walk()[0]
     assert not [e for e in g.flow() if e.dst == first] and g.neighbours(first)[0] == []
 
 
-@needs_data
-def test_top_level_api_calls_between_modules_are_grouped_and_modules_stay_on_top():
-    g = Graph.load(DATA / "torch_llama_mix")
+def test_top_level_api_calls_between_modules_are_grouped_and_modules_stay_on_top(msprobe_data):
+    g = Graph.load(msprobe_data / "torch_llama_mix")
     groups = [r for r in g.roots() if g.nodes[r].kind == "group"]
     assert groups and all(g.nodes[r].kind in ("module", "group") for r in g.roots())
     members = g.children(groups[0])
@@ -68,17 +59,15 @@ def test_top_level_api_calls_between_modules_are_grouped_and_modules_stay_on_top
     assert sorted(g.walk()) == sorted(g)
 
 
-@needs_data
-def test_stack_and_mindspore_cells_are_read():
-    g = Graph.load(DATA / "mindspore_L0")
+def test_stack_and_mindspore_cells_are_read(msprobe_data):
+    g = Graph.load(msprobe_data / "mindspore_L0")
     assert g.roots()[0] == "Cell.embed.Dense.forward.0"
     assert g.nodes["Cell.embed.Dense.forward.0"].label == "embed (Dense) fwd"
     assert any("cell.py" in line for line in g.stack("Cell.embed.Dense.forward.0"))
 
 
-@needs_data
-def test_a_dump_without_construct_lists_every_api_at_top_level():
-    g = Graph.load(DATA / "torch_llama_md5_L1")
+def test_a_dump_without_construct_lists_every_api_at_top_level(msprobe_data):
+    g = Graph.load(msprobe_data / "torch_llama_md5_L1")
     assert len(g.roots()) == len(g) and g.roots()[0] == "Functional.embedding.0.forward"
 
 
@@ -98,23 +87,21 @@ def test_bad_dump_paths_raise_one_line_errors(tmp_path):
         Graph.load(tmp_path)
 
 
-@needs_data
-def test_neighbours_are_the_siblings_feeding_and_fed_by_a_node():
-    g = Graph.load(DATA / "torch_llama_mix")
+def test_neighbours_are_the_siblings_feeding_and_fed_by_a_node(msprobe_data):
+    g = Graph.load(msprobe_data / "torch_llama_mix")
     ins, outs = g.neighbours("Module.layers.0.attn.Attention.forward.0")
     assert ins == ["Module.layers.0.input_norm.RMSNorm.forward.0"] and outs == ["Tensor.__add__.4.forward"]
 
 
-@needs_data
-def test_a_run_directory_store_gives_the_same_graph_as_its_msprobe_dump(tmp_path):
+def test_a_run_directory_store_gives_the_same_graph_as_its_msprobe_dump(msprobe_data, tmp_path):
     from collectors.msprobe_reader import read_msprobe_dump
     from collectors.store import StoreWriter
 
-    dump = read_msprobe_dump(DATA / "torch_llama_mix" / "step0" / "proc0" / "dump.json")
+    dump = read_msprobe_dump(msprobe_data / "torch_llama_mix" / "step0" / "proc0" / "dump.json")
     with StoreWriter(tmp_path, rank=0) as w:
         w.write("tensor", dump.tensors)
         w.write("node", dump.nodes)
-    from_dump, from_store = Graph.load(DATA / "torch_llama_mix"), Graph.load(tmp_path)
+    from_dump, from_store = Graph.load(msprobe_data / "torch_llama_mix"), Graph.load(tmp_path)
     assert from_store.walk() == from_dump.walk()
     name = "Module.layers.0.attn.Attention.forward.0"
     assert from_store.tensors(name) == from_dump.tensors(name)

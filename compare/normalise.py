@@ -208,7 +208,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
     keep = pc.and_(pc.and_(pc.is_valid(node), pc.is_valid(grp)), pc.is_null(tensors.column("value")))
     if pc.sum(keep).as_py() != n:
         table = table.filter(keep)
-    return table
+    return table.append_column("rid", pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
 
 def _min_by(keys: Any, values: pa.Array, k: int) -> pa.Array:

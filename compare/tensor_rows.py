@@ -1,11 +1,20 @@
 """The per-tensor rows of a compare (``CompareResult.rows``): pairs, statistics metrics, verdicts.
 
-One DuckDB query over the two normalised sides (``a_t``/``b_t``, :mod:`compare.normalise`) and
-the matched groups (``pairs``, ``a_st``/``b_st``, :mod:`compare.match`) pairs the tensors of
-every matched group by direction, slot and index, keeps the unmatched ones, and grades each
-pair: differences and relative errors of max/min/mean/norm, the dtype- and scale-aware ``err``,
-the tensor verdict (both as :mod:`compare.verdict` defines them) and its reason. The msprobe-style tensor names are put
-in afterwards from the records, by position (:func:`tensor_names`, :func:`with_names`).
+Three steps over the two normalised sides (``a_t``/``b_t``, :mod:`compare.normalise`) and the
+matched groups (``pairs``, ``a_st``/``b_st``, :mod:`compare.match`):
+
+1. **pairing** (DuckDB, on the keys alone): the tensors of every matched group are paired by
+   direction, slot and index, and the unmatched ones kept: each row is a row number in A, one
+   in B (either may be missing) and the pair of groups it belongs to;
+2. **gathering** (Arrow): the rows are put in execution order (by execution order, A's
+   position, B's position: one numpy sort of three integer keys) and each side's columns are
+   taken from its table by row number (a join would copy them all through its hash table);
+3. **grading** (DuckDB, one projection, in halves on two threads when large): differences and
+   relative errors of max/min/mean/norm, the dtype- and scale-aware ``err``, the tensor verdict
+   (both as :mod:`compare.verdict` defines them) and its reason.
+
+The msprobe-style tensor names are put in afterwards from the records, by position
+(:func:`tensor_names`, :func:`with_names`).
 
 >>> import pyarrow as pa
 >>> names, nodes = tensor_names(pa.table({"node": ["Module.fc.Linear.forward.0"] * 2,
@@ -32,38 +41,122 @@ PARTITION_ROWS = 16_384
 
 def tensor_rows(con: Any, parts: int = 1, views: dict | None = None) -> Any:
     """The per-tensor rows (pyarrow.Table, in execution order, with the helper columns).
-    ``views``: Arrow tables the query reads by name (the sides' tensor tables), registered on
-    every cursor it runs on.
-
-    With ``parts`` = 2 the query runs in halves (the call groups split by a hash of A's group, so
-    each half holds whole groups) on two cursors at once. The rows are ordered here by
-    (execution order, A's position, B's position): one numpy sort of three integer keys instead
-    of a DuckDB ORDER BY that moves every column.
+    ``views``: the sides' tensor tables by name (``a_t``, ``b_t``), registered on every cursor
+    the steps run on (see the module docstring); with ``parts`` = 2 the grading runs in two
+    halves of the rows on two cursors at once.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
     import pyarrow as pa
 
-    def run(k: int) -> Any:
+    views = views or {}
+    ta, tb = views["a_t"], views["b_t"]
+    pairing = con.sql(_PAIRING_SQL).to_arrow_table()
+    pid_info = con.sql("select rowid, method, reason from pairs order by rowid").to_arrow_table()
+    rid_a, rid_b = pairing.column("rid_a").combine_chunks(), pairing.column("rid_b").combine_chunks()
+    import pyarrow.compute as pc
+
+    order = np.lexsort([_int_key(tb.column("pos").take(rid_b)), _int_key(ta.column("pos").take(rid_a)),
+                        _int_key(pc.coalesce(ta.column("seq").take(rid_a), tb.column("seq").take(rid_b)))])
+    rows = _gather(pairing.take(pa.array(order)), ta, tb, pid_info)
+    con.register("pair_t", rows)
+    con.execute(f"create or replace table row_ctx as select grp_a, grp_b, direction, max({_MAG_SQL}) as ctx "
+                "from pair_t group by all")
+    con.unregister("pair_t")
+    n = rows.num_rows
+
+    def grade(k: int) -> Any:
         cur = con.cursor()
-        for name, table in (views or {}).items():
-            cur.register(name, table)
         try:
-            return cur.sql(_rows_sql(k, parts)).to_arrow_table()
+            lo, hi = n * k // parts, n * (k + 1) // parts
+            cur.register("pair_t", rows.slice(lo, hi - lo))
+            return cur.sql(_GRADE_SQL).to_arrow_table()
         finally:
             cur.close()
 
     if parts == 1:
-        table = con.sql(_rows_sql(0, 1)).to_arrow_table()
+        graded = grade(0)
     else:
         with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="compare-rows") as pool:
-            table = pa.concat_tables(list(pool.map(run, range(parts))))
-    order = np.lexsort([_int_key(table.column("pos_b")), _int_key(table.column("pos_a")),
-                        _int_key(table.column("ord"))])
-    table = table.take(pa.array(order))
-    row_id = pa.array(np.arange(table.num_rows, dtype=np.int64))
-    return table.add_column(0, "row_id", row_id)
+            graded = pa.concat_tables(list(pool.map(grade, range(parts))))
+    con.execute("drop table row_ctx")
+    row_id = graded.column("row_id").to_numpy()
+    if n > 1 and not bool(np.all(row_id[1:] > row_id[:-1])):    # a parallel plan reordered them
+        graded = graded.take(pa.array(np.argsort(row_id, kind="stable")))
+    return _assemble(rows, graded)
+
+
+#: The columns of :func:`tensor_rows`, in order, and where each comes from: ``g`` the gathered
+#: rows, ``c`` the grading, ``None`` a tensor-mode metric (null until
+#: :func:`compare.metrics.add_tensor_metrics`); a rename as ``(name, source column)``.
+COLUMNS = (
+    ("row_id", "g"), ("grp_a", "g"), ("grp_b", "g"), ("name_slot_a", "g"), ("name_slot_b", "g"),
+    ("direction", "g"), ("slot", "g"), ("index", "g"), ("match_method", "g"), ("dtype_a", "g"),
+    ("dtype_b", "g"), ("shape_a", "g"), ("shape_b", "g"), ("max_a", "g"), ("min_a", "g"),
+    ("mean_a", "g"), ("norm_a", "g"), ("max_b", "g"), ("min_b", "g"), ("mean_b", "g"), ("norm_b", "g"),
+    ("max_diff", "c"), ("min_diff", "c"), ("mean_diff", "c"), ("norm_diff", "c"), ("max_rel", "c"),
+    ("min_rel", "c"), ("mean_rel", "c"), ("norm_rel", "c"), ("err", "c"), ("cosine", None),
+    ("max_abs_err", None), ("max_rel_err", None), ("rmse", None), ("one_thousandth", None),
+    ("one_ten_thousandth", None), ("nonfinite_a", "g"), ("nonfinite_b", "g"), ("uninit", "g"),
+    ("hash_match", "c"), ("file_a", "g"), ("file_b", "g"), ("ctx", "c"), ("tol_pass", "c"),
+    ("tol_warn", "c"), (("ord", "seq_any"), "g"), ("pos_a", "g"), ("pos_b", "g"), ("verdict", "c"),
+    ("reason", "c"),
+)
+def _assemble(rows: Any, graded: Any) -> Any:
+    """The result's columns (:data:`COLUMNS`) from the gathered rows and the graded ones."""
+    import pyarrow as pa
+
+    shape = pa.list_(pa.field("l", pa.int64()))   # as DuckDB, which used to build them, names them
+    names, cols = [], []
+    for name, src in COLUMNS:
+        name, col = name if isinstance(name, tuple) else (name, name)
+        if src is None:
+            value = pa.nulls(rows.num_rows, pa.float64())
+        else:
+            value = (rows if src == "g" else graded).column(col)
+            if name in ("shape_a", "shape_b"):
+                value = value.cast(shape)
+        names.append(name)
+        cols.append(value)
+    return pa.table(cols, names=names)
+
+
+def _gather(pairing: Any, ta: Any, tb: Any, pid_info: Any) -> Any:
+    """The grading's input, one row per pairing row (in its order): each side's columns taken
+    by row number, the match method and reason from the pair (or the side without one)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rid_a, rid_b = pairing.column("rid_a").combine_chunks(), pairing.column("rid_b").combine_chunks()
+    part = pairing.column("part").combine_chunks()
+    pid = pairing.column("pid").combine_chunks()
+
+    def a(col: str) -> Any:
+        return ta.column(col).take(rid_a)
+
+    def b(col: str) -> Any:
+        return tb.column(col).take(rid_b)
+    matched = pc.equal(part, 0)
+    method = pc.if_else(matched, pid_info.column("method").take(pid), "unmatched")
+    reason = pc.if_else(matched, pid_info.column("reason").take(pid),
+                        pc.if_else(pc.equal(part, 1), "no counterpart in B", "no counterpart in A"))
+    seq_a, seq_b = a("seq"), b("seq")
+    return pa.table({
+        "row_id": pa.array(np.arange(pairing.num_rows, dtype=np.int64)),
+        "grp_a": pairing.column("grp_a"), "grp_b": pairing.column("grp_b"),
+        "name_slot_a": rid_a.is_valid(), "name_slot_b": rid_b.is_valid(),
+        "direction": pc.coalesce(a("direction"), b("direction")), "slot": pc.coalesce(a("slot"), b("slot")),
+        "index": pc.coalesce(a("idx"), b("idx")), "match_method": method, "match_reason": reason,
+        "dtype_a": a("dtype"), "dtype_b": b("dtype"), "shape_a": a("shape"), "shape_b": b("shape"),
+        "numel_a": a("numel"), "numel_b": b("numel"),
+        "max_a": a("mx"), "min_a": a("mn"), "mean_a": a("mean"), "norm_a": a("norm"),
+        "max_b": b("mx"), "min_b": b("mn"), "mean_b": b("mean"), "norm_b": b("norm"),
+        "nonfinite_a": a("nonfinite"), "nonfinite_b": b("nonfinite"), "hash_a": a("hash"), "hash_b": b("hash"),
+        "file_a": a("tensor_file"), "file_b": b("tensor_file"), "seq_any": pc.coalesce(seq_a, seq_b),
+        "uninit": pairing.column("uninit"), "pos_a": a("pos"), "pos_b": b("pos"),
+    })
 
 
 #: msprobe's tensor name: the entry's name, then this per slot, then the index
@@ -119,51 +212,44 @@ def _int_key(col: Any) -> Any:
     return pc.fill_null(col, big).to_numpy() if col.null_count else col.to_numpy()
 
 
-def _rows_sql(k: int, parts: int) -> str:
-    """The rows query of partition ``k`` of ``parts`` (unordered)."""
-    pass_a, warn_a = tolerance_sql("r.dtype_a")
-    pass_b, warn_b = tolerance_sql("r.dtype_b")
-
-    def part(col: str) -> str:
-        return "true" if parts == 1 else f"hash({col}) % {parts} = {k}"
-    return f"""
-    with pair_t as (
-    with ta as (select t.*, p.grp_b as other, p.method, p.reason as mreason
-                from a_t t join pairs p on p.grp_a = t.grp where {part("p.grp_a")}),
-         tb as (select t.*, p.grp_a as other, p.method, p.reason as mreason
-                from b_t t join pairs p on p.grp_b = t.grp where {part("p.grp_a")})
+#: Step 1: the pairs of row numbers (``rid`` in each side's table), matched tensors first,
+#: then the tensors of unmatched groups (``part`` 0, 1 for A's, 2 for B's); ``pid``: the row of
+#: ``pairs`` a matched tensor's groups come from.
+_PAIRING_SQL = """
+    with p as (select rowid as pid, grp_a, grp_b from pairs),
+    ta as (select t.rid, t.grp, t.direction, t.slot, t.idx, t.uninit, p.grp_b as other, p.pid
+           from a_t t join p on p.grp_a = t.grp),
+    tb as (select t.rid, t.grp, t.direction, t.slot, t.idx, t.uninit, p.grp_a as other, p.pid
+           from b_t t join p on p.grp_b = t.grp)
     select coalesce(ta.grp, tb.other) as grp_a, coalesce(ta.other, tb.grp) as grp_b,
-      ta.pos is not null as name_slot_a, tb.pos is not null as name_slot_b,
-      coalesce(ta.direction, tb.direction) as direction, coalesce(ta.slot, tb.slot) as slot,
-      coalesce(ta.idx, tb.idx) as "index", coalesce(ta.method, tb.method) as match_method,
-      coalesce(ta.mreason, tb.mreason) as match_reason,
-      ta.dtype as dtype_a, tb.dtype as dtype_b, ta.shape as shape_a, tb.shape as shape_b,
-      ta.numel as numel_a, tb.numel as numel_b,
-      ta.mx as max_a, ta.mn as min_a, ta.mean as mean_a, ta.norm as norm_a,
-      tb.mx as max_b, tb.mn as min_b, tb.mean as mean_b, tb.norm as norm_b,
-      ta.nonfinite as nonfinite_a, tb.nonfinite as nonfinite_b, ta.hash as hash_a, tb.hash as hash_b,
-      ta.tensor_file as file_a, tb.tensor_file as file_b, coalesce(ta.seq, tb.seq) as seq_any,
-      coalesce(ta.uninit, false) or coalesce(tb.uninit, false) as uninit, ta.pos as pos_a, tb.pos as pos_b
+      coalesce(ta.pid, tb.pid) as pid, 0::tinyint as part, ta.rid as rid_a, tb.rid as rid_b,
+      coalesce(ta.uninit, false) or coalesce(tb.uninit, false) as uninit
     from ta full outer join tb
       on ta.grp = tb.other and ta.other = tb.grp and ta.direction = tb.direction
          and ta.slot = tb.slot and ta.idx = tb.idx
     union all
-    select t.grp, null, true, false, t.direction, t.slot, t.idx, 'unmatched',
-      'no counterpart in B', t.dtype, null, t.shape, null, t.numel, null, t.mx, t.mn, t.mean, t.norm,
-      null, null, null, null, t.nonfinite, null, t.hash, null, t.tensor_file, null, t.seq, false, t.pos, null
-    from a_t t join a_st st on st.grp = t.grp and st.state = 'unmatched' where {part("t.grp")}
+    select t.grp, null, null, 1, t.rid, null, false
+    from a_t t join a_st st on st.grp = t.grp and st.state = 'unmatched'
     union all
-    select null, t.grp, false, true, t.direction, t.slot, t.idx, 'unmatched',
-      'no counterpart in A', null, t.dtype, null, t.shape, null, t.numel, null, null, null, null,
-      t.mx, t.mn, t.mean, t.norm, null, t.nonfinite, null, t.hash, null, t.tensor_file, t.seq, false, null, t.pos
-    from b_t t join b_st st on st.grp = t.grp and st.state = 'unmatched' where {part("t.grp")}
-    ), c as (
-      select *,
-        greatest(abs(case when isfinite(max_a) then max_a end), abs(case when isfinite(min_a) then min_a end),
-                 abs(case when isfinite(max_b) then max_b end), abs(case when isfinite(min_b) then min_b end)) as mag
+    select null, t.grp, null, 2, null, t.rid, false
+    from b_t t join b_st st on st.grp = t.grp and st.state = 'unmatched'
+"""
+
+#: A tensor pair's magnitude: the largest finite |max| or |min| of either side.
+_MAG_SQL = """greatest(abs(case when isfinite(max_a) then max_a end), abs(case when isfinite(min_a) then min_a end),
+                 abs(case when isfinite(max_b) then max_b end), abs(case when isfinite(min_b) then min_b end))"""
+
+
+def _grade_sql() -> str:
+    """Step 3 over ``pair_t`` (the gathered rows) and ``row_ctx`` (the largest magnitude per
+    group pair and direction), keeping the rows' order: the columns it computes (the others
+    are the gathered ones, put beside them in Arrow, :data:`COLUMNS`)."""
+    pass_a, warn_a = tolerance_sql("r.dtype_a")
+    pass_b, warn_b = tolerance_sql("r.dtype_b")
+    return f"""
+    with c as (
+      select *, {_MAG_SQL} as mag
       from pair_t
-    ), ctx as (
-      select grp_a, grp_b, direction, max(mag) as ctx from c group by all
     ), r as (
       select c.*, ctx.ctx,
         max_b - max_a as max_diff, min_b - min_a as min_diff, mean_b - mean_a as mean_diff,
@@ -174,7 +260,7 @@ def _rows_sql(k: int, parts: int) -> str:
         abs(norm_b - norm_a) / nullif(abs(norm_a), 0) as norm_rel,
         greatest(coalesce(c.mag, 0), {CONTEXT_FLOOR} * coalesce(ctx.ctx, 0), 1e-30) as sref,
         greatest(abs(coalesce(norm_a, 0)), abs(coalesce(norm_b, 0)), {CONTEXT_FLOOR} * coalesce(ctx.ctx, 0), 1e-30) as nref
-      from c left join ctx on ctx.grp_a is not distinct from c.grp_a and ctx.grp_b is not distinct from c.grp_b
+      from c left join row_ctx ctx on ctx.grp_a is not distinct from c.grp_a and ctx.grp_b is not distinct from c.grp_b
         and ctx.direction = c.direction
     ), e as (
       select r.*,
@@ -188,15 +274,9 @@ def _rows_sql(k: int, parts: int) -> str:
         greatest({pass_a}, {pass_b}) as tol_pass, greatest({warn_a}, {warn_b}) as tol_warn
       from r
     )
-    select grp_a, grp_b, name_slot_a, name_slot_b, direction, slot,
-      "index", match_method, dtype_a, dtype_b, shape_a, shape_b,
-      max_a, min_a, mean_a, norm_a, max_b, min_b, mean_b, norm_b,
-      max_diff, min_diff, mean_diff, norm_diff, max_rel, min_rel, mean_rel, norm_rel, err,
-      null::double as cosine, null::double as max_abs_err, null::double as max_rel_err,
-      null::double as rmse, null::double as one_thousandth, null::double as one_ten_thousandth,
-      nonfinite_a, nonfinite_b, uninit,
+    select row_id, max_diff, min_diff, mean_diff, norm_diff, max_rel, min_rel, mean_rel, norm_rel, err,
       case when hash_a is not null and hash_b is not null then hash_a = hash_b end as hash_match,
-      file_a, file_b, ctx, tol_pass, tol_warn, seq_any as ord, pos_a, pos_b,
+      ctx, tol_pass, tol_warn,
       {tensor_verdict_sql("name_slot_a", "name_slot_b")} as verdict,
       case when not name_slot_a or not name_slot_b then match_reason
            when uninit then 'uninitialised memory (an empty tensor): not compared'
@@ -217,3 +297,6 @@ def _rows_sql(k: int, parts: int) -> str:
                 case when hash_a is not null and hash_b is not null then '; md5 differs' else '' end) end as reason
     from e
     """
+
+
+_GRADE_SQL = _grade_sql()

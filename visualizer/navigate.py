@@ -45,10 +45,19 @@ def first_divergence(diff: DiffGraph) -> tuple[str, str] | None:
 
 def first_nan(diff: DiffGraph) -> tuple[str, str] | None:
     """(side, node) of the first node in execution order with a NaN/Inf statistic and no child
-    holding one."""
+    holding one; in a pair, first one whose verdict is ``nan`` (NaN/Inf on one side only: an
+    attention mask's -inf on both sides is no fault), on the side that holds it."""
     named = _summary_node(diff, "first_nan")
     if named:
         return named
+    if diff.paired:
+        for side, n in diff.in_order():
+            g = diff.graph(side)
+            if diff.state(side, n) == B.NAN and not any(diff.state(side, k) == B.NAN for k in g.children(n)):
+                twin = diff.counterpart(side, n)
+                if diff.nonfinite(side, n) or not twin:
+                    return side, n
+                return other_side(side), twin
     for side in SIDES if diff.paired else ("a",):
         g = diff.graph(side)
         for n in g.walk():

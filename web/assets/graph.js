@@ -82,7 +82,7 @@
       var add = [];
       w.ids.forEach(function (n) {
         var e = m.nodes.get(n), a = w.abs.get(n), fold = w.folded.has(n);
-        var data = {id: n, label: label(e, fold), w: e.w, h: e.hh, z: a.d * 2 + (e.o && !fold ? 0 : 1)};
+        var data = {id: n, label: label(e, fold), w: e.w, h: e.hh, z: (e.o && !fold ? 0 : 100) + a.d};
         var pos = {x: a.x + e.w / 2, y: a.y + e.hh / 2};
         var cls = e.c + P.marks(s, n) + (e.o && !fold ? ' box' : '') + (fold ? ' folded' : '') +
                   (e.h ? ' hint-' + e.h : '');
@@ -139,16 +139,20 @@
     } finally { quiet[s] = false; }
   }
 
+  // Bring a node's box into view (whole when it fits, else its header line), zoomed in enough
+  // to read and out enough to fit.
   function centre(s, id) {
     var m = P.side(s), e = m.nodes.get(id), a = absolute(s).get(id), cy = cyOf(s);
     if (!e || !a || !cy) { return; }
-    var ext = cy.extent(), cx = a.x + e.w / 2, cyy = a.y + e.hh / 2;
-    if (cx > ext.x1 && cx < ext.x2 && cyy > ext.y1 && cyy < ext.y2) { return; }
+    var ext = cy.extent();
+    if (a.x >= ext.x1 && a.x + e.w <= ext.x2 && a.y >= ext.y1 && a.y + e.hh <= ext.y2) { return; }
+    var W = cy.width(), H = cy.height();
+    var z = Math.max(0.25, Math.min(Math.max(cy.zoom(), 0.6), 0.9 * W / e.w, 0.9 * H / e.hh));
     quiet[s] = true;
     try {
-      var z = Math.max(cy.zoom(), 0.6);
       cy.zoom(z);
-      cy.pan({x: cy.width() / 2 - cx * z, y: cy.height() / 2 - cyy * z});
+      var top = e.hh * z < H ? H / 2 - (a.y + e.hh / 2) * z : 20 - a.y * z;
+      cy.pan({x: W / 2 - (a.x + e.w / 2) * z, y: top});
     } finally { quiet[s] = false; }
   }
 

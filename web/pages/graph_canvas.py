@@ -1,5 +1,6 @@
 """The graph view of one side: a dash-cytoscape canvas, its stylesheet and its minimap.
 
+Edges are drawn over the open boxes and under the closed ones (so a click on a box is the box's).
 The canvas starts empty: ``web/assets/graph.js`` hands it the boxes in view from the page's client
 model (``web/assets/view_model.js``), laid out by :mod:`visualizer.layout`, so no cytoscape layout
 runs in the page (``preset``). A box's fill is the node's own verdict
@@ -33,7 +34,8 @@ def stylesheet() -> list[dict]:
         {"selector": "node.folded", "style": {"background-opacity": 0.7, "border-width": 2}},
         {"selector": "edge", "style": {
             "width": 1.4, "line-color": "#9aa5b1", "target-arrow-color": "#9aa5b1",
-            "target-arrow-shape": "triangle", "arrow-scale": 0.8, "curve-style": "bezier", "z-index": 10_000}},
+            "target-arrow-shape": "triangle", "arrow-scale": 0.8, "curve-style": "bezier", "z-index": 50,
+            "z-index-compare": "manual"}},
     ]
     fills = [{"selector": f"node.band-{state}", "style": {"background-color": colour}}
              for state, colour in B.COLOURS.items() if state != B.NONE]

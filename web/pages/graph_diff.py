@@ -126,7 +126,7 @@ class GraphDiffPage:
     @staticmethod
     def _title(opened: Opened, side: str) -> str:
         g = opened.diff.graphs[side]
-        return f"{SIDE_TITLE[side]}: {g.title}" if g is not None else ""
+        return f"{SIDE_TITLE[side]}: {g.source or g.title}" if g is not None else ""
 
     @staticmethod
     def _pane_style(opened: Opened, side: str) -> dict:

@@ -23,13 +23,13 @@ Every buffer is bounded by ``max_buffer`` records between two drains; what a ful
 - ``"spool"``: nothing is lost and nobody waits: the full buffer is written to disk
   (:class:`profiler.spool.Spool`; by the recording thread on the C path, by the drain on the
   pure-Python path) and the drain reads it back, oldest first (:attr:`EventRecorder.spilled`).
-- ``"drop"``: the records past the bound are dropped and counted as ``dropped_events``.
+- ``"drop"``: the records past the bound are dropped and counted as ``dropped_records``.
 
 Bad input from user code is counted in :attr:`EventRecorder.problems`, never raised:
 ``unmatched_end`` (an end whose start was never seen, or a second end), ``unknown_range_id`` (an
 id that no ``range_start`` returned), ``unclosed_range`` (started, never ended),
 ``non_string_message``, ``non_string_domain``, ``huge_message`` (cut to :data:`MAX_MESSAGE`
-characters), ``end_domain_differs``; and the recording's own loss, ``dropped_events`` (only under
+characters), ``end_domain_differs``; and the recording's own loss, ``dropped_records`` (only under
 ``overflow="drop"``, or when a thread is full while no drain can run: the drain's own thread).
 
 >>> from profiler import mstx
@@ -214,18 +214,15 @@ class EventRecorder:
         worker = self._worker
         if worker is None or threading.get_ident() == self._drainer:
             return False
-        try:
-            worker.put(None)             # a wake-up: the worker drains every buffer
-        except RuntimeError:             # closing: stop() drains what is left itself
-            pass
-        return True
+        worker.flush(timeout=0)          # wakes the worker between its ticks: it drains now
+        return True                      # (closing: stop() drains what is left itself)
 
     def _spill(self, chunk: tuple) -> None:
         """Run by the C path when a buffer is full (``spool``): the buffer goes to disk."""
         self.spool.write(chunk)
 
     # --- the batching stage -----------------------------------------------------------------
-    def _drain_on_interval(self, _wake_ups: list) -> None:
+    def _drain_on_interval(self, _nothing_queued: list) -> None:
         """The worker's heartbeat (or a full buffer's wake-up): the buffers live with the
         threads, not in its queue."""
         self.drain()
@@ -294,7 +291,7 @@ class EventRecorder:
     def _pair_native(self, chunk: tuple, rows: Rows) -> None:
         tid, codes, ids, ts, f3, f4, dropped = chunk
         if dropped:
-            self.problems["dropped_events"] += dropped
+            self.problems["dropped_records"] += dropped
         if f3:
             self.pairer.pair_columns(tid, np.frombuffer(codes, dtype=np.int8),
                                      np.frombuffer(ids, dtype=np.int64),
@@ -327,7 +324,7 @@ class EventRecorder:
             items = complete[:n]
             del complete[:n]
             if n > self.max_buffer and self.overflow == "drop":
-                self.problems["dropped_events"] += n - self.max_buffer
+                self.problems["dropped_records"] += n - self.max_buffer
                 items = items[:self.max_buffer]
             for t0, t1, name, domain, payload, tid in items:
                 rows.add(domain, name, t0, t1, tid, tid, 0, payload)
@@ -338,7 +335,7 @@ class EventRecorder:
         of this batch, after the overflow policy had its say."""
         keep = self.max_buffer
         if self.overflow == "drop":
-            self.problems["dropped_events"] += len(items) - keep
+            self.problems["dropped_records"] += len(items) - keep
         elif self.overflow == "spool":
             self.spool.write((tid, items[keep:]))
         else:                                       # block: the thread waits for this drain

@@ -21,7 +21,7 @@ Recording loses nothing by default: ``overflow="block"`` makes a thread that fil
 (``max_buffer`` records between two drains) wait for the drain; ``"spool"`` writes the full
 buffer to disk instead; ``"drop"`` drops the excess (see :mod:`profiler.event_recorder`). What
 was dropped, spooled or waited is in the report, in the trace (a ``process_labels`` metadata
-event of the rank) and in the store (metrics ``mstx_dropped_events``, ``mstx_spilled_records``,
+event of the rank) and in the store (metrics ``mstx_dropped_records``, ``mstx_spilled_records``,
 ``mstx_wait_ms``).
 A script's optimizer steps drive a session through :class:`engine_adapter.steps.StepSource`
 and :class:`profiler.engine_callbacks.ProfileCallback` (which then also records each step as a
@@ -83,7 +83,7 @@ class SessionReport:
     clock_offset_ns: int
     sink_errors: list[str] = field(default_factory=list)
     overflow: str = "block"          # what a full buffer did (profiler.event_recorder)
-    dropped: int = 0                 # events lost (overflow "drop")
+    dropped: int = 0                 # mstx records lost (overflow "drop"; a range is two)
     spilled: int = 0                 # records that went through the spool (overflow "spool")
     wait_ms: float = 0.0             # recording threads' time spent waiting (overflow "block")
 
@@ -93,12 +93,12 @@ class SessionReport:
         >>> SessionReport(0, 12, [0, 1], {}, None, 0).summary()
         'rank 0: 12 events over steps 0-1'
         >>> SessionReport(0, 9, [0], {}, None, 0, overflow="drop", dropped=3).summary()
-        'rank 0: 9 events over steps 0-0; 3 events dropped (overflow drop)'
+        'rank 0: 9 events over steps 0-0; 3 mstx records dropped (overflow drop)'
         """
         steps = f"steps {self.steps[0]}-{self.steps[-1]}" if self.steps else "no steps"
         line = f"rank {self.rank}: {self.events} events over {steps}"
         if self.dropped:
-            line += f"; {self.dropped} events dropped (overflow {self.overflow})"
+            line += f"; {self.dropped} mstx records dropped (overflow {self.overflow})"
         if self.spilled:
             line += f"; {self.spilled} records spooled to disk"
         if self.wait_ms >= 1:
@@ -213,8 +213,8 @@ class Session:
         self._builtins.remove()
         recorder = self._recorder
         problems = Counter(recorder.stop())
-        dropped = problems.pop("dropped_events", 0)
-        recording = {"overflow": recorder.overflow, "dropped_events": dropped,
+        dropped = problems.pop("dropped_records", 0)
+        recording = {"overflow": recorder.overflow, "dropped_records": dropped,
                      "spilled_records": recorder.spilled, "wait_ms": recorder.wait_ns / 1e6}
         torch_batch = None
         if torch_events:

@@ -5,7 +5,7 @@ A sink has three methods, called from the session's batching thread (never the h
 events (columns; iterating it yields :class:`profiler.events.Event` rows), ``close()`` once.
 ``meta`` is a :class:`TraceMeta`. The Perfetto trace sink lives in
 :mod:`collectors.perfetto`, the OpenTelemetry sink in :mod:`collectors.otel`. At the end of a
-session the recording's own figures (overflow policy, events dropped, records spooled, time
+session the recording's own figures (overflow policy, records dropped and spooled, time
 waited) go to the trace as :func:`recording_label` and to the store by
 :meth:`StoreSink.add_recording`.
 
@@ -44,7 +44,7 @@ class TraceMeta:
 
 
 #: The store metrics :meth:`StoreSink.add_recording` writes, by the recording figure they hold.
-RECORDING_METRICS = {"dropped_events": "mstx_dropped_events", "spilled_records": "mstx_spilled_records",
+RECORDING_METRICS = {"dropped_records": "mstx_dropped_records", "spilled_records": "mstx_spilled_records",
                      "wait_ms": "mstx_wait_ms"}
 
 
@@ -54,14 +54,14 @@ def recording_label(rank: int, recording: dict[str, Any]) -> dict:
     A ``process_labels`` event (shown beside the rank's track); its args also hold the figures
     by name, ``mstx_overflow`` and ``mstx_`` + each key of ``recording``.
 
-    >>> e = recording_label(1, {"overflow": "drop", "dropped_events": 5, "spilled_records": 0,
+    >>> e = recording_label(1, {"overflow": "drop", "dropped_records": 5, "spilled_records": 0,
     ...                         "wait_ms": 0.0})
-    >>> e["args"]["labels"], e["args"]["mstx_dropped_events"]
-    ('mstx: 5 events dropped (overflow drop)', 5)
+    >>> e["args"]["labels"], e["args"]["mstx_dropped_records"]
+    ('mstx: 5 records dropped (overflow drop)', 5)
     """
-    dropped = recording["dropped_events"]
-    text = (f"mstx: {dropped} events dropped (overflow {recording['overflow']})" if dropped
-            else f"mstx: no event lost (overflow {recording['overflow']})")
+    dropped = recording["dropped_records"]
+    text = (f"mstx: {dropped} records dropped (overflow {recording['overflow']})" if dropped
+            else f"mstx: no record lost (overflow {recording['overflow']})")
     return {"name": "process_labels", "ph": "M", "pid": rank, "tid": 0,
             "args": {"labels": text, **{f"mstx_{k}": v for k, v in recording.items()}}}
 

@@ -286,7 +286,7 @@ def _fragments(out: str, wait_s: float) -> list[str]:
 
 def _summarise(out: str, overflow: str) -> None:
     """Merge the rank fragments into ``out/trace.json`` and print what was recorded (the trace
-    line also says how many events recording dropped, under ``--overflow drop``).
+    line also says how many mstx records recording dropped, under ``--overflow drop``).
 
     Under a launcher every rank runs this command: the others only write their fragment, and
     rank 0 waits (up to ``PROBE_MERGE_WAIT_S``, 120 s) for all of them before merging.
@@ -313,14 +313,14 @@ def _summarise(out: str, overflow: str) -> None:
                                   avg(CASE WHEN name = 'hfu' THEN value END)
                            FROM metrics GROUP BY rank ORDER BY rank""").fetchall()
         dropped = con.sql("""SELECT rank, sum(value)::BIGINT FROM metrics
-                             WHERE name = 'mstx_dropped_events' AND value > 0
+                             WHERE name = 'mstx_dropped_records' AND value > 0
                              GROUP BY rank ORDER BY rank""").fetchall()
     except ProbeError:
         rows, flops, dropped = [], [], []
     lost = ""
     if dropped:
         per_rank = ", ".join(f"rank {r}: {n}" for r, n in dropped)
-        lost = (f"; {sum(n for _, n in dropped)} events dropped under --overflow {overflow} "
+        lost = (f"; {sum(n for _, n in dropped)} mstx records dropped under --overflow {overflow} "
                 f"({per_rank})")
     click.echo(f"trace: {merged['path']} ({merged['events']} events, ranks {', '.join(merged['ranks'])}"
                f"{lost}); open it in https://ui.perfetto.dev")

@@ -141,15 +141,15 @@ def test_drop_with_a_tiny_buffer_puts_the_drop_count_in_the_trace_the_store_and_
                     "--out", str(out), "--", str(script))
     assert res.returncode == 0, res.stderr
     con = open_store(out)
-    [(dropped,)] = con.sql("select value::BIGINT from metrics where name = 'mstx_dropped_events'").fetchall()
+    [(dropped,)] = con.sql("select value::BIGINT from metrics where name = 'mstx_dropped_records'").fetchall()
     [(kept,)] = con.sql("select count(*) from events where kind = 'mark'").fetchall()
     assert dropped > 0 and kept + dropped == 10_000
     trace = json.loads((out / "trace.json").read_text())
     assert trace_problems(trace) == []
     (label,) = [e for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_labels"]
-    assert label["args"]["mstx_dropped_events"] == dropped
-    assert f"{dropped} events dropped (overflow drop)" in res.stdout            # the session's line
-    assert f"{dropped} events dropped under --overflow drop (rank 0: {dropped})" in res.stdout  # the trace's
+    assert label["args"]["mstx_dropped_records"] == dropped
+    assert f"{dropped} mstx records dropped (overflow drop)" in res.stdout            # the session's line
+    assert f"{dropped} mstx records dropped under --overflow drop (rank 0: {dropped})" in res.stdout  # the trace's
 
 
 def test_profile_refuses_an_out_that_probe_train_wrote_and_replaces_it_with_force(tmp_path):

@@ -55,14 +55,14 @@ def test_what_recording_dropped_is_in_the_report_the_trace_metadata_and_the_stor
             mstx.mark("m")
     report = s.report
     assert (report.events, report.dropped, report.problems) == (100, 900, {})
-    assert report.summary() == "rank 0: 100 events over steps 0-0; 900 events dropped (overflow drop)"
+    assert report.summary() == "rank 0: 100 events over steps 0-0; 900 mstx records dropped (overflow drop)"
     trace = json.loads((tmp_path / "trace" / "rank0.json").read_text())
     assert trace_problems(trace) == []
     (label,) = [e for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_labels"]
-    assert label["args"]["mstx_dropped_events"] == 900 and label["args"]["mstx_overflow"] == "drop"
-    assert label["args"]["labels"] == "mstx: 900 events dropped (overflow drop)"
+    assert label["args"]["mstx_dropped_records"] == 900 and label["args"]["mstx_overflow"] == "drop"
+    assert label["args"]["labels"] == "mstx: 900 records dropped (overflow drop)"
     con = open_store(tmp_path)
-    assert con.sql("select step, value from metrics where name = 'mstx_dropped_events'").fetchall() == [(0, 900.0)]
+    assert con.sql("select step, value from metrics where name = 'mstx_dropped_records'").fetchall() == [(0, 900.0)]
 
 
 def test_by_default_the_trace_says_recording_lost_nothing(tmp_path):
@@ -72,8 +72,8 @@ def test_by_default_the_trace_says_recording_lost_nothing(tmp_path):
     assert (s.report.events, s.report.dropped, s.report.overflow) == (1000, 0, "block")
     trace = json.loads((tmp_path / "trace" / "rank0.json").read_text())
     (label,) = [e for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_labels"]
-    assert label["args"]["labels"] == "mstx: no event lost (overflow block)"
-    assert label["args"]["mstx_dropped_events"] == 0
+    assert label["args"]["labels"] == "mstx: no record lost (overflow block)"
+    assert label["args"]["mstx_dropped_records"] == 0
 
 
 def test_trace_fragment_is_valid_chrome_json_with_overlaps_made_async(tmp_path):

@@ -74,9 +74,9 @@ NUMERICS_ENV = re.compile(
     r"^(CUDA_|CUBLAS|CUBLASLT|CUDNN_|NCCL_|NVIDIA_TF32|TORCH|PYTORCH_|OMP_|MKL_|KMP_|GOMP_|"
     r"OPENBLAS_|BLIS_|VECLIB_|DNNL_|ONEDNN_|XLA_|TF_|JAX_|TRITON_|HCCL_|ASCEND_|HIP_|ROCM_|HSA_|"
     r"MIOPEN_|MS_|NVTE_|LD_PRELOAD$|LD_LIBRARY_PATH$|PYTHONPATH$)")
-#: ... except these, which name the job, its rendezvous or the devices it was given
+#: ... except these, which name the job, its rendezvous, the devices it was given or a cache folder
 LAUNCH_ENV = re.compile(r"^(TORCHELASTIC_|TORCH_ELASTIC_|CUDA_VISIBLE_DEVICES$|MASTER_|"
-                        r"(LOCAL_|GROUP_|ROLE_)?RANK$|(LOCAL_)?WORLD_SIZE$)")
+                        r"(LOCAL_|GROUP_|ROLE_)?RANK$|(LOCAL_)?WORLD_SIZE$|.*_CACHE(_DIR|_PATH)?$)")
 
 #: seed findings, most fundamental first: the first that differs is the root of the others
 SEED_KEYS = ("determinism.seed", "determinism.torch_initial_seed", "determinism.torch_rng_state",
@@ -238,8 +238,7 @@ def compare_pair(a: dict, b: dict, notes: list[str]) -> list[Finding]:
     for key, va, vb in _flat_diff(a.get("run", {}), b.get("run", {}), "run"):
         if key != "run.rank":
             out.append(Finding(key, "hyperparameters" if key == "run.world_size" else "noise", va, vb))
-    out += [Finding(k, "framework", va, vb)
-            for k, va, vb in _flat_diff(a.get("platform", {}), b.get("platform", {}), "platform")]
+    out += [Finding(k, "framework", va, vb) for k, va, vb in _diff_common(a, b, "platform")]
     for key, va, vb in _flat_diff(a.get("packages", {}), b.get("packages", {}), "packages"):
         numerics = NUMERICS_PACKAGES.match(key.split(".", 1)[1])
         out.append(Finding(key, "framework" if numerics else "packages", va, vb))
@@ -247,9 +246,7 @@ def compare_pair(a: dict, b: dict, notes: list[str]) -> list[Finding]:
         name = key.split(".", 1)[1]
         steers = NUMERICS_ENV.match(name) and not LAUNCH_ENV.match(name)
         out.append(Finding(key, "environment" if steers else "noise", va, vb))
-    da, db = a.get("determinism", {}), b.get("determinism", {})
-    both = {k: da[k] for k in da if k in db}
-    for key, va, vb in _flat_diff(both, {k: db[k] for k in both}, "determinism"):
+    for key, va, vb in _diff_common(a, b, "determinism"):
         out.append(Finding(key, "noise" if key in UNSEEDED_KEYS else "seed", va, vb))
     if "hyperparameters" in a and "hyperparameters" in b:
         out += [Finding(k, "hyperparameters", va, vb) for k, va, vb in
@@ -382,6 +379,14 @@ def _flat_diff(a: Any, b: Any, prefix: str) -> Iterable[tuple[str, Any, Any]]:
             yield from _flat_diff(x, y, f"{prefix}[{i}]")
     elif a != b:
         yield prefix, a, b
+
+
+def _diff_common(a: dict, b: dict, section: str) -> Iterable[tuple[str, Any, Any]]:
+    """:func:`_flat_diff` of the keys of ``section`` both records have (a record made without a
+    model has no device and no random state: not a difference)."""
+    sa, sb = a.get(section, {}), b.get(section, {})
+    common = [k for k in sa if k in sb]
+    return _flat_diff({k: sa[k] for k in common}, {k: sb[k] for k in common}, section)
 
 
 def _table(rows: Any) -> dict[str, str]:

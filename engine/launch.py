@@ -20,6 +20,7 @@ from typing import Any
 
 from collectors.store import STORE_DIRNAME
 from engine.spec import RunSpec
+from engine_adapter.config_format import CONFIG_DIRNAME
 from ground.errors import ProbeError
 from ground.outdir import claim
 
@@ -71,7 +72,7 @@ def run_training(spec: RunSpec) -> RunResult:
     verb wrote before is replaced, anything else there stops the run unless ``spec.force``.
     """
     validate(spec)
-    claim(spec.out_dir, spec.owner, [STORE_DIRNAME], force=spec.force)
+    claim(spec.out_dir, spec.owner, [STORE_DIRNAME, CONFIG_DIRNAME], force=spec.force)
     if spec.nproc == 1:
         from engine.train import run_rank
         run_rank(spec, 0, 1)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from collectors.store import StoreWriter
 from engine_adapter.callbacks import CallbackList, CallbackSpec, TrainContext
+from engine_adapter.run_config import RunConfigCallback
 from engine.config import get_preset
 from engine.data import make_batch
 from engine.faults import FaultPlanter, check_faults, parse_faults
@@ -114,8 +115,8 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
                        engine=spec.engine, preset=spec.preset, device=device, model=model,
                        optimizer=optimizer, config=cfg, max_steps=spec.max_steps, store=store,
                        extra={"compiled": compiled, "faults": [str(f) for f in faults],
-                              "seed": spec.seed})
-    callbacks = CallbackList([c.build() for c in _with_monitor(spec.callbacks)], rank)
+                              "seed": spec.seed, "dtype": spec.dtype})
+    callbacks = CallbackList([c.build() for c in _with_monitor(spec.callbacks)] + [RunConfigCallback()], rank)
     params = [p for p in model.parameters() if p.requires_grad]
     tokens_per_step = (spec.global_batch or cfg.global_batch) // world_size * cfg.seq_len
     progress = None
@@ -180,6 +181,7 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
         torch.cuda.synchronize(device)
     t2 = time.perf_counter()
     planter.slow_down(t2 - t1)
+    planter.hang_before_collective(step)
     t2b = time.perf_counter()
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])

@@ -6,8 +6,8 @@ step selected by ``--steps`` and dumps those steps on every rank selected by ``-
 on every model it runs; steps are counted by the optimizer.
 
 Writes ``OUT/step{N}/rank{R}/dump.json, construct.json, stack.json`` (msprobe's format), the
-record store under ``OUT/store`` (``probe query OUT "select * from tensors limit 5"``) and
-``OUT/dump_summary.json``.
+record store under ``OUT/store`` (``probe query OUT "select * from tensors limit 5"``),
+``OUT/dump_summary.json`` and the run's setup, ``OUT/config/rank{R}.json`` (``probe config-check``).
 
 Exit codes: 0 done; 1 the script or a rank failed (the finished steps are still written);
 2 bad input.
@@ -72,6 +72,7 @@ def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
     options: dict[str, Any] = {"level": level, "task": task, "steps": steps, "ranks": ranks,
                                "scope": scope, "names": names, "stack": not no_stack,
                                "max_hits": max_hits, "golden": golden}
+    _check_task(out, level, task, max_hits, golden)
     if script and dtype != "fp32":
         raise ProbeError("--dtype applies to the bundled engine; a SCRIPT sets its own precision")
     if script:
@@ -85,6 +86,17 @@ def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
                            fsync=fsync, dtype=dtype)
     _summarise(out, options, code)
     return code
+
+
+def _check_task(out: str, level: str, task: str, max_hits: int, golden: str) -> None:
+    """Bad task options are one line before anything runs (inside a rank they would only be
+    reported, and the run would go on without the dump)."""
+    from probe.dump_config import DumpConfig
+
+    DumpConfig(out=out, level=level, task=task, max_hits=max_hits, golden=golden)
+    if task == "check":
+        from checker.replay import golden as golden_backend
+        golden_backend(golden)
 
 
 def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, nproc: int,
@@ -119,10 +131,16 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     _claim(out, force)
     session = DumpSession(None, out=out, framework=framework, auto_step=True, fsync=fsync, **options)
     session.start()
+    setup = None
+    if framework == "torch":
+        from engine_adapter.run_config import watch_config
+        setup = watch_config(out)
     try:
         code = run_script(argv, "finished steps are written")
     finally:
         session.stop()
+        if setup is not None:
+            setup.close()
     return code
 
 
@@ -131,7 +149,8 @@ def _claim(out: str, force: bool) -> None:
     anything probe cannot prove the dump wrote stops it (``--force`` overrides)."""
     from ground.outdir import claim
 
-    claim(out, "dump", ["store", "step*", "dump_summary.json", "check", "overflow_rank*.json"], force=force)
+    claim(out, "dump", ["store", "step*", "dump_summary.json", "check", "overflow_rank*.json", "config"],
+          force=force)
 
 
 def _summarise(out: str, options: dict[str, Any], code: int) -> None:

@@ -55,11 +55,13 @@ def test_identical_setups_with_other_pids_hosts_times_and_paths_are_the_same():
     b = record(run__pid=999, run__host="node7", run__time="t9", run__out_dir="/y/runs/b",
                run__argv=["probe", "train", "--out", "runs/b"], run__run="b",
                environment__TERM="screen", environment__MASTER_PORT="41000",
+               environment__TRITON_CACHE_DIR="/home/b/.triton",
                determinism__numpy_rng_state="n2", determinism__python_rng_state="p2")
     report = diff(record(), b)
     assert report.causes == [] and report.exit_code == 0
     assert set(keys(report.noise)) == {"run.pid", "run.host", "run.time", "run.out_dir", "run.argv",
                                        "run.run", "environment.TERM", "environment.MASTER_PORT",
+                                       "environment.TRITON_CACHE_DIR",
                                        "determinism.numpy_rng_state", "determinism.python_rng_state"}
 
 

@@ -100,6 +100,8 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
     attr = family_and_attr(api)[1]
     opmath = torch.float64 if first.dtype == torch.float64 else torch.float32
     g_args, g_kwargs = _to_golden(args, gold, attr, opmath), _to_golden(kwargs, gold, attr, opmath)
+    if attr in ("__getitem__", "__setitem__") and len(g_args) > 1 and isinstance(g_args[1], list):
+        g_args = [g_args[0], _index(g_args[1], first), *g_args[2:]]
     try:
         gold_out = flat_tensors(_run(fn, g_args, g_kwargs, gold))
         terms = None
@@ -113,6 +115,15 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
                    [t.detach().cpu() for t in terms] if terms is not None else None, std, in_dtype)
     return row_for(api, result.verdict, result.reason, dtype=str(first.dtype), shape=list(first.shape),
                    k=k, **result.metrics)
+
+
+def _index(index: list, out: torch.Tensor) -> Any:
+    """A recorded index as the call had it: a dump writes a tuple index (``x[1:, 0]``) and a
+    list index (``x[[0, 2]]``) alike; a tuple unless it is a list of integers whose result's
+    leading size is the list's length."""
+    if all(type(i) is int for i in index) and out.dim() and out.shape[0] == len(index):
+        return index
+    return tuple(index)
 
 
 def _run(fn: Any, args: list, kwargs: dict, gold: Golden) -> Any:

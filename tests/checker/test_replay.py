@@ -1,0 +1,95 @@
+"""Replaying one call: the golden, the skips, the wrappers it looks through, what it grades."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checker.apis import resolve, skip_reason
+from checker.replay import GOLDENS, check_call, golden
+from ground.errors import ProbeError
+
+CPU64 = GOLDENS["cpu-fp64"]
+
+
+def _rand(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_fp32_reductions_and_elementwise_calls_pass_against_a_float64_golden():
+    x, w = _rand(8, 32, 688), _rand(256, 688, seed=1) * 0.05
+    cases = [("Functional.linear", [x, w], {}), ("Functional.softmax", [x], {"dim": -1}),
+             ("Torch.matmul", [x[0], x[0].T], {}), ("Tensor.sum", [x, -1], {}), ("Tensor.__mul__", [x, x], {}),
+             ("Functional.silu", [x], {}), ("Torch.exp", [x.clamp(max=5)], {}),
+             ("Functional.rms_norm", [x, [688]], {"eps": 1e-6}), ("Tensor.__truediv__", [x, 3.0], {})]
+    for api, args, kwargs in cases:
+        fn = resolve(api)
+        row = check_call(api, args, kwargs, [fn(*args, **kwargs)], CPU64)
+        assert row["verdict"] == "pass", (api, row["reason"])
+
+
+def test_an_autocast_bf16_matmul_is_flagged_and_a_bf16_elementwise_op_passes():
+    x, w = _rand(8, 32, 256), _rand(128, 256, seed=1) * 0.05
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = F.linear(x, w)
+    row = check_call("Functional.linear", [x, w], {}, [out], CPU64)
+    assert row["verdict"] in ("warning", "error"), row["reason"]
+    assert "computed in bfloat16 from float32 inputs" in row["reason"] and row["k"] == 256
+    y = out.detach()
+    row = check_call("Tensor.__mul__", [y, y], {}, [y * y], CPU64)
+    assert row["verdict"] == "pass", row["reason"]
+
+
+def test_random_inplace_communication_and_uninitialised_calls_are_skipped_with_the_reason():
+    x = _rand(4, 4)
+    assert check_call("Functional.dropout", [x], {}, [x], CPU64)["reason"].startswith("random:")
+    assert check_call("Tensor.add_", [x, 1.0], {}, [x], CPU64)["reason"].startswith("in-place:")
+    assert check_call("Torch.add", [x, x], {"out": x}, [x], CPU64)["reason"].startswith("in-place:")
+    assert check_call("Distributed.all_reduce", [x], {}, [x], CPU64)["reason"].startswith("communication:")
+    assert "uninitialised" in check_call("Torch.empty", [[4, 4]], {}, [x], CPU64)["reason"]
+    assert "no Torch.not_an_api" in check_call("Torch.not_an_api", [x], {}, [x], CPU64)["reason"]
+    assert "no tensor file" in check_call("Torch.exp", [None], {}, [x], CPU64, missing="a.safetensors")["reason"]
+    assert skip_reason("Functional.linear") is None
+
+
+def test_a_call_the_golden_cannot_run_is_skipped_with_its_error():
+    row = check_call("Functional.linear", [_rand(2, 3), _rand(4, 5)], {}, [_rand(2, 4)], CPU64)
+    assert row["verdict"] == "skipped" and "not replayable on cpu-fp64: RuntimeError" in row["reason"]
+
+
+def test_the_golden_is_the_framework_function_not_a_wrapper_in_front_of_it():
+    orig = torch.nn.functional.gelu
+
+    def wrong(*a, **k):
+        return orig(*a, **k) * 2
+    wrong.__probe_fault_original__ = orig
+    try:
+        torch.nn.functional.gelu = wrong
+        x = _rand(16)
+        assert resolve("Functional.gelu") is orig
+        row = check_call("Functional.gelu", [x], {}, [wrong(x)], CPU64)
+        assert row["verdict"] == "error" and "biased away from zero" in row["reason"]
+    finally:
+        torch.nn.functional.gelu = orig
+
+
+def test_a_recorded_index_replays_as_the_tuple_or_list_it_was():
+    x = _rand(4, 6)
+    assert check_call("Tensor.__getitem__", [x, [slice(None), 1]], {}, [x[:, 1]], CPU64)["verdict"] == "pass"
+    assert check_call("Tensor.__getitem__", [x, [0, 2]], {}, [x[[0, 2]]], CPU64)["verdict"] == "pass"
+    assert check_call("Tensor.__getitem__", [x, [0, 2]], {}, [x[0, 2]], CPU64)["verdict"] == "pass"
+
+
+def test_scalars_take_the_precision_the_kernel_computes_in():
+    x = _rand(1000)
+    row = check_call("Tensor.__truediv__", [x, 0.1], {}, [x / 0.1], CPU64)
+    assert row["verdict"] == "pass", row["reason"]
+
+
+def test_a_golden_that_is_not_here_is_one_line():
+    with pytest.raises(ProbeError, match="use one of"):
+        golden("tpu-fp64")
+    if not torch.cuda.is_available():
+        with pytest.raises(ProbeError, match="CUDA is not available"):
+            golden("cuda-fp64")

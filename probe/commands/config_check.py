@@ -39,7 +39,7 @@ def command(args: tuple[str, ...], record_out: str | None, out_file: str | None,
         probe train --preset tiny --max-steps 2 --seed 0 --out runs/s0
         probe train --preset tiny --max-steps 2 --seed 1 --out runs/s1
         probe config-check runs/s0 runs/s1 --out check.json
-        probe config-check --record runs/mine -- train.py --lr 3e-4
+        probe config-check --record runs/mine-setup -- examples/train.py --lr 3e-4
     \b
     Exit codes: 0 nothing that can explain divergence differs; 1 something does; 2 bad input;
     3 internal error.

@@ -42,11 +42,13 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
 
     Examples:
 
-        probe web --dump runs/ref/dump runs/fused/dump --compare runs/cmp
+        probe web --dump runs/demo/dump-reference runs/demo/dump-fused --compare runs/demo/compare
 
-        probe web --compare runs/cmp          (opens the dumps the result names)
+        probe web --compare runs/demo/compare          (opens the dumps the result names)
 
-        probe web --monitor 127.0.0.1:50051 --store runs/demo --trace runs/demo/trace.json
+        probe web --store runs/demo/demo-train --trace runs/demo/profile/trace.json
+
+        probe web --monitor 127.0.0.1:50051 --store runs/live        (a live job; see probe monitor)
     """
     paths = list(dumps) + list(more_dumps)
     if more_dumps and not dumps:

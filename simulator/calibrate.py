@@ -1,16 +1,15 @@
 """Measure this machine for the time model: ``probe simulate --calibrate``.
 
-Three curves, each the median time of many calls at growing sizes, on the threads torch uses
+Three curves, each the fastest time of batches of calls at growing sizes (:mod:`simulator.clock`), on the threads torch uses
 now (the CPU) or on the current CUDA device, and one figure from a real training loop:
 
 1. ``matmul``: ``torch.mm`` of square matrices per dtype, as (FLOPs, seconds) points;
 2. ``memory``: ``x + y`` (two reads, one write, one fresh output, as most ops do), as
    (bytes moved, seconds) points;
 3. ``view_s``: a metadata-only op (``x.view(-1)``), the cost of an op that moves nothing;
-4. ``op_overhead_s``: what an eager training loop spends per op beyond the op itself (Python,
-   module calls, autograd bookkeeping, the optimizer's loop): a small MLP trained with AdamW is
-   timed for real, then simulated with each of its ops replayed alone
-   (:mod:`simulator.replay`); the difference per traced op.
+4. ``op_overhead_s``: what an eager training loop spends beyond the ops themselves (Python,
+   module calls, autograd bookkeeping, the optimizer's loop), per op of each phase and per
+   module call (:mod:`simulator.overhead`).
 
 Sizes grow until one call takes longer than ``max_call_s``. On a CPU with one thread the clock
 is the thread's own CPU time (``time.thread_time``), so other work on a shared machine does
@@ -31,8 +30,9 @@ import platform
 import torch
 
 from ground.errors import ProbeError
-from simulator.clock import Timer, clock_name, timer_for
+from simulator.clock import clock_name, timer_for
 from simulator.devices import Device
+from simulator.overhead import measure_overhead
 
 MATMUL_SIZES = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
 ELEMENTS = tuple(4 ** k for k in range(2, 14))          # 16 .. 64M elements
@@ -67,41 +67,8 @@ def calibrate(device: str = "cpu", *, max_call_s: float = 0.05, min_time_s: floa
     view_s = timer(lambda: x.view(-1))
     curves = {"matmul": matmul, "memory": memory, "view_s": view_s, "clock": clock_name(dev),
               "threads": torch.get_num_threads() if dev.type == "cpu" else None}
-    curves["op_overhead_s"] = _op_overhead(dev, curves, timer)
+    curves["op_overhead_s"] = measure_overhead(dev, curves, timer.clock)
     return _device(dev, curves)
-
-
-def _op_overhead(dev: torch.device, curves: dict, timer: Timer) -> float:
-    """Seconds per op a real eager training step spends beyond its ops' curve times."""
-    from simulator.fake_run import FakeRun
-    from simulator.replay import replay_seconds
-    from simulator.timing import op_seconds, phase_seconds
-
-    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
-        layers = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU())
-                  for _ in range(4)]
-        model = torch.nn.Sequential(*layers).to(dev)
-        return model, torch.optim.AdamW(model.parameters(), foreach=False), torch.randn(16, 64, device=dev)
-
-    def step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
-        opt.zero_grad(set_to_none=True)
-        model(x).pow(2).mean().backward()
-        opt.step()
-
-    model, opt, x = build()
-    real = timer(lambda: step(model, opt, x))
-    with FakeRun(max_steps=2, signatures=True) as run:
-        fake = build()
-        while True:
-            step(*fake)
-    probe = Device(name="probe", kind=dev.type, memory_bytes=0, peak_flops={}, memory_bw=1.0,
-                   link_intra_bw=1.0, link_inter_bw=1.0, ranks_per_node=1, link_latency_s=0.0,
-                   launch_s=0.0, curves={**curves, "op_overhead_s": 0.0})
-    trace = run.tracer.trace
-    seconds = op_seconds(trace, probe, replay_seconds(trace, probe, cache=False))
-    predicted = sum(phase_seconds(trace, seconds, 1).values())
-    ops = sum(1 for s in trace.op_step if s == 1)
-    return max(0.0, (real - predicted) / ops)
 
 
 def _device(dev: torch.device, curves: dict) -> Device:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -42,10 +42,13 @@ TRACED_STEPS = 2
 
 
 def trace_engine(preset: str, engine: str, dtype: str, layout: Layout, *, seq_len: int | None = None,
-                 signatures: bool = False) -> Traced:
-    """Trace ``preset`` of the bundled ``engine`` in ``layout`` (see the module docstring)."""
+                 signatures: bool = False, progress: Callable[[str], None] | None = None) -> Traced:
+    """Trace ``preset`` of the bundled ``engine`` in ``layout`` (see the module docstring);
+    ``progress`` hears one line once the inputs are checked and tracing starts."""
     cfg = get_preset(preset).with_overrides(seq_len=seq_len, global_batch=layout.global_batch)
     check_shardable(cfg, layout.tp, layout.pp)
+    if progress is not None:
+        progress(f"tracing {engine}/{preset} on fake tensors ({layout.nproc} ranks) ...")
     describe = {"workload": "bundled engine", "engine": engine, "preset": preset,
                 "dtype": dtype, "seq_len": cfg.seq_len, "micro_batch": layout.micro_batch}
     runs_as_is = layout.tp == layout.pp == 1 and dtype == "float32" and layout.microbatches == 1

@@ -168,6 +168,8 @@ def step_time(ranks: list[RankTrace], seconds: dict[int, np.ndarray], layout: La
         "comm_s": worst["comm"] * m + worst["sync"],
         "exposed_comm_s": worst["comm"] * m + worst["exposed_sync"],
         "pipeline_bubble_s": total - m * worst["fb"] - worst["rest"] if layout.pp > 1 else 0.0,
+        "stages": [{"label": rt.label, "microbatch_s": s["fb"], "after_s": s["rest"]}
+                   for rt, s in zip(ranks, stages)],
         "model_flops_per_rank": int(per_rank_flops),
         "mfu": per_rank_flops / (total * peak) if peak and total > 0 else None,
         "dtype": dtype,

@@ -6,7 +6,8 @@ An op's time, for a device with measured curves (:mod:`simulator.calibrate`):
   of its dtype (float32's when that dtype was not measured) at its FLOPs;
 - an op that moves no bytes (views, metadata): ``view_s``;
 - any other op: the ``memory`` curve at the bytes it reads and writes;
-- every op, in addition: ``op_overhead_s``, what the eager loop spends around each op.
+- every op, in addition: ``op_overhead_s`` of its phase and of the module calls entered just
+  before it, what the eager loop spends around it (:mod:`simulator.overhead`).
 
 Curves are read in log-log between measured points; below the first point an op takes the
 first point's time (the fixed cost of an op), above the last it goes at the last point's rate.
@@ -47,10 +48,15 @@ def op_seconds(trace: Trace, device: Device, measured: np.ndarray | None = None)
     comm = np.fromiter((name.startswith("c10d.") for name in trace.op_name), dtype=bool,
                        count=len(trace.op_name))
     if device.curves:
+        loop = device.curves["op_overhead_s"]
+        overhead = np.asarray([loop.get(PHASES[p], 0.0) for p in range(4)])
+        overhead = overhead[np.asarray(trace.op_phase, dtype=np.int64)]
+        if trace.op_calls:
+            overhead = overhead + loop.get("module_call", 0.0) * np.asarray(trace.op_calls)
         seconds = _measured(flops, moved, dtypes, device.curves)
         if measured is not None:
-            seconds = np.where(np.isnan(measured), seconds,
-                               measured + device.curves.get("op_overhead_s", 0.0))
+            seconds = np.where(np.isnan(measured), seconds, measured)
+        seconds = seconds + overhead
     else:
         seconds = _roofline(flops, moved, dtypes, device)
     seconds[comm] = 0.0
@@ -63,7 +69,7 @@ def _measured(flops: np.ndarray, moved: np.ndarray, dtypes: np.ndarray, curves: 
         points = curves["matmul"].get(dtype) or curves["matmul"]["float32"]
         mask = (flops > 0) & (dtypes == dtype)
         seconds[mask] = _read_curve(points, flops[mask])
-    return seconds + curves.get("op_overhead_s", 0.0)
+    return seconds
 
 
 def _roofline(flops: np.ndarray, moved: np.ndarray, dtypes: np.ndarray, device: Device) -> np.ndarray:

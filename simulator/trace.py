@@ -84,6 +84,7 @@ class Trace:
     op_model_flops: list[int] = field(default_factory=list)
     op_bytes: list[int] = field(default_factory=list)
     op_dtype: list[str] = field(default_factory=list)
+    op_calls: list[int] = field(default_factory=list)         # module calls entered just before
     storage_bytes: list[int] = field(default_factory=list)
     storage_alloc: list[int] = field(default_factory=list)
     storage_free: list[int] = field(default_factory=list)      # -1: alive at the end
@@ -135,6 +136,7 @@ class OpTracer(TorchDispatchMode):
         self._handles: list[Any] = []
         self._roots: weakref.WeakSet = weakref.WeakSet()
         self._owned: list[tuple[int, int]] = []   # (storage, the storage whose module it takes)
+        self._calls = 0
         self._grad_of: dict[int, int] = {}        # gradient storage -> its parameter's storage
         self._shared: set[int] = set()            # gradient storages holding many parameters' grads
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
@@ -249,6 +251,8 @@ class OpTracer(TorchDispatchMode):
         trace.op_flops.append(flops)
         trace.op_model_flops.append(model_flops)
         trace.op_bytes.append(moved)
+        trace.op_calls.append(self._calls)
+        self._calls = 0
         first = outputs[0] if outputs else (inputs[0] if inputs else None)
         trace.op_dtype.append(str(first.dtype).replace("torch.", "") if first is not None else "")
         extra = op_workspace(func, inputs, outputs)
@@ -313,6 +317,7 @@ class OpTracer(TorchDispatchMode):
 
     def _entered(self, module: torch.nn.Module, args: Any) -> None:
         """Note the class of the module the tracker has just entered (its innermost name)."""
+        self._calls += 1
         name = max(self._modules.parents, key=len)
         self.trace.module_class.setdefault(name, type(module).__name__)
         if "." not in name:

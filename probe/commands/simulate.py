@@ -114,8 +114,8 @@ def _trace_engine(preset, engine, nproc, dp, tp, pp, zero, dtype, global_batch, 
         global_batch, note = global_batch_for(cfg.global_batch, ranks, micro_batch)
     layout = make_layout(nproc=nproc, dp=dp, tp=tp, pp=pp, zero=zero, global_batch=global_batch,
                          micro_batch=micro_batch)
-    click.echo(f"tracing {engine}/{preset} on fake tensors ({layout.nproc} ranks) ...", err=True)
-    traced = trace_engine(preset, engine, DTYPES[dtype], layout, seq_len=seq_len, signatures=replay)
+    traced = trace_engine(preset, engine, DTYPES[dtype], layout, seq_len=seq_len, signatures=replay,
+                          progress=lambda line: click.echo(line, err=True))
     if note:
         traced.notes.insert(0, note)
     return traced, layout
@@ -150,9 +150,9 @@ def _calibrate() -> int:
         device = calibrate(target)
         path = save_calibrated(device)
         peaks = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in device.peak_flops.items())
+        overhead = ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in device.curves["op_overhead_s"].items())
         click.echo(f"calibrated {device.name} ({device.source}): matmul {peaks}; memory "
-                   f"{device.memory_bw / 1e9:.1f} GB/s; per-op overhead "
-                   f"{device.curves['op_overhead_s'] * 1e6:.1f} us; saved to {path}")
+                   f"{device.memory_bw / 1e9:.1f} GB/s; per-op overhead: {overhead}; saved to {path}")
     return 0
 
 

@@ -1,0 +1,142 @@
+"""What an eager training loop spends beyond its ops: Python, module calls, autograd, optimizer.
+
+A calibrated op time (:mod:`simulator.replay`, :mod:`simulator.calibrate`) is the op alone. A
+real step also pays, per op, the Python call and the autograd bookkeeping, and per
+``nn.Module`` call its ``__call__``. Measured here on this machine:
+
+1. one small pre-norm transformer (two blocks, d=64, AdamW) is trained for real twice, once
+   calling its submodules and once doing the same math with ``torch.nn.functional`` from one
+   module, each phase (forward, backward, optimizer) timed on the given clock, the fastest of
+   ten steps;
+2. both are simulated with each of their ops replayed alone; the difference per phase is what
+   the loop adds;
+3. forward: ``extra = per_op * ops + per_call * module_calls`` for the two runs, solved for the
+   two unknowns (same ops, different module calls); backward and the optimizer: per op.
+
+>>> import time, torch
+>>> from simulator.calibrate import calibrate
+>>> curves = calibrate("cpu", max_call_s=0.001, min_time_s=0.001).curves
+>>> sorted(curves["op_overhead_s"])
+['backward', 'forward', 'module_call', 'optimizer', 'other']
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from simulator.devices import Device
+from simulator.fake_run import FakeRun
+from simulator.replay import replay_seconds
+from simulator.timing import op_seconds, phase_seconds
+from simulator.trace import BACKWARD, FORWARD, OPTIMIZER, OTHER
+
+D, HEADS, VOCAB, STEPS = 64, 4, 256, 12
+
+
+def measure_overhead(dev: torch.device, curves: dict, clock: Callable[[], float]) -> dict[str, float]:
+    """Seconds the loop adds per op of each phase and per module call (module docstring)."""
+    runs = [_measure(dev, curves, clock, functional) for functional in (False, True)]
+    (extra1, ops1, calls1, back, opt), (extra2, ops2, calls2, _, _) = runs
+    det = ops1 * calls2 - ops2 * calls1
+    per_call = (ops1 * extra2 - ops2 * extra1) / det if det else 0.0
+    per_call = max(0.0, per_call)
+    per_op = max(0.0, (extra1 - per_call * calls1) / max(1, ops1))
+    return {"other": per_op, "forward": per_op, "module_call": per_call,
+            "backward": back, "optimizer": opt}
+
+
+def _measure(dev: torch.device, curves: dict, clock: Callable[[], float],
+             functional: bool) -> tuple[float, int, int, float, float]:
+    """(forward extra seconds, forward ops, module calls, backward and optimizer extra per op)."""
+    model, optimizer, tokens = _build(dev, functional)
+    real = [_step(model, optimizer, tokens, clock) for _ in range(STEPS)][2:]
+    spent = [min(r[i] for r in real) for i in range(3)]
+    with FakeRun(max_steps=2, signatures=True) as run:
+        fake = _build(dev, functional)
+        while True:
+            _step(*fake, clock)
+    probe = Device(name="probe", kind=dev.type, memory_bytes=0, peak_flops={}, memory_bw=1.0,
+                   link_intra_bw=1.0, link_inter_bw=1.0, ranks_per_node=1, link_latency_s=0.0,
+                   launch_s=0.0, curves={**curves, "op_overhead_s": {}})
+    trace = run.tracer.trace
+    own = phase_seconds(trace, op_seconds(trace, probe, replay_seconds(trace, probe, cache=False)), 1)
+    count = {p: sum(1 for s, ph in zip(trace.op_step, trace.op_phase) if s == 1 and ph == p)
+             for p in (OTHER, FORWARD, BACKWARD, OPTIMIZER)}
+    calls = sum(c for s, c in zip(trace.op_step, trace.op_calls) if s == 1)
+    return (spent[0] - own["other"] - own["forward"], count[OTHER] + count[FORWARD], calls,
+            max(0.0, (spent[1] - own["backward"]) / max(1, count[BACKWARD])),
+            max(0.0, (spent[2] - own["optimizer"]) / max(1, count[OPTIMIZER])))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
+        self.qkv, self.proj = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
+        self.fc1, self.fc2 = torch.nn.Linear(D, 4 * D), torch.nn.Linear(4 * D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _block(x, self.norm1, self.qkv, self.proj, self.norm2, self.fc1, self.fc2)
+
+    def functional(self, x: torch.Tensor) -> torch.Tensor:
+        """The same math without calling a submodule."""
+        def norm(m):
+            return lambda y: F.layer_norm(y, (D,), m.weight, m.bias)
+
+        def linear(m):
+            return lambda y: F.linear(y, m.weight, m.bias)
+
+        return _block(x, norm(self.norm1), linear(self.qkv), linear(self.proj), norm(self.norm2),
+                      linear(self.fc1), linear(self.fc2))
+
+
+def _block(x, norm1, qkv, proj, norm2, fc1, fc2):
+    b, t, _ = x.shape
+    q, k, v = qkv(norm1(x)).view(b, t, 3, HEADS, D // HEADS).permute(2, 0, 3, 1, 4)
+    att = (q @ k.transpose(-2, -1) / math.sqrt(D // HEADS)).softmax(-1)
+    x = x + proj((att @ v).transpose(1, 2).reshape(b, t, D))
+    return x + fc2(F.gelu(fc1(norm2(x))))
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, functional: bool) -> None:
+        super().__init__()
+        self.use_functional = functional
+        self.embed = torch.nn.Embedding(VOCAB, D)
+        self.blocks = torch.nn.ModuleList([_Block(), _Block()])
+        self.head = torch.nn.Linear(D, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.use_functional:
+            x = F.embedding(tokens, self.embed.weight)
+            for block in self.blocks:
+                x = block.functional(x)
+            return F.linear(x, self.head.weight, self.head.bias)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _build(dev: torch.device, functional: bool) -> tuple:
+    model = _Model(functional).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+    return model, optimizer, torch.randint(0, VOCAB, (4, 32), device=dev)
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+          clock: Callable[[], float]) -> tuple[float, float, float]:
+    """One training step; the clock's seconds in forward, backward and the optimizer."""
+    t0 = clock()
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1))
+    t1 = clock()
+    loss.backward()
+    t2 = clock()
+    optimizer.step()
+    return t1 - t0, t2 - t1, clock() - t2

@@ -91,7 +91,7 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
 
         probe profile --nproc 2 --steps 1-3 --out runs/prof
 
-        probe profile --steps 2-4 --peak-tflops 0.5 -- train.py --epochs 1
+        probe profile --steps 2-4 --peak-tflops 0.5 -- examples/train.py --steps 5
     """
     if steps is not None and schedule is not None:
         raise ProbeError("give either --steps or --schedule, not both")

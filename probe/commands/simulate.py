@@ -62,7 +62,7 @@ def command(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int
 
         probe simulate --preset 7b --nproc 64 --tp 8 --pp 2 --zero 1 --dtype bf16 --device H200
 
-        probe simulate --nproc 8 --zero 2 -- train.py --config llama.yaml
+        probe simulate --nproc 8 --zero 2 -- examples/train.py
     """
     if calibrate:
         return _calibrate()

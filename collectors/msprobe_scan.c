@@ -14,6 +14,8 @@
  */
 #include <locale.h>
 #include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
@@ -51,6 +53,7 @@ typedef struct {
     int64_t meta_cap, n_meta;
     int64_t *meta_ranges; /* 4 per member: key start, key end, value start, value end */
     int64_t err_pos;
+    int64_t release;      /* buf is a file mapping: hand back the pages read (see release_read) */
 } scan_t;
 
 enum { E_SYNTAX = -1, E_LAYOUT = -2, E_CAPACITY = -3, E_ESCAPE = -4, E_LOCALE = -5 };
@@ -379,6 +382,19 @@ static int64_t entry(scan_t *s, int64_t i, int64_t seq, int grad) {
     }
 }
 
+/* A file mapping's pages before i, read, handed back every 32 MB: the mapping's resident size
+   stays bounded (an 800 MB dump.json is not all resident at once). The pages stay in the page
+   cache, and a later read of them (the top-level members, a second scan) maps them again. */
+static void release_read(const scan_t *s, int64_t i, int64_t *done) {
+    if (!s->release || i - *done < ((int64_t)32 << 20)) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t base = (uintptr_t)s->buf;
+    uintptr_t from = (base + (uintptr_t)*done + page - 1) & ~(page - 1);
+    uintptr_t to = (base + (uintptr_t)i) & ~(page - 1);
+    if (to > from) madvise((void *)from, to - from, MADV_DONTNEED);
+    *done = i;
+}
+
 /* The whole document. Returns the number of entries (>= 0) or a negative code; s->err_pos is
    where it stopped. */
 int64_t probe_scan_msprobe(scan_t *s) {
@@ -391,6 +407,7 @@ int64_t probe_scan_msprobe(scan_t *s) {
     s->md5.offsets[0] = s->data_name.offsets[0] = 0;
     s->shape_off[0] = 0;
     int64_t i = skip_ws(s, 0);
+    int64_t released = 0;
     int seen_data = 0;
     if (i >= s->len || s->buf[i] != '{') { s->err_pos = i; return E_LAYOUT; }
     i = skip_ws(s, i + 1);
@@ -417,6 +434,7 @@ int64_t probe_scan_msprobe(scan_t *s) {
                     i = entry(s, i, s->n_ent, has(s->buf + na, nb - na, ".parameters_grad"));
                     if (i < 0) { s->err_pos = i; return i; }
                     s->n_ent++;
+                    release_read(s, i, &released);
                     i = skip_ws(s, i);
                     if (i < s->len && s->buf[i] == ',') { i++; continue; }
                     if (i < s->len && s->buf[i] == '}') { i++; break; }

@@ -55,7 +55,8 @@ class _Scan(ctypes.Structure):
                 ("shape_valid", ctypes.c_void_p), ("s_cap", ctypes.c_int64), ("n_s", ctypes.c_int64),
                 ("shape_vals", ctypes.c_void_p),
                 ("meta_cap", ctypes.c_int64), ("n_meta", ctypes.c_int64),
-                ("meta_ranges", ctypes.c_void_p), ("err_pos", ctypes.c_int64)]
+                ("meta_ranges", ctypes.c_void_p), ("err_pos", ctypes.c_int64),
+                ("release", ctypes.c_int64)]
 
 
 _fn: Any = None
@@ -118,17 +119,19 @@ class _Col:
         return arr
 
 
-def scan_dump(raw: bytes | mmap.mmap) -> ScanResult | None:
+def scan_dump(raw: bytes | mmap.mmap, *, mapped: bool = False) -> ScanResult | None:
     """The dump.json in ``raw`` (its bytes, or the file mapped: :func:`scan_file`) read by the
-    native scanner, or None (see the module docstring)."""
+    native scanner, or None (see the module docstring). ``mapped``: ``raw`` is a read-only
+    mapping of the file, whose pages the scanner hands back as it goes (never for bytes: their
+    memory would be zeroed)."""
     fn = _scanner()
     if not fn or not len(raw):
         return None
     # capacities for a dump as msprobe writes one (a tensor takes 60 bytes or more, a shape
     # value 2 or more); a denser file overflows them and is scanned again with exact bounds
-    r = _scan(fn, raw, len(raw) // 48 + 64, len(raw) // 2 + 64)
+    r = _scan(fn, raw, len(raw) // 48 + 64, len(raw) // 2 + 64, mapped)
     if r is _TOO_SMALL:
-        r = _scan(fn, raw, _count(raw, b"{") + 1, _count(raw, b",") + _count(raw, b"[") + 1)
+        r = _scan(fn, raw, _count(raw, b"{") + 1, _count(raw, b",") + _count(raw, b"[") + 1, mapped)
     return None if r is _TOO_SMALL else r
 
 
@@ -140,7 +143,7 @@ def scan_file(path: str | os.PathLike) -> ScanResult | None:
         return None
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as raw:
-            return scan_dump(raw)
+            return scan_dump(raw, mapped=True)
     except (OSError, ValueError):                      # an empty file, a folder, unreadable
         return None
 
@@ -159,7 +162,7 @@ _TOO_SMALL = object()
 _E_CAPACITY = -3
 
 
-def _scan(fn: Any, raw: bytes | mmap.mmap, t_cap: int, s_cap: int) -> Any:
+def _scan(fn: Any, raw: bytes | mmap.mmap, t_cap: int, s_cap: int, mapped: bool) -> Any:
     import numpy as np
 
     n_raw = len(raw)
@@ -181,7 +184,7 @@ def _scan(fn: Any, raw: bytes | mmap.mmap, t_cap: int, s_cap: int) -> Any:
               keys.struct(), cols["type"].struct(), cols["dtype"].struct(), cols["md5"].struct(),
               cols["data_name"].struct(), stats.ctypes.data, stat_valid.ctypes.data,
               grad.ctypes.data, shape_off.ctypes.data, shape_valid.ctypes.data, s_cap, 0,
-              shape_vals.ctypes.data, _META_CAP, 0, meta.ctypes.data, 0)
+              shape_vals.ctypes.data, _META_CAP, 0, meta.ctypes.data, 0, 1 if mapped else 0)
     code = fn(ctypes.byref(s))
     del buf
     if code == _E_CAPACITY:

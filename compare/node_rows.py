@@ -24,11 +24,10 @@ __all__ = ["node_rows"]
 
 def node_rows(con: Any) -> Any:
     """The per-node rows (pyarrow.Table, in execution order), from the ``rows`` (the tensor rows)
-    and the matched groups in ``con``; the tables they are built from are left in ``con``."""
+    and the matched groups in ``con``; the tables built on the way are dropped."""
     con.execute(f"""
     create or replace table pair_nodes as
-    select grp_a, grp_b, direction, any_value(node_a) filter (where node_a is not null) as node_a,
-      any_value(node_b) filter (where node_b is not null) as node_b,
+    select grp_a, grp_b, direction,
       max(err) filter (where slot in ('input', 'kwarg')) as in_err,
       max(err) filter (where slot = 'output') as out_err,
       max(err) filter (where slot in ('parameter', 'parameter_grad')) as param_err,
@@ -37,7 +36,6 @@ def node_rows(con: Any) -> Any:
       {worst_sql("slot in ('parameter', 'parameter_grad')")} as param_verdict,
       arg_max(reason, [coalesce(err, -1), -row_id]) filter (where slot = 'output') as out_reason,
       arg_max(name_a, [coalesce(err, -1), -row_id]) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
-      max(tol_pass) as tol_pass,
       -- NaN/Inf in each side's entry: every tensor of it is a row of its group (matched or not)
       bool_or(nonfinite_a) filter (where slot in ('input', 'kwarg')) as nf_in_a,
       bool_or(nonfinite_a) filter (where slot = 'output') as nf_out_a,
@@ -78,7 +76,7 @@ def node_rows(con: Any) -> Any:
     from node_pairs e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
     where e.node_a is not null or e.node_b is not null
     """)
-    return con.sql(f"""
+    nodes = con.sql(f"""
     with m as (
       select n.*,
         {node_verdict_sql("out_verdict", "param_verdict", "in_verdict")} as verdict,
@@ -156,3 +154,6 @@ def node_rows(con: Any) -> Any:
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
     order by ord, node_a nulls last, node_b nulls last, direction
     """).to_arrow_table()
+    for name in ("pair_nodes", "node_pairs", "both_g", "cov", "nodes_all"):
+        con.execute(f"drop table {name}")
+    return nodes

@@ -30,7 +30,7 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None,
     finally:
         side_a.join()
     _tick(bar, "normalised")
-    return _finish(con, da, db, (side_a.table, side_b.table), mapping, bar, out)
+    return _finish(con, (side_a, side_b), mapping, bar, out)
 
 
 def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
@@ -50,20 +50,21 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="compare-connect") as pool:
             connecting = pool.submit(_connect)       # while A is read (the scanner frees the GIL)
-            da = load_dump(a)
+            dump = load_dump(a)
             _tick(bar, "read A")
             con = connecting.result()
-        side_a = _Normaliser(con, "a", da).start()
-        db = pending.result()
+        side_a = _Normaliser(con, "a", dump).start()
+        dump = pending.result()
         _tick(bar, "read B")
-        side_b = _Normaliser(con, "b", db)
+        side_b = _Normaliser(con, "b", dump)
+        del dump                                     # the sides hold the records, and let go
         side_b.run()
     finally:
         pending.close()
         if side_a is not None:
             side_a.join()
     _tick(bar, "normalised")
-    return _finish(con, da, db, (side_a.table, side_b.table), mapping, bar, out)
+    return _finish(con, (side_a, side_b), mapping, bar, out)
 
 
 #: Tensor rows of both sides together from which DuckDB runs each query on every core. Below
@@ -128,12 +129,21 @@ class _Normaliser:
         if self.error is not None:
             raise self.error
 
+    def release(self) -> tuple[Dump, Any, Any]:
+        """(the dump without its tables, its tensor records, its tensor table), no longer held
+        here: the compare lets each go as soon as it is done with it."""
+        from dataclasses import replace
 
-def _finish(con: Any, da: Dump, db: Dump, sides: tuple, mapping: str | None, bar: Any,
-            out: Any = None) -> CompareResult:
+        dump, table = self.dump, self.table
+        self.dump = self.table = None
+        return replace(dump, tensors=None, nodes=None), dump.tensors, table
+
+
+def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = None) -> CompareResult:
     """Match, metrics, verdicts and localisation over the two normalised sides (``sides``: their
-    tensor tables, :func:`compare.normalise.normalise_side`); the result's files are written to
-    ``out`` (when given) while the later parts are computed."""
+    :class:`_Normaliser`, run); the result's files are written to ``out`` (when given) while the
+    later parts are computed. Each side's records are let go once the tensor rows hold what they
+    need of them."""
     from concurrent.futures import ThreadPoolExecutor
 
     from compare.localise import localise, with_impact
@@ -143,13 +153,17 @@ def _finish(con: Any, da: Dump, db: Dump, sides: tuple, mapping: str | None, bar
     from compare.report import ResultWriter, build_summary
     from compare.tensor_rows import HELPER_COLUMNS, PARTITION_ROWS, tensor_names, tensor_rows, with_names
 
+    (da, records_a, table_a), (db, records_b, table_b) = (side.release() for side in sides)
     writer = ResultWriter(out) if out is not None else None
     # both sides' tensor names are built in Arrow (no GIL) while the matching runs in DuckDB
     naming = ThreadPoolExecutor(2, thread_name_prefix="compare-names")
-    names_a = naming.submit(tensor_names, da.tensors)
-    names_b = naming.submit(tensor_names, db.tensors)
+    names_a = naming.submit(tensor_names, records_a)
+    names_b = naming.submit(tensor_names, records_b)
     naming.shutdown(wait=False)
-    views = {"a_t": sides[0], "b_t": sides[1]}
+    n = records_a.num_rows + records_b.num_rows
+    del records_a, records_b
+    views = {"a_t": table_a, "b_t": table_b}
+    del table_a, table_b
     for name, table in views.items():
         con.register(name, table)
     try:
@@ -160,11 +174,14 @@ def _finish(con: Any, da: Dump, db: Dump, sides: tuple, mapping: str | None, bar
             mapped = mapped_pairs(con, mapping)
         match_groups(con, mapped, structural=mapped is None)
         _tick(bar, "matched")
-        n = da.tensors.num_rows + db.tensors.num_rows
         single = _size_threads(con, n) == 1
         full = tensor_rows(con, 2 if single and n >= PARTITION_ROWS and (os.cpu_count() or 1) >= 2 else 1,
                            views=views)
+        for name in views:
+            con.unregister(name)
+        views.clear()
         full = with_names(full, (names_a.result(), names_b.result()))
+        names_a = names_b = None
         rows = full.drop_columns(list(HELPER_COLUMNS))
         if da.task == "tensor" or db.task == "tensor":
             rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))

@@ -16,6 +16,9 @@ Which steps are kept, either:
 
 ``step()`` says the current step ended (as ``torch.profiler.profile.step``). Events belong to
 the step during which they started. Ranges still open when recording pauses get their end.
+A script's optimizer steps drive a session through :class:`engine_adapter.steps.StepSource`
+and :class:`profiler.engine_callbacks.ProfileCallback` (which then also records each step as a
+``step N`` range in domain ``step``).
 
 Recording loses nothing by default: ``overflow="block"`` makes a thread that fills its buffer
 (``max_buffer`` records between two drains) wait for the drain; ``"spool"`` writes the full
@@ -23,9 +26,6 @@ buffer to disk instead; ``"drop"`` drops the excess (see :mod:`profiler.event_re
 was dropped, spooled or waited is in the report, in the trace (a ``process_labels`` metadata
 event of the rank) and in the store (metrics ``mstx_dropped_records``, ``mstx_spilled_records``,
 ``mstx_wait_ms``).
-A script's optimizer steps drive a session through :class:`engine_adapter.steps.StepSource`
-and :class:`profiler.engine_callbacks.ProfileCallback` (which then also records each step as a
-``step N`` range in domain ``step``).
 
 The simple API for a deep trace of steps S..S+N on one rank (what the monitor agent calls)::
 

@@ -14,6 +14,8 @@ reduction is.
 ('random: dropout draws new random numbers on every call', 'in-place: the call overwrites its input')
 >>> op_class("Tensor.__add__"), op_class("Torch.exp"), op_class("Functional.linear")
 ('elementwise', 'transcendental', 'matmul')
+>>> resolve("Aten.mm") is torch.ops.aten.mm, resolve("Aten.no_such_op"), resolve("Mint.add")
+(True, None, None)
 """
 
 from __future__ import annotations
@@ -78,6 +80,14 @@ ABS_REPLAYABLE = {"linear", "matmul", "mm", "bmm", "__matmul__", "__rmatmul__", 
                   "inner", "einsum", "sum", "mean", "nansum", "nanmean", "cumsum", "conv1d",
                   "conv2d", "conv3d", "addmm", "baddbmm", "addmv", "avg_pool1d", "avg_pool2d",
                   "trace"}
+
+
+def _aten(attr: str) -> Any:
+    """``torch.ops.aten.<attr>`` (msprobe's ``Aten.*`` names), or None."""
+    try:
+        return getattr(torch.ops.aten, attr)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def split_name(name: str) -> tuple[str, int]:

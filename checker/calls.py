@@ -114,9 +114,10 @@ def read_calls(folder: Path, step: int = 0, rank: int = 0) -> tuple[list[Call], 
         args = entry.get("input_args", [])
         kwargs = entry.get("input_kwargs", {})
         outputs = entry.get("output", [])
-        calls.append(Call(name, api, index, order.get(name, base + i), step, rank,
-                          decode(args if isinstance(args, list) else []),
-                          decode(kwargs if isinstance(kwargs, dict) else {}),
+        args = decode(args) if isinstance(args, list) else []
+        kwargs = decode(kwargs) if isinstance(kwargs, dict) else {}
+        calls.append(Call(name, api, index, order.get(name, base + i), step, rank, args,
+                          kwargs if isinstance(kwargs, dict) else {},
                           decode(outputs if isinstance(outputs, list) else [outputs]),
                           parent=construct.get(name) if isinstance(construct.get(name), str) else None))
     calls.sort(key=lambda c: c.order)

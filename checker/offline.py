@@ -42,12 +42,11 @@ def check_dump(root: str | os.PathLike, *, golden: str = "cpu-fp64",
         files = TensorFiles(folder, header)
         for call in calls:
             base = {"step": step, "rank": rank, "order": call.order, "name": call.name, "parent": call.parent}
-            args, missing = materialise(call.args, files)
-            kwargs, missing_k = materialise(call.kwargs, files)
-            outputs, missing_o = materialise(call.outputs, files)
-            missing = missing or missing_k or missing_o
             try:
-                row = check_call(call.api, args, kwargs, outputs, gold, missing=missing)
+                args, missing = materialise(call.args, files)
+                kwargs, missing_k = materialise(call.kwargs, files)
+                outputs, missing_o = materialise(call.outputs, files)
+                row = check_call(call.api, args, kwargs, outputs, gold, missing=missing or missing_k or missing_o)
             except ProbeError as e:
                 row = row_for(call.api, "skipped", f"not replayable: {e}")
             rows.append({**row, **base})

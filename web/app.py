@@ -24,6 +24,7 @@ from dash import Dash, Input, Output, dcc, html
 from ground.errors import ProbeError
 from visualizer.diff import DiffGraph
 from web.pages import graph_diff, live, query, timeline
+from web.pages.live_source import LiveSource
 from web.security import TOKEN_ENV, WILDCARDS, Guard, new_token, tls_context
 
 PAGES = [("/", "Graph diff"), ("/live", "Live cluster"), ("/timeline", "Timeline"), ("/query", "Query")]
@@ -57,7 +58,7 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
             raise ProbeError(f"{s}: no such run directory for the record store")
     if trace_file is not None and not Path(trace_file).is_file():
         raise ProbeError(f"{trace_file}: no such trace file")
-    source = live.LiveSource(monitor_addr=monitor_addr, store_dirs=stores, job=job, token=monitor_token)
+    source = LiveSource(monitor_addr=monitor_addr, store_dirs=stores, job=job, token=monitor_token)
 
     app = Dash(__name__, title="probe", assets_folder=str(ASSETS), suppress_callback_exceptions=True,
                update_title=None)

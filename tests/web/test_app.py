@@ -10,7 +10,8 @@ from ground.errors import ProbeError
 from tests.conftest import run_probe
 from visualizer.navigate import first_divergence
 from web.app import create_app
-from web.pages.live import LiveSource, series
+from visualizer.cluster import series
+from web.pages.live_source import LiveSource
 from web.pages.query import LIMITS, quick_chart
 
 

@@ -1,9 +1,19 @@
-"""Live cluster page: per-rank step time, compute time, throughput, MFU, memory and communication share as
-Plotly charts refreshed while the job runs, a rank × step heat map, the alert feed, and a form
-that asks the monitor service for a deep trace of chosen ranks and steps.
+"""Live cluster page: who is slow, what is wrong, and the charts behind it, while the job runs.
 
-Data come from the monitor service (``monitor.client``) when ``--monitor`` is given, else from
-the record stores of the given run directories (``collectors.store``), re-read on each refresh.
+- a banner naming the open straggler and NaN/Inf alerts;
+- a summary row per rank over the last steps: its own compute time against its peers' median,
+  its communication share, its last step and health, the straggler on top and marked (who is a
+  straggler is the monitor's detectors' call);
+- per-rank charts (step time, own compute time, throughput, MFU, memory, communication share)
+  and a rank × step heat map of own compute time (the step time is the same on every rank of a
+  synchronous job: it hides the straggler);
+- the alerts counted per kind and rank, open ones first, instead of one line per alert;
+- a form that asks the monitor for a deep trace of chosen ranks and steps.
+
+Each refresh sends only the steps the page has not drawn (``extendData``; the page's cursor
+says which), the summary and the alert groups, so its size does not grow with the run. A chart
+with nothing to draw says what is missing and how to get it. Data come from
+:class:`web.pages.live_source.LiveSource`; the numbers from :mod:`visualizer.cluster`.
 """
 
 from __future__ import annotations
@@ -16,169 +26,131 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from ground.errors import ProbeError
 from ground.selection import parse_selection
-from visualizer.diff import records
+from visualizer import cluster
+from web.pages.live_source import LiveSource
 
-#: (chart id, title, metric names tried in order, y-axis title)
+#: (chart id, title, metric names tried in order, y-axis title, what to do when none is reported)
 CHARTS = [
-    ("l-step-time", "Step time per rank", ("step_time_ms",), "ms"),
-    ("l-compute", "Compute time per rank (a straggler stands out here)", ("compute_time_ms",), "ms"),
-    ("l-throughput", "Throughput per rank", ("tokens_per_s",), "tokens/s"),
-    ("l-mfu", "MFU per rank", ("mfu", "hfu"), "fraction of peak"),
-    ("l-memory", "Memory per rank", ("device_mem_mb", "proc_rss_mb"), "MB"),
-    ("l-comm", "Communication share per rank", ("comm_share",), "comm time / step time"),
+    ("l-step-time", "Step time per rank", ("step_time_ms",), "step time (ms)",
+     "no step_time_ms reported yet: the ranks send it each step once their agent is connected"),
+    ("l-compute", "Own compute time per rank (a straggler stands out here)", ("compute_time_ms",), "compute (ms)",
+     "no compute_time_ms reported: the bundled engine reports it; a script adds it with "
+     "agent.record(step, {'compute_time_ms': ...})"),
+    ("l-throughput", "Throughput per rank", ("tokens_per_s",), "tokens/s",
+     "no tokens_per_s reported: a script adds it with agent.record(step, {'tokens_per_s': ...})"),
+    ("l-mfu", "MFU per rank", ("mfu", "hfu"), "fraction of peak",
+     "no MFU: it needs the device's peak FLOP/s. Known GPUs are looked up; elsewhere give it: "
+     "probe profile --peak-tflops N (ProfileCallback(peak_tflops=N) in a script)"),
+    ("l-memory", "Memory per rank", ("device_mem_mb", "proc_rss_mb"), "memory (MB)",
+     "no memory reported: device memory comes from CUDA ranks, process memory from the agent's host sampler"),
+    ("l-comm", "Communication share per rank", ("comm_share",), "comm time / step time",
+     "no communication share: it needs comm_time_ms and step_time_ms from the ranks"),
 ]
-
-#: Every metric the page draws (the communication share is derived from two of them).
-METRIC_NAMES = tuple(dict.fromkeys(n for _, _, names, _ in CHARTS for n in names if n != "comm_share")) + (
-    "comm_time_ms",)
-
-
-class LiveSource:
-    """Where the live page reads metrics and alerts, and sends trace requests."""
-
-    def __init__(self, monitor_addr: str | None = None, store_dirs: tuple[str, ...] = (),
-                 job: str | None = None, token: str | None = None) -> None:
-        self.monitor_addr = monitor_addr
-        self.store_dirs = tuple(store_dirs)
-        self.job = job
-        self.token = token
-        self._client: Any = None
-
-    @property
-    def available(self) -> bool:
-        return bool(self.monitor_addr or self.store_dirs)
-
-    def client(self) -> Any:
-        if self._client is None:
-            from monitor.client import MonitorClient
-
-            self._client = MonitorClient(self.monitor_addr, token=self.token)
-        return self._client
-
-    def current_job(self) -> str | None:
-        """The ``job`` given, else the job the monitor heard from most recently."""
-        if self.job or not self.monitor_addr:
-            return self.job
-        jobs = self.client().status().get("jobs") or []
-
-        def age(j: dict) -> float:
-            seen = [r["last_seen_s"] for r in j.get("ranks", []) if r.get("last_seen_s") is not None]
-            return min(seen) if seen else float("inf")
-        return min(jobs, key=age)["job"] if jobs else None
-
-    def metrics(self) -> list[dict[str, Any]]:
-        """The charted metric points (job, rank, step, name, value) of the followed job."""
-        if self.monitor_addr:
-            job = self.current_job()
-            return records(self.client().metrics(job=job, names=METRIC_NAMES)) if job else []
-        from collectors.store import open_store
-
-        out = []
-        names = ", ".join(f"'{n}'" for n in METRIC_NAMES)
-        for d in self.store_dirs:
-            try:
-                con = open_store(d)
-            except ProbeError:
-                continue            # the run has not written its first segment yet
-            try:
-                sql = f"select job, rank, step, name, value from metrics where name in ({names})"
-                if self.job:
-                    rows = con.execute(sql + " and job = ?", [self.job]).fetchall()
-                else:
-                    rows = con.execute(sql).fetchall()
-            finally:
-                con.close()
-            out += [{"job": j, "rank": r, "step": s, "name": n, "value": v} for j, r, s, n, v in rows]
-        return out
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """Alerts raised by the monitor's detectors (newest last); none without a monitor."""
-        if not self.monitor_addr:
-            return []
-        job = self.current_job()
-        return records(self.client().alerts(job=job)) if job else []
-
-    def status(self) -> dict[str, Any] | None:
-        return self.client().status() if self.monitor_addr else None
-
-    def request_trace(self, ranks: list[int], first: int, last: int) -> str:
-        """Ask the monitor for a deep trace of steps ``first``..``last`` on ``ranks``."""
-        if not self.monitor_addr:
-            raise ProbeError("deep traces need the monitor service: start with probe web --monitor HOST:PORT")
-        job = self.current_job()
-        if not job:
-            raise ProbeError(f"{self.monitor_addr}: the monitor knows no job yet")
-        reply = self.client().request_trace(job, ranks, (first, last))
-        missing = f", not connected: {reply['missing']}" if reply.get("missing") else ""
-        return (f"trace {reply.get('trace_id', '')} requested: job {job}, ranks {reply.get('ranks', ranks)}, "
-                f"steps {first}-{last}{missing}")
-
-
-def series(points: list[dict[str, Any]]) -> dict[str, dict[int, dict[int, float]]]:
-    """Points regrouped as name -> rank -> step -> value (the last value wins)."""
-    out: dict[str, dict[int, dict[int, float]]] = {}
-    for p in points:
-        if p.get("value") is None or p.get("step") is None:
-            continue
-        out.setdefault(p["name"], {}).setdefault(int(p["rank"]), {})[int(p["step"])] = float(p["value"])
-    comm, step = out.get("comm_time_ms"), out.get("step_time_ms")
-    if comm and step and "comm_share" not in out:
-        out["comm_share"] = {r: {s: comm[r][s] / step[r][s] for s in comm[r]
-                                 if s in step.get(r, {}) and step[r][s]} for r in comm}
-    return out
+HEAT = ("compute_time_ms", "no compute_time_ms reported: the heat map shows each rank's own compute time")
+#: Points kept per trace in the page.
+MAX_POINTS = 5000
 
 
 def _figure(title: str, ytitle: str) -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(title=title, height=260, margin=dict(l=50, r=10, t=40, b=35),
-                      template="plotly_white", legend=dict(orientation="h", y=-0.25),
-                      uirevision=title)
+    fig.update_layout(title=title, height=250, margin=dict(l=55, r=10, t=40, b=35),
+                      template="plotly_white", legend=dict(orientation="h", y=-0.3), uirevision=title)
     fig.update_yaxes(title=ytitle)
     fig.update_xaxes(title="step")
     return fig
 
 
-def line_chart(data: dict[str, dict[int, dict[int, float]]], title: str, names: tuple[str, ...],
-               ytitle: str) -> go.Figure:
+def _missing(fig: go.Figure, text: str) -> go.Figure:
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(size=11, color="#777"), width=430)
+    return fig
+
+
+def _metric(data: cluster.Series, names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if data.get(n)), None)
+
+
+def line_chart(data: cluster.Series, ranks: list[int], chart: tuple) -> go.Figure:
+    """One chart, a line per rank (every rank in ``ranks``, so that new points go to trace i)."""
+    _, title, names, ytitle, missing = chart
     fig = _figure(title, ytitle)
-    name = next((n for n in names if n in data), None)
+    name = _metric(data, names)
     if name is None:
-        fig.add_annotation(text=f"no {names[0]} reported", showarrow=False, xref="paper", yref="paper",
-                           x=0.5, y=0.5)
-        return fig
-    for rank in sorted(data[name]):
-        steps = sorted(data[name][rank])
-        fig.add_trace(go.Scatter(x=steps, y=[data[name][rank][s] for s in steps], name=f"rank {rank}",
-                                 mode="lines+markers"))
+        return _missing(fig, missing)
+    for rank in ranks:
+        per = data[name].get(rank, {})
+        steps = sorted(per)
+        fig.add_trace(go.Scatter(x=steps, y=[per[s] for s in steps], name=f"rank {rank}", mode="lines+markers"))
+    fig.update_yaxes(title=f"{ytitle} ({name})" if len(names) > 1 else ytitle)
     return fig
 
 
-def heat_map(data: dict[str, dict[int, dict[int, float]]]) -> go.Figure:
-    fig = _figure("Step time, rank × step", "rank")
-    per = data.get("step_time_ms", {})
-    if not per:
-        return fig
-    ranks = sorted(per)
-    steps = sorted({s for r in ranks for s in per[r]})
-    z = [[per[r].get(s) for s in steps] for r in ranks]
-    fig.add_trace(go.Heatmap(x=steps, y=[f"rank {r}" for r in ranks], z=z, colorscale="YlOrRd",
-                             colorbar=dict(title="ms")))
-    return fig
+def heat_map(data: cluster.Series, ranks: list[int]) -> tuple[go.Figure, int]:
+    """Own compute time, rank × step (columns are the steps every rank has reported); and the
+    last step drawn."""
+    fig = _figure("Own compute time, rank × step", "rank")
+    steps, values = cluster.complete_steps(data, HEAT[0], -1)
+    if not data.get(HEAT[0]):
+        return _missing(fig, HEAT[1]), -1
+    fig.add_trace(go.Heatmap(x=steps, y=[f"rank {r}" for r in ranks], z=values, transpose=True,
+                             colorscale="YlOrRd", colorbar=dict(title="ms")))
+    return fig, steps[-1] if steps else -1
 
 
-def alert_items(alerts: list[dict[str, Any]]) -> list:
-    if not alerts:
+def _extend(new: cluster.Series, name: str, ranks: list[int]) -> list | Any:
+    per = new.get(name, {})
+    xs = [sorted(per.get(r, {})) for r in ranks]
+    if not any(xs):
+        return no_update
+    return [{"x": xs, "y": [[per[r][s] for s in x] for r, x in zip(ranks, xs)]}, list(range(len(ranks))),
+            MAX_POINTS]
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def summary_table(rows: list[dict[str, Any]]) -> html.Table | html.P:
+    """The per-rank summary (:func:`visualizer.cluster.rank_summary`), the straggler on top."""
+    if not rows:
+        return html.P("no steps reported yet", className="empty")
+    head = html.Tr([html.Th(h) for h in ("rank", "own compute (ms)", "peers' median (ms)", "× peers",
+                                          "comm share", "last step", "health")])
+    body = []
+    for r in rows:
+        marks = [html.Span("⚠ straggler", className="chip mark-straggler")] if r["straggler"] else []
+        marks += [html.Span("NaN/Inf", className="chip band-nan")] if r["nan"] else []
+        body.append(html.Tr([html.Td([f"rank {r['rank']} ", *marks]), html.Td(_num(r["compute_ms"], ".1f")),
+                             html.Td(_num(r["peer_ms"], ".1f")), html.Td(_num(r["ratio"], ".2f")),
+                             html.Td(_num(r["comm_share"], ".0%")), html.Td(str(r["last_step"])),
+                             html.Td(r["health"] or "—")],
+                            className="straggler" if r["straggler"] else ("nan" if r["nan"] else "")))
+    return html.Table([html.Thead(head), html.Tbody(body)], className="stats ranks-table", id="l-ranks-table")
+
+
+def banner(alerts: list[dict[str, Any]]) -> list:
+    """One line per open straggler or NaN/Inf alert (:func:`visualizer.cluster.open_alerts`)."""
+    what = {cluster.STRAGGLER: "straggler", cluster.NONFINITE: "NaN/Inf"}
+    return [html.Div([html.B(f"⚠ {what[a['kind']]}: rank {a.get('rank')}"),
+                      f" since step {a.get('step')} · {a.get('message', '')}"], className=f"banner-line kind-{a['kind']}")
+            for a in alerts]
+
+
+def alert_items(groups: list[dict[str, Any]]) -> list:
+    """The alerts counted per kind and rank (:func:`visualizer.cluster.alert_groups`)."""
+    if not groups:
         return [html.Div("no alerts", className="empty")]
-    items = []
-    for a in reversed(alerts[-100:]):
-        when = time.strftime("%H:%M:%S", time.localtime((a.get("time_ns") or 0) / 1e9))
-        where = " ".join(x for x in (f"rank {a['rank']}" if a.get("rank") is not None else "",
-                                     f"step {a['step']}" if a.get("step") is not None else "") if x)
-        items.append(html.Div([html.Span(when, className="when"),
-                               html.Span(a.get("kind", ""), className=f"kind kind-{a.get('kind', '')}"),
-                               html.Span(where, className="where"),
-                               html.Span(a.get("message", ""), className="msg")], className="alert"))
-    return items
+    out = []
+    for g in groups:
+        steps = (f"step {g['first_step']}" if g["first_step"] == g["last_step"]
+                 else f"steps {g['first_step']}–{g['last_step']}")
+        out.append(html.Div([html.Span(g["kind"], className=f"kind kind-{g['kind']}"),
+                             html.Span(f"rank {g['rank']}" if g["rank"] is not None else "all ranks", className="where"),
+                             html.Span(f"×{g['count']}", className="count-badge"), html.Span(steps, className="when"),
+                             html.Span("open" if g["open"] else "closed", className="state"),
+                             html.Span(g["message"], className="msg")],
+                            className="alert" + (" open" if g["open"] else "")))
+    return out
 
 
 def layout(source: LiveSource, refresh_ms: int) -> html.Div:
@@ -195,39 +167,36 @@ def layout(source: LiveSource, refresh_ms: int) -> html.Div:
     ], className="trace-form")
     charts = [dcc.Graph(id=cid, config={"displayModeBar": False}) for cid, *_ in CHARTS]
     return html.Div([
+        html.Div(id="l-banner", className="banner"),
         html.Div(id="l-status", className="summary"),
-        html.Div([html.Div(charts + [dcc.Graph(id="l-heat", config={"displayModeBar": False})],
-                           className="charts"),
-                  html.Div([html.H4("Alerts"), html.Div(id="l-alerts", className="alerts"), form],
+        html.Div([html.Div([html.H4(f"Ranks (last {cluster.OPEN_FOR_STEPS} steps)"), html.Div(id="l-summary"),
+                            html.Div(charts + [dcc.Graph(id="l-heat", config={"displayModeBar": False})],
+                                     className="charts")]),
+                  html.Div([html.H4("Alerts by kind and rank"), html.Div(id="l-alerts", className="alerts"), form],
                            className="side-feed")], className="live-body"),
         dcc.Interval(id="l-tick", interval=refresh_ms, n_intervals=0),
+        dcc.Store(id="l-cursor"),
     ], id="page-live")
 
 
 def register(app: Dash, source: LiveSource) -> None:
     if not source.available:
         return
+    ids = [cid for cid, *_ in CHARTS]
 
-    @app.callback(*[Output(cid, "figure") for cid, *_ in CHARTS], Output("l-heat", "figure"),
-                  Output("l-alerts", "children"), Output("l-status", "children"),
-                  Input("l-tick", "n_intervals"),
+    @app.callback(*[Output(c, "figure") for c in ids], *[Output(c, "extendData") for c in ids],
+                  Output("l-heat", "figure"), Output("l-heat", "extendData"), Output("l-summary", "children"),
+                  Output("l-banner", "children"), Output("l-alerts", "children"), Output("l-status", "children"),
+                  Output("l-cursor", "data"),
+                  Input("l-tick", "n_intervals"), State("l-cursor", "data"),
                   # a tick while a refresh is in flight would supersede it, and under load no
                   # refresh would ever land: the timer pauses until the answer is drawn
                   running=[(Output("l-tick", "disabled"), True, False)])
-    def refresh(_n):
+    def refresh(_n, cursor):
         try:
-            data = series(source.metrics())
-            alerts = source.alerts()
-            job = source.current_job()
+            return _refresh(source, cursor or {})
         except ProbeError as e:
-            return (*[no_update] * (len(CHARTS) + 2), f"cannot read live data: {e}")
-        figs = [line_chart(data, title, names, y) for _, title, names, y in CHARTS]
-        ranks = sorted({r for per in data.values() for r in per})
-        last = max((s for per in data.get("step_time_ms", {}).values() for s in per), default=None)
-        where = source.monitor_addr or ", ".join(source.store_dirs)
-        status = (f"{where}{f' · job {job}' if job else ''} · ranks: {len(ranks)} · last step: {last if last is not None else '—'}"
-                  f" · alerts: {len(alerts)} · updated {time.strftime('%H:%M:%S')}")
-        return (*figs, heat_map(data), alert_items(alerts), status)
+            return (*[no_update] * (2 * len(CHARTS) + 6), f"cannot read live data: {e}", no_update)
 
     @app.callback(Output("l-trace-msg", "children"), Input("l-trace", "n_clicks"),
                   State("l-ranks", "value"), State("l-steps", "value"), prevent_initial_call=True)
@@ -240,3 +209,48 @@ def register(app: Dash, source: LiveSource) -> None:
             return source.request_trace(rank_list, step_list[0], step_list[-1])
         except (ProbeError, ValueError) as e:
             return f"error: {e}"
+
+
+def _refresh(source: LiveSource, cursor: dict[str, Any]) -> tuple:
+    """One tick: what changed since the page's ``cursor`` (job, ranks, last step per rank, the
+    metric each chart draws, the last heat-map column), and the new cursor."""
+    job = source.current_job()
+    fresh = cursor.get("job") != job
+    last = {} if fresh else {int(k): v for k, v in (cursor.get("last") or {}).items()}
+    since = min(last.values()) + 1 if last else 0
+    points = source.metrics(since_step=since, job=job)
+    new = cluster.series(p for p in points if p["step"] > last.get(int(p["rank"]), -1))
+    merged = {**last, **cluster.last_steps(new)}
+    ranks, newest = sorted(merged), max(merged.values(), default=None)
+    drawn = {} if fresh else dict(cursor.get("charts") or {})
+    wanted = {cid: drawn.get(cid) or _metric(new, names) for cid, _, names, *_ in CHARTS}
+    full = fresh or ranks != cursor.get("ranks") or any(wanted[c] != drawn.get(c) for c in wanted)
+    window_from = max(0, (newest or 0) - cluster.OPEN_FOR_STEPS + 1)
+    if full and since > 0:
+        points = source.metrics(since_step=0, job=job)
+    recent = cluster.series(p for p in points if p["step"] >= window_from) if since <= window_from or full \
+        else cluster.series(source.metrics(since_step=window_from, job=job))
+    alerts, health = source.alerts(job), source.health(job)
+    if full:
+        data = cluster.series(points)
+        figures = [line_chart(data, ranks, chart) for chart in CHARTS]
+        extends = [no_update] * len(CHARTS)
+        heat, heat_last = heat_map(data, ranks)
+        heat_ext = no_update
+        drawn = {cid: _metric(data, names) for cid, _, names, *_ in CHARTS}
+    else:
+        figures = [no_update] * len(CHARTS)
+        extends = [_extend(new, drawn[cid], ranks) if drawn.get(cid) else no_update for cid, *_ in CHARTS]
+        heat = no_update
+        steps, values = cluster.complete_steps(recent, HEAT[0], cursor.get("heat", -1))
+        heat_ext = [{"x": [steps], "z": [values]}, [0], MAX_POINTS] if steps else no_update
+        heat_last = steps[-1] if steps else cursor.get("heat", -1)
+    opened = cluster.open_alerts(alerts, newest)
+    where = source.monitor_addr or ", ".join(source.store_dirs)
+    status = (f"{where}{f' · job {job}' if job else ''} · ranks: {len(ranks)} · last step: "
+              f"{newest if newest is not None else '—'} · alerts: {len(opened)} open, {len(alerts)} in all"
+              f" · updated {time.strftime('%H:%M:%S')}")
+    cursor = {"job": job, "ranks": ranks, "last": {str(r): s for r, s in merged.items()}, "charts": drawn,
+              "heat": heat_last}
+    return (*figures, *extends, heat, heat_ext, summary_table(cluster.rank_summary(recent, alerts, health)),
+            banner(opened), alert_items(cluster.alert_groups(alerts, newest)), status, cursor)

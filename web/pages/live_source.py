@@ -1,0 +1,115 @@
+"""Where the live cluster page reads a job's metrics and alerts, and sends trace requests: the
+monitor service (``monitor.client``) when the dashboard was given ``--monitor``, else the record
+stores of the given run directories (``collectors.store``).
+
+>>> LiveSource(store_dirs=("runs/demo",)).metrics(since_step=10)[:1]      # doctest: +SKIP
+[{'job': 'demo', 'rank': 0, 'step': 10, 'name': 'step_time_ms', 'value': 41.2}]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ground.errors import ProbeError
+from visualizer.pairs import records
+
+#: Every metric the live page draws (the communication share is derived from two of them).
+METRIC_NAMES = ("step_time_ms", "compute_time_ms", "tokens_per_s", "mfu", "hfu", "device_mem_mb",
+                "proc_rss_mb", "comm_time_ms", "data_time_ms")
+
+
+class LiveSource:
+    """Where the live page reads metrics and alerts, and sends trace requests."""
+
+    def __init__(self, monitor_addr: str | None = None, store_dirs: tuple[str, ...] = (),
+                 job: str | None = None, token: str | None = None) -> None:
+        self.monitor_addr = monitor_addr
+        self.store_dirs = tuple(store_dirs)
+        self.job = job
+        self.token = token
+        self._client: Any = None
+
+    @property
+    def available(self) -> bool:
+        return bool(self.monitor_addr or self.store_dirs)
+
+    def client(self) -> Any:
+        if self._client is None:
+            from monitor.client import MonitorClient
+
+            self._client = MonitorClient(self.monitor_addr, token=self.token)
+        return self._client
+
+    def current_job(self) -> str | None:
+        """The ``job`` given, else the job the monitor heard from most recently."""
+        if self.job or not self.monitor_addr:
+            return self.job
+        jobs = self.client().status().get("jobs") or []
+
+        def age(j: dict) -> float:
+            seen = [r["last_seen_s"] for r in j.get("ranks", []) if r.get("last_seen_s") is not None]
+            return min(seen) if seen else float("inf")
+        return min(jobs, key=age)["job"] if jobs else None
+
+    def metrics(self, since_step: int = 0, job: str | None = None) -> list[dict[str, Any]]:
+        """The charted metric points (job, rank, step, name, value) of the followed job (or
+        ``job``), from ``since_step`` on."""
+        if self.monitor_addr:
+            job = job or self.current_job()
+            return records(self.client().metrics(job=job, since_step=since_step, names=METRIC_NAMES)) if job else []
+        import duckdb
+
+        from collectors.store import open_store
+
+        out = []
+        names = ", ".join(f"'{n}'" for n in METRIC_NAMES)
+        for d in self.store_dirs:
+            try:
+                con = open_store(d)
+            except ProbeError:
+                continue            # the run has not written its first segment yet
+            try:
+                sql = f"select job, rank, step, name, value from metrics where name in ({names}) and step >= ?"
+                if self.job:
+                    rows = con.execute(sql + " and job = ?", [since_step, self.job]).fetchall()
+                else:
+                    rows = con.execute(sql, [since_step]).fetchall()
+            except duckdb.Error as e:       # a segment being replaced as it is read: next tick
+                raise ProbeError(f"{d}: the store is being written ({str(e).splitlines()[0]})") from None
+            finally:
+                con.close()
+            out += [{"job": j, "rank": r, "step": s, "name": n, "value": v} for j, r, s, n, v in rows]
+        return out
+
+    def health(self, job: str | None) -> dict[int, str]:
+        """Each rank's health as the monitor sees it (ok, stale, lost, finished); none without
+        a monitor."""
+        if not self.monitor_addr or not job:
+            return {}
+        for j in self.client().status(job).get("jobs") or []:
+            if j.get("job") == job:
+                return {int(r["rank"]): r.get("health", "") for r in j.get("ranks", [])}
+        return {}
+
+    def alerts(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Alerts raised by the monitor's detectors for the followed job (or ``job``), oldest
+        first; none without a monitor."""
+        if not self.monitor_addr:
+            return []
+        job = job or self.current_job()
+        return records(self.client().alerts(job=job)) if job else []
+
+    def status(self) -> dict[str, Any] | None:
+        return self.client().status() if self.monitor_addr else None
+
+    def request_trace(self, ranks: list[int], first: int, last: int) -> str:
+        """Ask the monitor for a deep trace of steps ``first``..``last`` on ``ranks``."""
+        if not self.monitor_addr:
+            raise ProbeError("deep traces need the monitor service: start with probe web --monitor HOST:PORT")
+        job = self.current_job()
+        if not job:
+            raise ProbeError(f"{self.monitor_addr}: the monitor knows no job yet")
+        reply = self.client().request_trace(job, ranks, (first, last))
+        missing = f", not connected: {reply['missing']}" if reply.get("missing") else ""
+        return (f"trace {reply.get('trace_id', '')} requested: job {job}, ranks {reply.get('ranks', ranks)}, "
+                f"steps {first}-{last}{missing}")

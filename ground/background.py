@@ -131,6 +131,11 @@ class BackgroundQueue(Generic[T]):
         spill(item)                      # outside the lock: it may write to disk
         return False
 
+    def wake(self) -> None:
+        """Make a worker that waits for its next tick take what is queued now."""
+        with self._cond:
+            self._cond.notify_all()
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every item queued so far was handled; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -106,6 +106,15 @@ def claim(out: str | os.PathLike, verb: str, patterns: Iterable[str], *, force: 
     return root
 
 
+def owner(out: str | os.PathLike, name: str) -> str | None:
+    """The verb the manifest of ``out`` names as the writer of its top-level entry ``name``.
+
+    None where no manifest names it (or ``out`` has none).
+    """
+    root = Path(out)
+    return _owner(_read(root)["entries"], name) if root.is_dir() else None
+
+
 def created_by(out: str | os.PathLike) -> str | None:
     """The verb that created ``out`` (None: it existed before probe wrote into it)."""
     root = Path(out)

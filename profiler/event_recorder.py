@@ -214,7 +214,7 @@ class EventRecorder:
         worker = self._worker
         if worker is None or threading.get_ident() == self._drainer:
             return False
-        worker.flush(timeout=0)          # wakes the worker between its ticks: it drains now
+        worker.wake()                    # the worker drains now, not at its next tick
         return True                      # (closing: stop() drains what is left itself)
 
     def _spill(self, chunk: tuple) -> None:

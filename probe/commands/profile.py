@@ -212,7 +212,7 @@ def _claim(out: str, force: bool) -> None:
     stops every rank, or with ``force`` is replaced by the first rank, before any rank of this
     launch has written, since each writes only after its own claim.
     """
-    from ground.outdir import claim
+    from ground.outdir import claim, owner
 
     launched = _launched_rank()
     if launched is None:
@@ -225,7 +225,7 @@ def _claim(out: str, force: bool) -> None:
     root.mkdir(parents=True, exist_ok=True)
     with _claim_lock(root):
         # an entry of ours is left whole (other ranks write into it); anything else is claimed
-        mine = [name for name in ENTRIES[:2] if _owner(root, name) != "profile" or not (root / name).exists()]
+        mine = [name for name in ENTRIES[:2] if owner(root, name) != "profile" or not (root / name).exists()]
         claim(out, "profile", mine + (["trace.json"] if rank == 0 else []), force=force)
         for folder in root.glob(f"store/*/rank{rank}"):
             shutil.rmtree(folder, ignore_errors=True)
@@ -245,20 +245,6 @@ def _claim_lock(root: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.lockf(fh, fcntl.LOCK_UN)
-
-
-def _owner(root: Path, name: str) -> str | None:
-    """The verb ``root``'s output manifest names as the writer of its top-level entry ``name``."""
-    import fnmatch
-    import json
-
-    from ground.outdir import MANIFEST
-
-    try:
-        entries = json.loads((root / MANIFEST).read_text(encoding="utf-8")).get("entries", {})
-    except (OSError, ValueError, AttributeError):
-        return None          # no manifest, or a broken one: claim() says what is wrong with it
-    return next((verb for pattern, verb in entries.items() if fnmatch.fnmatchcase(name, pattern)), None)
 
 
 def _fragments(out: str, wait_s: float) -> list[str]:

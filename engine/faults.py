@@ -10,7 +10,10 @@ Written ``KIND:TARGET:ARG``:
   ``index``-th call of the API in every step (numbered as a dump names it:
   ``perturb:Functional.linear:3`` is ``Functional.linear.3.forward``) returns its output
   scaled by ``1 + PERTURB_REL`` (a relative 1e-3). APIs are named as dumps name them
-  (``Torch.matmul``, ``Functional.softmax``, ``Tensor.__matmul__``).
+  (``Torch.matmul``, ``Functional.softmax``, ``Tensor.__matmul__``);
+- ``hang:<rank>:<step>`` makes that rank stop before its gradient all-reduce at that step:
+  it sleeps for :data:`HANG_SLEEP_S` while the other ranks wait in the all-reduce (a hang,
+  for the monitor to diagnose); the launcher's SIGTERM or its death ends it.
 
 >>> [f.kind for f in parse_faults(["scale:layers.0.attn.q_proj.weight:1.5", "slow:1:3"])]
 ['scale', 'slow']
@@ -34,7 +37,10 @@ KINDS = {
     "nan": "nan:<module name>:<step>",
     "slow": "slow:<rank>:<factor>",
     "perturb": "perturb:<api name>:<call index>",
+    "hang": "hang:<rank>:<step>",
 }
+#: how long a ``hang`` fault sleeps: far longer than anything waits for it
+HANG_SLEEP_S = 24 * 3600.0
 #: the relative error a ``perturb`` fault puts into its call's output
 PERTURB_REL = 1e-3
 #: where the APIs a ``perturb`` fault names live (as dumps name them)
@@ -65,9 +71,11 @@ def parse_fault(text: str) -> Fault:
         raise ProbeError(f"bad fault {text!r}: the step must be a non-negative integer")
     if kind == "perturb" and (arg < 0 or arg != int(arg)):
         raise ProbeError(f"bad fault {text!r}: the call index must be a non-negative integer")
+    if kind in ("slow", "hang") and not target.isdigit():
+        raise ProbeError(f"bad fault {text!r}: the target of {kind} is a rank number ({KINDS[kind]})")
+    if kind == "hang" and (arg < 0 or arg != int(arg)):
+        raise ProbeError(f"bad fault {text!r}: the step must be a non-negative integer")
     if kind == "slow":
-        if not target.isdigit():
-            raise ProbeError(f"bad fault {text!r}: the target of slow is a rank number ({KINDS['slow']})")
         if arg < 1:
             raise ProbeError(f"bad fault {text!r}: the slow-down factor must be >= 1")
     return Fault(kind, target, arg)
@@ -91,7 +99,7 @@ def check_faults(faults: list[Fault], model: nn.Module, world_size: int) -> None
         if f.kind == "perturb" and _api_owner(f.target) is None:
             raise ProbeError(f"fault {f}: no API {f.target!r}; name one as a dump does: "
                              "Functional.linear, Torch.matmul, Tensor.__matmul__")
-        if f.kind == "slow" and int(f.target) >= world_size:
+        if f.kind in ("slow", "hang") and int(f.target) >= world_size:
             raise ProbeError(f"fault {f}: rank {f.target} does not exist with {world_size} rank(s)")
 
 
@@ -106,6 +114,8 @@ class FaultPlanter:
         self.slow_factor = max([f.arg for f in faults if f.kind == "slow" and int(f.target) == rank],
                                default=1.0)
         self._patched: list[tuple[object, str, object]] = []
+        self.hang_step = min([int(f.arg) for f in faults if f.kind == "hang" and int(f.target) == rank],
+                             default=None)
 
     def apply(self, model: nn.Module) -> None:
         params = dict(model.named_parameters())
@@ -154,6 +164,15 @@ class FaultPlanter:
         """Sleep so this rank's compute takes ``slow_factor`` times as long."""
         if self.slow_factor > 1.0:
             time.sleep(compute_seconds * (self.slow_factor - 1.0))
+
+    def hang_before_collective(self, step: int) -> None:
+        """At the ``hang`` fault's step, stop here (before the all-reduce) for good."""
+        if step == self.hang_step:
+            import sys
+
+            print(f"probe: rank {self.rank}: planted hang at step {step}: stopped before the "
+                  "all-reduce", file=sys.stderr, flush=True)
+            time.sleep(HANG_SLEEP_S)
 
     def remove(self) -> None:
         for h in self._handles:

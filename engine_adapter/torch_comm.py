@@ -15,6 +15,9 @@ Communication issued from C++ without a Python call (DDP's gradient reducer, fun
 collectives traced into a compiled graph) is not seen here. With ``async_op=True`` the call's
 times cover issuing the operation, not its completion.
 
+:class:`CollectiveTracker` is a listener that keeps which collective this process is in now
+and how many it has entered per group, for the monitor agent's hang diagnosis.
+
 >>> class Printer:
 ...     def on_comm_end(self, call):
 ...         print(call.op, call.group_size, call.nbytes)
@@ -33,7 +36,8 @@ from typing import Any
 
 from engine_adapter.guard import ReentryGuard
 
-__all__ = ["CommCall", "add_listener", "remove_listener", "listeners", "WRAPPED_OPS"]
+__all__ = ["CommCall", "CollectiveTracker", "add_listener", "remove_listener", "listeners",
+           "WRAPPED_OPS", "P2P_OPS"]
 
 #: op name -> the parameter holding what this rank sends (None: nothing tensor-shaped).
 WRAPPED_OPS: dict[str, str | None] = {
@@ -68,6 +72,9 @@ WRAPPED_OPS: dict[str, str | None] = {
 }
 
 _PEER_PARAMS = ("dst", "src", "group_dst", "group_src")
+#: Point-to-point calls: between two ranks, so not counted in a group's sequence.
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+                     "recv_object_list"})
 
 
 class CommCall:
@@ -101,6 +108,74 @@ class CommCall:
         if self.error is not None:
             out["error"] = type(self.error).__name__
         return out
+
+
+class CollectiveTracker:
+    """Which collective this process has entered and not left, and how many it has entered
+    per group: what a rank tells the monitor so that a hang can be diagnosed.
+
+    A listener (:func:`add_listener`). ``on_comm_start`` numbers the call within its group
+    (point-to-point calls get 0: they are between two ranks, not the group) and keeps it as
+    ``pending``; ``on_comm_end`` clears it. Each is a few attribute stores on the calling
+    thread; another thread (the agent's sender) reads :meth:`snapshot`. Ranks of a group call
+    its collectives in the same order, so their sequence numbers agree: the rank that has not
+    reached a number the others wait in is the one holding them.
+
+    >>> t = CollectiveTracker()
+    >>> class Call: op, group, group_size, nbytes, peer = "all_reduce", None, 4, 4096, None
+    >>> t.on_comm_start(Call()); t.snapshot()[0][:3]
+    ('all_reduce', 1, 'world')
+    >>> t.on_comm_end(Call()); t.snapshot()
+    (None, {'world': 1})
+    """
+
+    def __init__(self) -> None:
+        self.pending: tuple | None = None      # (op, seq, group, bytes, group_size, peer, t0)
+        self.entered: dict[str, int] = {}
+
+    def on_comm_start(self, call: "CommCall") -> None:
+        group = _group_name(call.group)
+        seq = 0
+        if call.op not in P2P_OPS:
+            seq = self.entered.get(group, 0) + 1
+            if group in self.entered:
+                self.entered[group] = seq
+            else:                               # a new key: a new dict, so a reader never
+                self.entered = {**self.entered, group: seq}   # copies one that grows
+        self.pending = (call.op, seq, group, call.nbytes or 0, call.group_size or 0,
+                        -1 if call.peer is None else int(call.peer), time.monotonic())
+
+    def on_comm_end(self, call: "CommCall") -> None:
+        self.pending = None
+
+    def snapshot(self) -> tuple[tuple | None, dict[str, int]]:
+        """``(pending, entered)`` now: the collective in flight (op, seq, group, bytes,
+        group size, peer, seconds in it) or None, and the last sequence number per group."""
+        pending = self.pending
+        if pending is not None:
+            pending = pending[:6] + (time.monotonic() - pending[6],)
+        return pending, dict(self.entered)
+
+
+_group_names: dict[int, str] = {}
+
+
+def _group_name(group: Any) -> str:
+    """``"world"`` for the default group (or one of every rank), else its ranks ``"0,2,4"``."""
+    if group is None:
+        return "world"
+    key = id(group)
+    name = _group_names.get(key)
+    if name is None:
+        try:
+            import torch.distributed as dist
+
+            ranks = sorted(dist.get_process_group_ranks(group))
+            name = "world" if ranks == list(range(dist.get_world_size())) else ",".join(map(str, ranks))
+        except Exception:  # noqa: BLE001 - not initialised, or an unknown group object
+            name = f"group-{key:x}"
+        _group_names[key] = name
+    return name
 
 
 _listeners: tuple = ()

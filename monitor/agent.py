@@ -15,7 +15,13 @@ travels to the service with the next batch (``dropped``).
 
 The sender also samples host CPU and memory (:mod:`monitor.host_sampler`; at most every
 ``host_interval_s``, on the latest step), heartbeats when idle, and registers again after the
-service was lost (:mod:`monitor.agent_connection`). A command thread holds the rank's command
+service was lost (:mod:`monitor.agent_connection`). Every batch and heartbeat it sends says
+where the rank is, when ``collectives`` is set (a
+:class:`engine_adapter.torch_comm.CollectiveTracker`): ``step_in`` and the collective it has
+entered and not left, read off the training thread; while the rank is stuck no step ends, the
+heartbeats go on, and the service sees what it waits in. A ``dump_stacks`` command writes
+every thread's Python stack (:mod:`faulthandler`, from the command thread: a stuck training
+thread cannot block it) to ``stacks_dir`` and sends the file back like a trace. A command thread holds the rank's command
 stream open (:mod:`monitor.command_listener`): a ``trace`` command makes
 :class:`monitor.agent_callback.MonitorAgentCallback` run a profiler session for exactly the
 asked steps on the training thread, and the trace files go back to the service from the sender.
@@ -112,6 +118,9 @@ class MonitorAgent:
                                          name=f"monitor-cmd-r{self.rank}")
         self._host = HostSampler(host_interval_s)
         self._last_step = -1
+        self.collectives: Any = None            # a CollectiveTracker, set by the training side
+        self.step_in = -1                       # the step the training thread is in
+        self.stacks_dir: str | None = None      # where a dump_stacks command writes
         self.stats = {"points": 0, "acked_points": 0, "batches": 0, "acked_batches": 0,
                       "duplicates": 0, "spooled_batches": 0, "resent_batches": 0,
                       "reconnects": 0, "rejected_batches": 0, "commands": 0, "uploads": 0,
@@ -278,9 +287,25 @@ class MonitorAgent:
         self._dropped += len(batch.values) // 8
         self._dropped_reported -= batch.dropped      # its drop count must travel again
 
+    def _stamp(self, batch: Any) -> Any:
+        """Say in ``batch`` where the rank is now: its step and the collective it is in."""
+        if self.collectives is not None:
+            pending, entered = self.collectives.snapshot()
+            batch.reports_collectives, batch.step_in = True, self.step_in
+            batch.ClearField("pending")
+            if pending is not None:
+                op, seq, group, nbytes, size, peer, waiting = pending
+                batch.pending.op, batch.pending.seq, batch.pending.group = op, seq, group
+                batch.pending.bytes, batch.pending.group_size = nbytes, size
+                batch.pending.peer, batch.pending.waiting_s = peer, waiting
+            batch.entered.clear()
+            batch.entered.update(entered)
+        return batch
+
     def _push(self, batch: Any) -> bool:
         import grpc
 
+        self._stamp(batch)
         try:
             ack = self._link.stub.Push(batch, timeout=self.push_timeout_s,
                                        metadata=self._link.metadata)
@@ -355,6 +380,30 @@ class MonitorAgent:
             self._uploads.popleft()
             self.stats["uploads"] += 1
 
+    def _dump_stacks(self, request: str) -> None:
+        """Write every thread's Python stack to ``stacks_dir/<request>/rank<R>.txt`` and queue
+        it for the service (or the reason there is none)."""
+        import faulthandler
+
+        if not self.stacks_dir:
+            self.upload_trace(request, self.step_in, self.step_in,
+                              error="this rank has no folder for stacks")
+            return
+        folder = os.path.join(self.stacks_dir, request)
+        name = f"rank{self.rank}.txt"
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(f"rank {self.rank} of job {self.job}, pid {os.getpid()}, step "
+                        f"{self.step_in}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+                f.flush()
+                faulthandler.dump_traceback(f, all_threads=True)
+        except OSError as e:
+            self.upload_trace(request, self.step_in, self.step_in,
+                              error=f"cannot write {folder}: {e.strerror}")
+            return
+        self.upload_trace(request, self.step_in, self.step_in, [name], root=folder)
+
     def _open_commands(self) -> Iterator[Any]:
         """The rank's command stream (on the command thread)."""
         from monitor.proto import monitor_pb2 as pb
@@ -365,7 +414,9 @@ class MonitorAgent:
 
     def _command(self, cmd: Any) -> None:
         self.stats["commands"] += 1
-        if self.on_command is not None:
+        if cmd.kind == "dump_stacks":
+            self._dump_stacks(cmd.trace_id or cmd.id)
+        elif self.on_command is not None:
             try:
                 self.on_command(cmd)
             except Exception as e:  # noqa: BLE001 - a bad command never stops us

@@ -3,12 +3,16 @@
 The bundled engine adds :class:`MonitorAgentCallback` when ``PROBE_MONITOR=host:port`` is set;
 any training loop that drives :class:`~engine_adapter.callbacks.TrainCallback` objects can add it.
 It records each step's metrics through a :class:`~monitor.agent.MonitorAgent` and runs the
-service's ``trace`` commands as profiler sessions on the training thread.
+service's ``trace`` commands as profiler sessions on the training thread. Under
+``torch.distributed`` it also tells the agent which collective the rank is in
+(:class:`engine_adapter.torch_comm.CollectiveTracker`), so that the service can diagnose a hang,
+and where a ``dump_stacks`` command writes: ``<run folder>/stacks/``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,7 @@ class MonitorAgentCallback(TrainCallback):
         self._stop_requested = False
         self._uploads_at_start = 0
         self._cuda = None
+        self._tracker: Any = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if not self.addr:
@@ -60,6 +65,13 @@ class MonitorAgentCallback(TrainCallback):
         self.agent = MonitorAgent(self.addr, self.job, ctx.rank, ctx.world_size, ctx.engine,
                                   token=self.token, spool_path=self.spool_path,
                                   on_command=self._on_command, **self.agent_options).start()
+        self.agent.stacks_dir = os.path.join(ctx.out_dir, "stacks")
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            from engine_adapter import torch_comm
+
+            self._tracker = torch_comm.add_listener(torch_comm.CollectiveTracker())
+            self.agent.collectives = self._tracker
         if getattr(ctx.device, "type", "cpu") == "cuda":
             import torch
             self._cuda = torch.cuda
@@ -85,6 +97,7 @@ class MonitorAgentCallback(TrainCallback):
     def on_step_start(self, ctx: TrainContext, step: int) -> None:
         self._current = step
         if self.agent is not None:
+            self.agent.step_in = step
             self._uploads_at_start = self.agent.stats["uploads"]
         if not self._pending or self._active is not None:
             return
@@ -151,6 +164,11 @@ class MonitorAgentCallback(TrainCallback):
         self.agent.upload_trace(trace_id, start, end, files, error=error, root=out)
 
     def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
+        if self._tracker is not None:
+            from engine_adapter import torch_comm
+
+            torch_comm.remove_listener(self._tracker)
+            self._tracker = None
         if self.agent is None:
             return
         if self._active is not None:

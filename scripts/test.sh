@@ -42,7 +42,7 @@ stage "tests"
 if [ "${PROBE_SKIP_MINDSPORE:-0}" != 1 ]; then
   stage "mindspore tests (.venv-ms)"
   [ -x .venv-ms/bin/python ] || "$PY" -m venv .venv-ms
-  if .venv-ms/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[dev,mindspore]'; then
+  if .venv-ms/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[dev,mindspore]' mindstudio-probe; then
     # mindspore must load protobuf before the monitor's stubs do, or use the pure-Python protobuf
     PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python .venv-ms/bin/python -m pytest -q -m mindspore \
       -p no:cacheprovider || rc=$?

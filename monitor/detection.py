@@ -1,61 +1,267 @@
-"""The service's detector thread: judges each job's newly complete steps and raises alerts.
+"""The service's detector thread: judges each job's newly complete steps, watches for hangs,
+and keeps one alert open per cause, updated in place.
 
 Every ``interval_s`` the thread:
 
 1. raises ``rank_lost`` for a rank (not finished) heard of no more in ``lost_after_s``;
 2. for each job that ingested new points, finds its complete step (the last step every live
-   rank has reported; a finished job's last step) and runs :func:`monitor.detectors.detect`
-   on the steps from the last judged one up to it, over ``DETECT_HISTORY`` steps of history;
-3. keeps an alert of a kind for a rank from repeating within ``ALERT_COOLDOWN_STEPS``; stores
-   each alert, tells the watchers, and, where ``trace_on_alert`` names its kind, requests a
-   deep trace of the rank it names (once per job, rank and kind).
+   rank, registered and not lost, has reported; a finished job's last step), reads the steps from the last judged one up
+   to it from the store (only those), appends them to the job's :class:`JobWindow` (the last
+   :data:`WINDOW_STEPS` steps, whose derived series are computed once per step) and runs the
+   detectors of :mod:`monitor.detectors` on each new step;
+3. checks every running job for a hang: from each rank's last report of the collective it is
+   in (:mod:`monitor.ranks`), with a threshold from the job's own step times
+   (:func:`monitor.detectors.hang_threshold_s`); a hang alert names the rank(s) that never
+   entered the collective the others wait in, and it is resolved when they move again;
+4. merges what it found into the open alerts (:class:`AlertBook`): one open alert per cause
+   (kind and rank; for a hang, the collective), whose ``count`` and ``last_step`` grow while
+   the cause recurs; a cause absent for :data:`CLOSE_AFTER_STEPS` judged steps is closed, and
+   a later recurrence opens a new alert. A new alert is stored, told to the watchers and, where
+   ``trace_on_alert`` names its kind, triggers a deep trace of its rank (once per job, rank and
+   kind); an updated one is stored again and told as ``alert_update``. A new hang alert, with
+   ``stacks_on_hang``, asks every rank of the job to dump its Python stacks.
 
 After a restart it goes on from the store: steps already stored are not judged again, and
-alerts already raised are not repeated.
+alerts still open are updated rather than raised again.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+import numpy as np
 
 from monitor import detectors
+from monitor.detectors import StepMatrix
 from monitor.ranks import RankRegistry
 from monitor.storage import MonitorStore
 from monitor.watchers import Watchers
 
-#: Steps of history the detectors look back over.
-DETECT_HISTORY = 25
-#: An alert of the same kind for the same rank is not repeated within this many steps.
-ALERT_COOLDOWN_STEPS = {"straggler": 50, "nonfinite": 20, "slow_step": 0}
+#: Steps the rolling window of a job keeps: the detectors' noise history.
+WINDOW_STEPS = detectors.HISTORY
+#: An open alert whose cause has not recurred for this many judged steps is closed.
+CLOSE_AFTER_STEPS = 50
+
+
+def alert_key(alert: dict[str, Any]) -> tuple:
+    """The cause an alert is about: its kind and rank; for a hang, the collective."""
+    if alert["kind"] == "hang":
+        ev = alert.get("evidence") or {}
+        return (alert["job"], "hang", f"{ev.get('group')}#{ev.get('seq')}")
+    return (alert["job"], alert["kind"], alert.get("rank"))
+
+
+class AlertBook:
+    """Open alerts by cause, merged in place (see the module docstring, step 4).
+
+    >>> book = AlertBook()
+    >>> a = {"kind": "straggler", "job": "j", "rank": 3, "step": 10, "message": "m", "evidence": {}}
+    >>> book.merge(a)[1], book.merge(dict(a, step=11))[1], book.merge(dict(a, step=11))[0]["count"]
+    (True, False, 2)
+    >>> book.merge(dict(a, step=200))[1]                     # long gone: a new alert
+    True
+    """
+
+    def __init__(self, close_after: int = CLOSE_AFTER_STEPS) -> None:
+        self.close_after = close_after
+        self.open: dict[tuple, dict[str, Any]] = {}
+
+    def load(self, alert: dict[str, Any]) -> None:
+        """Take an alert still open in the store (after a restart)."""
+        alert = dict(alert, count=alert.get("count") or 1,
+                     last_step=alert.get("last_step") if alert.get("last_step") is not None
+                     else alert.get("step"))
+        self.open[alert_key(alert)] = alert
+
+    def merge(self, alert: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """``(the open alert, True when it is new)``: a recurrence updates the open one (count,
+        last step, message, evidence); a cause closed (or never seen) opens a new one."""
+        key = alert_key(alert)
+        step = alert.get("step")
+        old = self.open.get(key)
+        stale = (old is not None and step is not None and old.get("last_step") is not None
+                 and step - old["last_step"] > self.close_after)
+        if old is None or stale or old.get("state") == "closed":
+            new = dict(alert, count=1, last_step=step, state="open")
+            self.open[key] = new
+            return new, True
+        if step is not None and old.get("last_step") is not None and step <= old["last_step"] \
+                and alert["kind"] != "hang":
+            return old, False                      # this step was counted already
+        old.update(message=alert["message"], evidence=alert.get("evidence", {}),
+                   count=old["count"] + 1,
+                   last_step=step if step is not None else old.get("last_step"))
+        return old, False
+
+    def close(self, key: tuple) -> dict[str, Any] | None:
+        """Close the open alert of ``key``; returns it (None when none is open)."""
+        old = self.open.get(key)
+        if old is None or old.get("state") == "closed":
+            return None
+        old["state"] = "closed"
+        return old
+
+    def expire(self, job: str, step: int) -> list[dict[str, Any]]:
+        """Close the step alerts of ``job`` not seen for ``close_after`` steps before ``step``."""
+        closed = []
+        for key, a in self.open.items():
+            if (key[0] == job and a["kind"] != "hang" and a.get("state") == "open"
+                    and a.get("last_step") is not None and step - a["last_step"] > self.close_after):
+                a["state"] = "closed"
+                closed.append(a)
+        return closed
+
+
+class JobWindow:
+    """The last ``size`` complete steps of one job as a :class:`~monitor.detectors.StepMatrix`.
+
+    Rows live in buffers of twice ``size`` rows, moved to the front once per ``size`` steps,
+    so appending a step copies one row per series, not the window; the detectors' series
+    (:func:`monitor.detectors.derive`) are computed for the new rows only.
+
+    >>> w = JobWindow("j", size=3)
+    >>> w.append(StepMatrix.of([{"rank": r, "step": s, "step_time_ms": 10.0} for s in range(5)
+    ...                         for r in range(2)]))
+    >>> w.matrix.steps.tolist(), w.matrix.derived["x_own"].shape
+    ([2, 3, 4], (3, 2))
+    """
+
+    def __init__(self, job: str, size: int = WINDOW_STEPS) -> None:
+        self.job, self.size, self.cap = job, size, 2 * size
+        self.ranks = np.zeros(0, np.int64)
+        self._steps = np.zeros(self.cap, np.int64)
+        self._cols: dict[str, np.ndarray] = {}
+        self._reported: dict[str, np.ndarray] = {}
+        self._derived: dict[str, np.ndarray] = {}
+        self._lo = self._hi = 0
+        self.matrix = self._view()
+
+    def _view(self) -> StepMatrix:
+        lo, hi = self._lo, self._hi
+        return StepMatrix(self._steps[lo:hi], self.ranks,
+                          {k: v[lo:hi] for k, v in self._cols.items()}, self.job,
+                          derived={k: v[lo:hi] for k, v in self._derived.items()},
+                          reported={k: v[lo:hi] for k, v in self._reported.items()})
+
+    def _widen(self, ranks: np.ndarray) -> None:
+        """Lay the buffers over ``ranks`` (a superset of the ranks held)."""
+        where = np.searchsorted(ranks, self.ranks)
+        for bufs in (self._cols, self._reported, self._derived):
+            for k, v in bufs.items():
+                if k != "job":                          # the one series per step, not per rank
+                    w = np.full((self.cap, len(ranks)) + v.shape[2:], _nothing(v), v.dtype)
+                    w[:, where] = v
+                    bufs[k] = w
+        self.ranks = ranks
+
+    def _compact(self, room: int) -> None:
+        """Make ``room`` free rows at the end, keeping the last ``size`` rows held."""
+        if self._hi + room <= self.cap:
+            return
+        keep = min(self.size, self._hi - self._lo)
+        src = slice(self._hi - keep, self._hi)
+        for bufs in (self._cols, self._reported, self._derived):
+            for v in bufs.values():
+                v[:keep] = v[src]
+        self._steps[:keep] = self._steps[src]
+        self._lo, self._hi = 0, keep
+
+    def append(self, new: StepMatrix) -> None:
+        """Add the steps of ``new`` later than those held (at most ``size`` of them: after a
+        longer gap only the last ``size`` are judged), keep the last ``size``, and derive the
+        detectors' series for the new rows."""
+        last = self._steps[self._hi - 1] if self._hi > self._lo else -1
+        keep = np.flatnonzero(new.steps > last)[-self.size:]
+        if keep.size == 0:
+            return
+        new = _rows(new, keep)
+        k = keep.size
+        ranks = np.union1d(self.ranks, new.ranks)
+        if len(ranks) != len(self.ranks):
+            self._widen(ranks)
+        self._compact(k)
+        at = slice(self._hi, self._hi + k)
+        cols_of = np.searchsorted(self.ranks, new.ranks)
+        for bufs, got, fill in ((self._cols, new.cols, np.nan),
+                                (self._reported, new.reported, False)):
+            for name in set(bufs) | set(got):
+                if name not in bufs:
+                    bufs[name] = np.full((self.cap, len(self.ranks)), fill,
+                                         dtype=bool if fill is False else float)
+                buf = bufs[name]
+                buf[at] = fill
+                if name in got:
+                    buf[at, cols_of] = got[name]
+        self._steps[at] = new.steps
+        self._hi += k
+        self._lo = max(self._lo, self._hi - self.size)
+        view = self._view()
+        for name, rows in detectors.derive(view, len(view.steps) - k).items():
+            buf = self._derived.get(name)
+            if buf is None:
+                buf = self._derived[name] = np.full((self.cap,) + rows.shape[1:],
+                                                    _nothing(rows), rows.dtype)
+            buf[at] = rows
+        self.matrix = self._view()
+
+    def step_times(self) -> list[float]:
+        """The job's step time per step held (median over ranks), oldest first."""
+        job = self.matrix.derived.get("job")
+        if job is None:
+            return []
+        return [float(v) for v in job[:, 0] if np.isfinite(v)]
+
+    def judge(self, steps: Iterable[int]) -> list[dict[str, Any]]:
+        """Every step detector on ``steps`` (held in the window)."""
+        return detectors.detect(self.matrix, list(steps), job=self.job)
+
+
+def _nothing(like: np.ndarray) -> Any:
+    """The value of an empty cell: -1 for level bins, 0 for counts, False, or NaN."""
+    if like.dtype == np.int8:
+        return -1
+    if like.dtype == bool:
+        return False
+    return 0 if np.issubdtype(like.dtype, np.integer) else np.nan
+
+
+def _rows(m: StepMatrix, idx: np.ndarray) -> StepMatrix:
+    return StepMatrix(m.steps[idx], m.ranks, {k: v[idx] for k, v in m.cols.items()}, m.job,
+                      reported={k: v[idx] for k, v in m.reported.items()})
 
 
 class Detection:
     """The detector thread of one service; see the module docstring.
 
-    ``request_trace(job, ranks, start, end, next_steps, reason)`` asks for a deep trace.
+    ``request_trace(job, ranks, start, end, next_steps, reason)`` asks for a deep trace;
+    ``dump_stacks(job, request_id)`` asks every rank of a job to dump its Python stacks.
     """
 
     def __init__(self, store: MonitorStore, ranks: RankRegistry, watchers: Watchers, *,
                  lost_after_s: float, trace_on_alert: dict[str, int],
-                 request_trace: Callable[..., Any], log: Callable[[str], None]) -> None:
+                 request_trace: Callable[..., Any], log: Callable[[str], None],
+                 dump_stacks: Callable[[str, str], Any] | None = None) -> None:
         self.store, self.ranks, self.watchers = store, ranks, watchers
         self.lost_after_s = lost_after_s
         self.trace_on_alert = trace_on_alert
         self.request_trace = request_trace
+        self.dump_stacks = dump_stacks
         self.log = log
+        self.book = AlertBook()
+        self.windows: dict[str, JobWindow] = {}
+        self.detect_seconds = 0.0                # time spent judging steps (not hangs)
+        self.judged_steps = 0
         self._dirty: set[str] = set()
         self._evaluated: dict[str, int] = {}
-        self._last_alert_step: dict[tuple[str, str, int], int] = {}
         self._triggered: set[tuple[str, int, str]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         for job, step in store.rows("SELECT job, max(step) FROM metrics GROUP BY job"):
             self._evaluated[job] = -1 if step is None else int(step)
-        for job, kind, rank, step in store.rows(
-                "SELECT job, kind, rank, max(step) FROM alerts GROUP BY job, kind, rank"):
-            self._last_alert_step[(job, kind, rank)] = -1 if step is None else int(step)
+        for alert in store.open_alerts():
+            self.book.load(alert)
 
     def start(self, interval_s: float) -> None:
         """Start the detector thread, judging every ``interval_s`` seconds."""
@@ -77,15 +283,24 @@ class Detection:
         """The detectors have judged the steps of ``job`` up to this one (-1: none)."""
         return self._evaluated.get(job, -1)
 
+    def open_hang(self, job: str) -> dict[str, Any] | None:
+        """The open hang alert of ``job``, if any."""
+        for key, a in list(self.book.open.items()):     # read from the service's threads too
+            if key[0] == job and key[1] == "hang" and a.get("state") == "open":
+                return a
+        return None
+
     def _loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
             try:
                 self.detect_once()
             except Exception as e:  # noqa: BLE001 - detection must never stop ingest
+                self.log(f"detector failed: {type(e).__name__}: {e}")
                 self.watchers.broadcast({"type": "error", "message": f"detector failed: {e}"})
 
     def detect_once(self) -> list[dict[str, Any]]:
-        """Run the detectors on every job's newly complete steps; returns the new alerts."""
+        """Run the detectors on every job's newly complete steps and check for hangs now;
+        returns the alerts opened (new, not the updated ones)."""
         now = time.time()
         raised: list[dict[str, Any]] = []
         states = self.ranks.states()
@@ -93,41 +308,93 @@ class Detection:
             if (not st.final and not st.lost_alerted and st.last_seen
                     and now - st.last_seen > self.lost_after_s):
                 st.lost_alerted = True
-                raised.append(self._raise({
+                raised += self._found([{
                     "kind": "rank_lost", "job": st.job, "rank": st.rank, "step": st.last_step,
                     "message": f"rank {st.rank} has sent nothing for {now - st.last_seen:.0f} s "
                                f"(last step {st.last_step})",
                     "evidence": {"last_seen_s": now - st.last_seen, "last_step": st.last_step,
-                                 "host": st.host, "pid": st.pid}}))
+                                 "host": st.host, "pid": st.pid}}])
         jobs = set(self._dirty)
         self._dirty.difference_update(jobs)
-        for job in jobs:
-            live = [s for s in states if s.job == job and s.last_step >= 0
-                    and (s.final or now - s.last_seen <= self.lost_after_s)]
-            if not live:
-                continue
-            running = [s.last_step for s in live if not s.final]
-            complete = min(running) if running else max(s.last_step for s in live)
-            done = self._evaluated.get(job, -1)
-            if complete <= done:
-                continue
-            table = self.store.step_table(job, max(0, done + 1 - DETECT_HISTORY))
-            found = detectors.detect(table, range(done + 1, complete + 1), job=job)
-            self._evaluated[job] = complete
-            for alert in found:
-                key = (job, alert["kind"], alert["rank"])
-                cooldown = ALERT_COOLDOWN_STEPS.get(alert["kind"], 0)
-                last = self._last_alert_step.get(key)
-                if last is not None and (alert["step"] - last <= cooldown if cooldown else
-                                         alert["step"] == last):
-                    continue
-                self._last_alert_step[key] = alert["step"]
-                raised.append(self._raise(alert))
+        for job in sorted(jobs):
+            raised += self._judge_job(job, [s for s in states if s.job == job], now)
+        for job in sorted({s.job for s in states}):
+            raised += self._check_hang(job, [s for s in states if s.job == job], now)
+        return raised
+
+    def _judge_job(self, job: str, states: list, now: float) -> list[dict[str, Any]]:
+        # a rank registered but silent yet holds the job back (its steps are to come); a lost
+        # one does not
+        live = [s for s in states if s.final or now - s.last_seen <= self.lost_after_s]
+        if not any(s.last_step >= 0 for s in live):
+            return []
+        running = [s.last_step for s in live if not s.final]
+        complete = min(running) if running else max(s.last_step for s in live)
+        done = self._evaluated.get(job, -1)
+        if complete <= done:
+            return []
+        t0 = time.perf_counter()
+        window = self.windows.get(job)
+        since = done + 1
+        if window is None:                        # a new job, or one met again after a restart
+            window = self.windows[job] = JobWindow(job)
+            since = max(0, done + 1 - WINDOW_STEPS)
+        table = self.store.step_table(job, since, complete)
+        window.append(StepMatrix.of(table, job))
+        found = window.judge(range(done + 1, complete + 1))
+        self._evaluated[job] = complete
+        self.detect_seconds += time.perf_counter() - t0
+        self.judged_steps += complete - done
+        raised = self._found(found)
+        for closed in self.book.expire(job, complete):
+            self.store.update_alert(closed)
+        return raised
+
+    def _check_hang(self, job: str, states: list, now: float) -> list[dict[str, Any]]:
+        reports = [s.collective_report(now) for s in states]
+        if not any(r["pending"] for r in reports) and self.open_hang(job) is None:
+            return []
+        window = self.windows.get(job)
+        threshold = detectors.hang_threshold_s(window.step_times() if window else [])
+        world = max([s.world_size for s in states] + [len(states)])
+        found = detectors.hangs(reports, threshold_s=threshold, job=job, world=range(world))
+        keys = {alert_key(a) for a in found}
+        for key, a in list(self.book.open.items()):
+            if key[0] == job and key[1] == "hang" and key not in keys and a.get("state") == "open":
+                self.book.close(key)
+                a["message"] = a["message"].split(" [resolved")[0] + " [resolved: the ranks moved on]"
+                self.store.update_alert(a)
+                self.watchers.broadcast(dict(a, type="alert_update"))
+        return self._found(found)
+
+    def _found(self, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Merge ``found`` into the open alerts; store, tell and act on the new ones."""
+        raised, updated = [], {}
+        for alert in found:
+            merged, new = self.book.merge(alert)
+            if new:
+                raised.append(self._raise(merged))
+            else:
+                updated[id(merged)] = merged
+        for a in updated.values():
+            self.store.update_alert(a)
+            self.watchers.broadcast(dict(a, type="alert_update"))
         return raised
 
     def _raise(self, alert: dict[str, Any]) -> dict[str, Any]:
-        alert = self.store.add_alert(alert)
+        stored = self.store.add_alert(alert)
+        alert.update(id=stored["id"], time_ns=stored["time_ns"])
         self.log(f"alert #{alert['id']} {alert['kind']} job {alert['job']}: {alert['message']}")
+        if alert["kind"] == "hang" and self.dump_stacks is not None:
+            request = f"stacks-{alert['id']}"
+            try:
+                self.dump_stacks(alert["job"], request)
+                alert["evidence"] = dict(alert.get("evidence") or {}, stacks=request)
+                alert["message"] += (f" [Python stacks of every rank: probe monitor trace-files "
+                                     f"--trace {request}]")
+                self.store.update_alert(alert)
+            except ValueError as e:
+                self.log(f"cannot ask for stacks: {e}")
         self.watchers.broadcast(dict(alert, type="alert"))
         n = self.trace_on_alert.get(alert["kind"])
         key = (alert["job"], alert["rank"], alert["kind"])

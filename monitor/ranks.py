@@ -1,7 +1,8 @@
 """The ranks the service knows while it runs, and the command queue of each.
 
 Each (job, rank) has one :class:`RankState`: who registered it last (its ``agent_id``), when
-it was last heard of, and the queue its command stream reads. A rank that registers again with
+it was last heard of, the collective it last said it was in (for hang diagnosis), and the
+queue its command stream reads. A rank that registers again with
 another agent replaces the earlier one: the old command stream is ended. A command for a rank
 whose stream is not open waits, and is handed over when the stream opens. Nothing here is
 persisted; the store keeps the rest.
@@ -41,6 +42,36 @@ class RankState:
     connected: bool = False
     commands: "queue.Queue[Any]" = field(default_factory=queue.Queue)
     lost_alerted: bool = False
+    #: from the rank's last batch or heartbeat: the step it is in, the collective it entered
+    #: and has not left (op, seq, group, bytes, peer, waiting_s then), the last sequence number
+    #: it entered per group, and when (service clock) that report came
+    step_in: int = -1
+    pending: dict[str, Any] | None = None
+    entered: dict[str, int] = field(default_factory=dict)
+    reported_at: float = 0.0
+
+    def report(self, step_in: int, pending: dict[str, Any] | None, entered: dict[str, int],
+               now: float) -> None:
+        """Take the collective state a batch or heartbeat carried."""
+        self.step_in, self.pending, self.entered, self.reported_at = step_in, pending, entered, now
+
+    def collective_report(self, now: float) -> dict[str, Any]:
+        """What :func:`monitor.detectors.hangs` reads of this rank, aged to ``now``.
+
+        >>> st = RankState("j", 1)
+        >>> st.report(7, {"op": "all_reduce", "seq": 8, "group": "world", "waiting_s": 2.0}, {"world": 8}, 100.0)
+        >>> st.collective_report(103.0)["pending"]["waiting_s"]
+        5.0
+        """
+        pending = None
+        if self.pending:
+            age = max(0.0, now - self.reported_at)
+            pending = dict(self.pending, waiting_s=float(self.pending.get("waiting_s", 0.0)) + age)
+        heard = max(self.last_seen, self.reported_at)
+        return {"rank": self.rank, "step": self.step_in, "pending": pending,
+                "entered": dict(self.entered), "final": self.final,
+                "heard_s": now - heard if heard else None,
+                "reported_s": now - self.reported_at if self.reported_at else None}
 
 
 class RankRegistry:

@@ -13,8 +13,10 @@ does the work:
   resent after a lost ack is acknowledged without being stored again;
 - :mod:`monitor.ranks`: who registered each rank, and the commands waiting for it;
 - :mod:`monitor.detection`: the detector thread judges each job's newly complete steps (every
-  live rank reported), stores alerts and pushes them to watchers (:mod:`monitor.watchers`); a
-  configured alert kind can trigger a deep trace on the rank it names;
+  live rank reported) and watches for hangs (from the collective each rank's batches and
+  heartbeats say it is in), keeps one alert open per cause and pushes them to watchers
+  (:mod:`monitor.watchers`); a configured alert kind can trigger a deep trace on the rank it
+  names, and a hang (``stacks_on_hang``) every rank's Python stacks;
 - :mod:`monitor.trace_transfer`: trace files uploaded by ranks and fetched by operators;
 - :mod:`monitor.status`: the status document.
 
@@ -55,6 +57,8 @@ from monitor.watchers import Watchers
 MAX_REPLY_BYTES = 60 * 1024 * 1024
 #: Seconds without a batch or heartbeat after which a rank is "lost" (and alerted).
 LOST_AFTER_S = 15.0
+#: The kinds of alert the service raises.
+ALERT_KINDS = ("straggler", "slow_step", "nonfinite", "memory_growth", "hang", "rank_lost")
 
 
 def _ipc(table: pa.Table, context: grpc.ServicerContext) -> pb.ArrowTable:
@@ -81,7 +85,7 @@ class MonitorService(pb_grpc.MonitorServicer):
                  port: int = 50051, token: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, trace_on_alert: dict[str, int] | None = None,
                  detect_interval_s: float = 0.25, max_workers: int = 4096,
-                 lost_after_s: float = LOST_AFTER_S,
+                 lost_after_s: float = LOST_AFTER_S, stacks_on_hang: bool = False,
                  log: Callable[[str], None] | None = None) -> None:
         auth.check_bind(host, token)
         self.host, self.port, self.token = host, port, token
@@ -98,7 +102,8 @@ class MonitorService(pb_grpc.MonitorServicer):
         self.detection = Detection(self.store, self.ranks, self.watchers,
                                    lost_after_s=lost_after_s,
                                    trace_on_alert=dict(trace_on_alert or {}),
-                                   request_trace=self.request_trace, log=self._log)
+                                   request_trace=self.request_trace, log=self._log,
+                                   dump_stacks=self.dump_stacks if stacks_on_hang else None)
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
         self.started = time.time()
@@ -208,6 +213,14 @@ class MonitorService(pb_grpc.MonitorServicer):
                           stored=table.num_rows if item.fresh else 0)
 
     def _seen(self, st: RankState, request: pb.MetricBatch, last_step: int) -> None:
+        if request.reports_collectives:
+            p = request.pending
+            pending = None if not p.op else {
+                "op": p.op[:MAX_NAME_LEN], "seq": int(p.seq), "group": p.group[:MAX_NAME_LEN],
+                "bytes": int(p.bytes), "group_size": int(p.group_size), "peer": int(p.peer),
+                "waiting_s": float(p.waiting_s)}
+            entered = {g[:MAX_NAME_LEN]: int(n) for g, n in list(request.entered.items())[:64]}
+            st.report(int(request.step_in), pending, entered, time.time())
         st.last_seen = time.time()
         st.last_step = max(st.last_step, last_step)
         st.lost_alerted = False
@@ -252,7 +265,8 @@ class MonitorService(pb_grpc.MonitorServicer):
                    "points_ingested": self.points_ingested, "auth": bool(self.token),
                    "tls": self._creds is not None}
         return status_document(self.store, self.ranks, job, lost_after_s=self.lost_after_s,
-                               judged_step=self.detection.judged_step, service=service)
+                               judged_step=self.detection.judged_step, service=service,
+                               open_hang=self.detection.open_hang)
 
     def Alerts(self, request: pb.AlertsRequest, context: grpc.ServicerContext) -> pb.ArrowTable:
         return _ipc(self.store.alerts(request.job or None, request.since_id, request.kind or None),
@@ -299,6 +313,14 @@ class MonitorService(pb_grpc.MonitorServicer):
                          "ranks": ranks, "start_step": start_step,
                          "end_step": end_step, "next_steps": next_steps, "reason": reason})
         return trace_id, delivered, missing
+
+    def dump_stacks(self, job: str, request: str) -> None:
+        """Ask every rank of ``job`` to dump its Python stacks; the files come back as the
+        trace ``request`` (``probe monitor trace-files --trace <request>``)."""
+        cmd = pb.Command(id=request, kind="dump_stacks", trace_id=request)
+        ranks, _, _ = self.send_command(job, [], cmd)
+        self.store.add_trace_request(request, job, ranks, -1, -1, 0, "stacks on hang")
+        self._log(f"stacks {request} requested: job {job} ranks {','.join(map(str, ranks))}")
 
     def send_command(self, job: str, ranks: list[int],
                      cmd: pb.Command) -> tuple[list[int], list[int], list[int]]:
@@ -377,10 +399,9 @@ def parse_trace_on_alert(specs: list[str] | tuple[str, ...]) -> dict[str, int]:
     out = {}
     for spec in specs:
         kind, _, n = spec.partition(":")
-        if kind not in ("straggler", "slow_step", "nonfinite", "rank_lost") or not n.isdigit() \
-                or int(n) <= 0:
+        if kind not in ALERT_KINDS or not n.isdigit() or int(n) <= 0:
             raise ProbeError(f"--trace-on-alert {spec!r}: use KIND:STEPS with KIND one of "
-                             "straggler, slow_step, nonfinite, rank_lost and STEPS > 0")
+                             f"{', '.join(ALERT_KINDS)} and STEPS > 0")
         out[kind] = int(n)
     return out
 

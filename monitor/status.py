@@ -7,8 +7,15 @@ A rank's health, from what the service heard of it (its batches and heartbeats):
 3. ``stale``: nothing for more than ``STALE_AFTER_S`` (at most half of ``lost_after_s``);
 4. ``ok`` otherwise.
 
-A job is ``finished`` when all its ranks are, ``degraded`` when one is lost or stale, else
-``ok``; ``judged_step`` is the last step the detectors have judged.
+A job is ``finished`` when all its ranks are, ``degraded`` when one is lost or stale,
+``hung`` while a hang alert is open, else ``ok``; ``judged_step`` is the last step the
+detectors have judged, and ``hang`` the open hang alert (None when there is none: its
+``message`` names the rank(s) that never entered the collective the others wait in). A rank
+that reports its collectives has ``step_in`` (the step it is in) and ``collective`` (the one
+it has entered and not left: op, seq, group, bytes, waiting_s now; None when in none).
+
+Each alert carries ``count`` (the steps, or checks, at which its cause was seen), ``step``
+(the first) and ``last_step``, and ``state``: open, or closed once its cause went away.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ STATUS_ALERTS = 200
 
 def status_document(store: MonitorStore, ranks: RankRegistry, job: str | None, *,
                     lost_after_s: float, judged_step: Callable[[str], int],
-                    service: dict[str, Any]) -> dict[str, Any]:
+                    service: dict[str, Any],
+                    open_hang: Callable[[str], dict[str, Any] | None] = lambda job: None,
+                    ) -> dict[str, Any]:
     """``{"service": service, "jobs": [...], "alerts": [...], "traces": [...]}`` for ``job``
     (every job when None); see the module docstring."""
     now = time.time()
@@ -58,6 +67,8 @@ def status_document(store: MonitorStore, ranks: RankRegistry, job: str | None, *
             "points": int(row["points"]), "batches": int(row["batches"]),
             "dropped": int(row["dropped"]), "registrations": row["registrations"] or 0,
             "connected": bool(st and st.connected),
+            "step_in": st.step_in if st is not None else -1,
+            "collective": st.collective_report(now)["pending"] if st is not None else None,
         })
     alerts = []
     for a in store.alerts(job).to_pylist()[-STATUS_ALERTS:]:
@@ -71,7 +82,10 @@ def status_document(store: MonitorStore, ranks: RankRegistry, job: str | None, *
         steps = [r["last_step"] for r in j["ranks"]]
         j["last_step"] = max(steps) if steps else -1
         healths = {r["health"] for r in j["ranks"]}
-        j["health"] = ("finished" if healths == {"finished"} else
+        hang = open_hang(j["job"])
+        j["hang"] = None if hang is None else {
+            k: hang.get(k) for k in ("id", "rank", "step", "message", "evidence", "count")}
+        j["health"] = ("finished" if healths == {"finished"} else "hung" if hang else
                        "degraded" if healths & {"lost", "stale"} else "ok")
         j["alerts"] = by_job.get(j["job"], {})
         j["judged_step"] = judged_step(j["job"])   # detectors have seen steps <= this

@@ -9,7 +9,8 @@ read through the service (:mod:`monitor.client`). Tables:
                  stored batch, in the same transaction as its points: the key for exactly-once
                  ingest, and the cheap source of per-rank status;
 - ``ranks``      the last registration of each (job, rank);
-- ``alerts``     detector findings with their evidence (JSON);
+- ``alerts``     detector findings with their evidence (JSON), one row per cause, updated in
+                 place while it recurs (``count``, ``last_step``, ``state`` open or closed);
 - ``trace_requests`` and ``traces``: deep traces asked for and the files collected.
 
 Points arrive as Arrow tables and are inserted in groups (one transaction, one fsync, for many
@@ -56,6 +57,10 @@ CREATE TABLE IF NOT EXISTS ranks (job VARCHAR, rank INTEGER, world_size INTEGER,
 CREATE TABLE IF NOT EXISTS alerts (id BIGINT PRIMARY KEY, time_ns BIGINT, job VARCHAR,
                                    kind VARCHAR, rank INTEGER, step BIGINT, message VARCHAR,
                                    evidence VARCHAR);
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS count BIGINT DEFAULT 1;
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS last_step BIGINT;
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS state VARCHAR DEFAULT 'open';
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS updated_ns BIGINT;
 CREATE TABLE IF NOT EXISTS trace_requests (trace_id VARCHAR PRIMARY KEY, job VARCHAR,
                                            ranks VARCHAR, start_step BIGINT, end_step BIGINT,
                                            next_steps BIGINT, reason VARCHAR, time_ns BIGINT);
@@ -66,7 +71,10 @@ CREATE TABLE IF NOT EXISTS traces (trace_id VARCHAR, job VARCHAR, rank INTEGER,
 
 #: Metric names the detectors read, pivoted per (rank, step) by :meth:`MonitorStore.step_table`.
 STEP_COLUMNS = ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms", "loss",
-                "grad_norm", "nonfinite_grads", "tokens_per_s", "traced")
+                "grad_norm", "nonfinite_grads", "tokens_per_s", "traced", "device_mem_mb",
+                "proc_rss_mb")
+ALERT_COLUMNS = ("id", "time_ns", "job", "kind", "rank", "step", "message", "evidence", "count",
+                 "last_step", "state", "updated_ns")
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -93,6 +101,13 @@ def safe_relpath(name: str) -> Path:
     parts = [_SAFE_NAME.sub("_", p) for p in name.replace("\\", "/").split("/")]
     parts = [p for p in parts if p not in ("", ".", "..")]
     return Path(*parts) if parts else Path("trace")
+
+
+def _json_default(value: Any) -> Any:
+    """numpy numbers and arrays in alert evidence, as JSON has them."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return float(value)
 
 
 def _sql_str(value: str) -> str:
@@ -185,15 +200,38 @@ class MonitorStore:
                               [time.time_ns(), job, rank])
 
     def add_alert(self, alert: dict[str, Any]) -> dict[str, Any]:
-        """Store an alert (kind, job, rank, step, message, evidence); returns it with id/time."""
+        """Store a new alert (kind, job, rank, step, message, evidence; count, last_step and
+        state when given); returns it with its id and time."""
         with self._lock:
             alert = dict(alert, id=self._next_alert_id, time_ns=alert.get("time_ns") or time.time_ns())
             self._next_alert_id += 1
-            self._con.execute("INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            self._con.execute(f"INSERT INTO alerts ({', '.join(ALERT_COLUMNS)}) VALUES "
+                              f"({', '.join('?' * len(ALERT_COLUMNS))})",
                               [alert["id"], alert["time_ns"], alert["job"], alert["kind"],
                                alert.get("rank"), alert.get("step"), alert.get("message", ""),
-                               json.dumps(alert.get("evidence", {}), default=float)])
+                               json.dumps(alert.get("evidence", {}), default=_json_default),
+                               alert.get("count", 1), alert.get("last_step", alert.get("step")),
+                               alert.get("state", "open"), alert["time_ns"]])
         return alert
+
+    def update_alert(self, alert: dict[str, Any]) -> None:
+        """Store an open alert again (by id): its message, evidence, count, last step, state."""
+        with self._lock:
+            self._con.execute("UPDATE alerts SET message = ?, evidence = ?, count = ?, "
+                              "last_step = ?, state = ?, updated_ns = ? WHERE id = ?",
+                              [alert.get("message", ""),
+                               json.dumps(alert.get("evidence", {}), default=_json_default),
+                               alert.get("count", 1), alert.get("last_step"),
+                               alert.get("state", "open"), time.time_ns(), alert["id"]])
+
+    def open_alerts(self) -> list[dict[str, Any]]:
+        """Alerts still open (to go on updating them after a restart), evidence decoded."""
+        out = []
+        for a in self._query("SELECT * FROM alerts WHERE coalesce(state, 'open') = 'open' "
+                             "ORDER BY id").to_pylist():
+            a["evidence"] = json.loads(a["evidence"] or "{}")
+            out.append(a)
+        return out
 
     def add_trace_request(self, trace_id: str, job: str, ranks: Iterable[int], start_step: int,
                           end_step: int, next_steps: int, reason: str) -> None:
@@ -247,9 +285,13 @@ class MonitorStore:
             cur.close()
 
     def metrics(self, job: str | None = None, since_step: int = 0, ranks: Sequence[int] = (),
-                names: Sequence[str] = (), pivot: bool = False, limit: int = 0) -> pa.Table:
+                names: Sequence[str] = (), pivot: bool = False, limit: int = 0,
+                until_step: int | None = None) -> pa.Table:
         """Metric points (long: time_ns, job, rank, step, name, value) or pivoted per rank/step."""
         where, params = ["step >= ?"], [since_step]
+        if until_step is not None:
+            where.append("step <= ?")
+            params.append(until_step)
         if job:
             where.append("job = ?")
             params.append(job)
@@ -271,9 +313,11 @@ class MonitorStore:
                            f"WHERE {cond} GROUP BY job, rank, step ORDER BY job, step, rank{lim}",
                            params)
 
-    def step_table(self, job: str, since_step: int) -> pa.Table:
-        """The detectors' input: one row per (rank, step) with :data:`STEP_COLUMNS`."""
-        return self.metrics(job, since_step=since_step, names=STEP_COLUMNS, pivot=True)
+    def step_table(self, job: str, since_step: int, until_step: int | None = None) -> pa.Table:
+        """The detectors' input: one row per (rank, step) with :data:`STEP_COLUMNS`, for the
+        steps from ``since_step`` (to ``until_step``, inclusive, when given)."""
+        return self.metrics(job, since_step=since_step, names=STEP_COLUMNS, pivot=True,
+                            until_step=until_step)
 
     def alerts(self, job: str | None = None, since_id: int = 0, kind: str | None = None) -> pa.Table:
         where, params = ["id > ?"], [since_id]

@@ -50,14 +50,18 @@ def command() -> None:
 @click.option("--tls-key", default=None, type=click.Path(dir_okay=False), help="PEM private key.")
 @click.option("--trace-on-alert", multiple=True, metavar="KIND:STEPS",
               help="Deep-trace the rank an alert names for STEPS steps, e.g. straggler:3. Repeatable.")
+@click.option("--stacks-on-hang", is_flag=True,
+              help="On a hang alert, have every rank of the job dump its Python stacks into its "
+                   "run folder (stacks/) and send them here (probe monitor trace-files).")
 def serve(host: str, port: int, store: str | None, token: str | None, tls_cert: str | None,
-          tls_key: str | None, trace_on_alert: tuple[str, ...]) -> int:
+          tls_key: str | None, trace_on_alert: tuple[str, ...], stacks_on_hang: bool) -> int:
     """Run the monitor service in the foreground until Ctrl-C or SIGTERM."""
     from monitor.service import MonitorService, parse_trace_on_alert, serve_path_default
 
     svc = MonitorService(store_path=store or serve_path_default(), host=host, port=port,
                          token=token, tls_cert=tls_cert, tls_key=tls_key,
-                         trace_on_alert=parse_trace_on_alert(trace_on_alert), log=_log_line)
+                         trace_on_alert=parse_trace_on_alert(trace_on_alert),
+                         stacks_on_hang=stacks_on_hang, log=_log_line)
     bound = svc.start()
 
     def stop(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -111,18 +115,31 @@ def status(addr: str | None, token: str | None, ca: str | None, job: str | None,
         alerts = ", ".join(f"{k} {v}" for k, v in sorted(j["alerts"].items())) or "none"
         click.echo(f"\njob {j['job']}  world {j['world_size']}  last step {j['last_step']}  "
                    f"health {j['health']}  alerts: {alerts}")
+        if j.get("hang"):
+            click.secho(f"  HANG #{j['hang']['id']}: {j['hang']['message']}", bold=True)
         click.echo(f"  {'rank':>4}  {'health':<8}  {'step':>6}  {'seen':>7}  {'points':>9}  "
-                   f"{'dropped':>7}  host:pid")
+                   f"{'dropped':>7}  {'in collective':<22}  host:pid")
         for r in j["ranks"]:
             seen = "-" if r["last_seen_s"] is None else f"{r['last_seen_s']:.1f}s"
+            c = r.get("collective")
+            where = f"{c['op']} #{c['seq']} {c['waiting_s']:.1f}s" if c else "-"
             click.echo(f"  {r['rank']:>4}  {r['health']:<8}  {r['last_step']:>6}  {seen:>7}  "
-                       f"{r['points']:>9}  {r['dropped']:>7}  {r['host']}:{r['pid']}")
+                       f"{r['points']:>9}  {r['dropped']:>7}  {where:<22}  {r['host']}:{r['pid']}")
     if doc["alerts"]:
         click.echo("\nrecent alerts:")
         for a in doc["alerts"][-10:]:
-            click.echo(f"  #{a['id']} {a['kind']:<10} {a['job']} rank {a['rank']} step {a['step']}: "
-                       f"{a['message']}")
+            click.echo(f"  {_alert_line(a)}")
     return 0
+
+
+def _alert_line(a: dict) -> str:
+    """One alert on one line: id, kind, where, how often (an alert is updated in place)."""
+    rank = "job" if a.get("rank") is None else f"rank {a['rank']}"
+    steps = f"step {a['step']}"
+    if (a.get("count") or 1) > 1:
+        steps += f"-{a.get('last_step')} x{a['count']}"
+    state = " (closed)" if a.get("state") == "closed" else ""
+    return f"#{a['id']} {a['kind']:<13} {a['job']} {rank} {steps}{state}: {a['message']}"
 
 
 @command.command("alerts")
@@ -130,7 +147,8 @@ def status(addr: str | None, token: str | None, ca: str | None, job: str | None,
 @token_option
 @ca_option
 @click.option("--job", default=None, help="Only this job.")
-@click.option("--kind", default=None, help="straggler, slow_step, nonfinite or rank_lost.")
+@click.option("--kind", default=None,
+              help="straggler, slow_step, nonfinite, memory_growth, hang or rank_lost.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 @click.option("--follow", is_flag=True, help="Keep printing new alerts as they are raised.")
 def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
@@ -143,8 +161,7 @@ def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
         if as_json:
             click.echo(json.dumps(dict(a, evidence=ev), default=str))
         else:
-            click.echo(f"#{a['id']} {a['kind']:<10} {a['job']} rank {a['rank']} step {a['step']}: "
-                       f"{a['message']}")
+            click.echo(_alert_line(a))
         sys.stdout.flush()
 
     with MonitorClient(addr, token=token, ca=ca) as client:
@@ -159,7 +176,7 @@ def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
         try:
             for event in client.watch(job):
                 if event.get("type") == "alert" and event["id"] > last and \
-                        (kind is None or event["kind"] == kind):
+                        (kind is None or event["kind"] == kind):          # new ones, not updates
                     show(event)
         except KeyboardInterrupt:
             pass

@@ -113,7 +113,9 @@ def test_status_json_has_jobs_ranks_and_alerts_with_evidence(service, stub):
     assert all(r["health"] == "ok" and r["points"] == 40 for r in job["ranks"])
     alert = doc["alerts"][0]
     assert (alert["kind"], alert["rank"]) == ("straggler", 3)
-    assert alert["step"] <= 4 and alert["evidence"]["cause"] == "compute"
+    # three peers over eight steps: eight slow steps in a row are needed before the chance of
+    # it under their (Laplace-estimated) noise is below the detectors' ALPHA
+    assert alert["step"] <= 7 and alert["evidence"]["cause"] == "compute"
     text = run_probe("monitor", "status", "--addr", service.address).stdout
     assert "job j" in text and "straggler" in text
 

@@ -65,6 +65,8 @@ class DiffGraph:
         self._band: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._state: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._search_keys: dict[str, tuple[str, str]] | None = None
+        #: answers of :mod:`visualizer.navigate` that hold for the whole diff, computed once
+        self.found: dict[Any, Any] = {}
         self._warm = threading.Event()
         self._warm_lock = threading.Lock()
         self._order: list[tuple[str, str]] | None = None

@@ -22,13 +22,26 @@ node names, in execution order where there are several.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Mapping
+from functools import wraps
+from typing import Any, Callable, Iterable, Mapping
 
 from visualizer import bands as B
 from visualizer.diff import SIDES, DiffGraph, other_side
 from visualizer.search import find
 
 
+def _once(fn: Callable) -> Callable:
+    """Keep a function's answer for a diff (and arguments) in the diff (:attr:`DiffGraph.found`)."""
+    @wraps(fn)
+    def kept(diff: DiffGraph, *args: Any) -> Any:
+        key = (fn.__name__, *args)
+        if key not in diff.found:
+            diff.found[key] = fn(diff, *args)
+        return diff.found[key]
+    return kept
+
+
+@_once
 def first_divergence(diff: DiffGraph) -> tuple[str, str] | None:
     """(side, node) where numerics first go wrong: the compare summary's, else the first node
     in execution order whose band is ``error`` with no ``error`` below it."""
@@ -43,6 +56,7 @@ def first_divergence(diff: DiffGraph) -> tuple[str, str] | None:
     return None
 
 
+@_once
 def first_nan(diff: DiffGraph) -> tuple[str, str] | None:
     """(side, node) of the first node in execution order with a NaN/Inf statistic and no child
     holding one; in a pair, first one whose verdict is ``nan`` (NaN/Inf on one side only: an
@@ -119,6 +133,7 @@ def root_path(diff: DiffGraph, side: str, name: str) -> list[str]:
     return diff.graph(side).ancestors(name) + [name]
 
 
+@_once
 def flow_path(diff: DiffGraph, side: str, src: str, dst: str) -> list[str]:
     """The shortest chain of data-flow edges on ``side`` from ``src`` (or a node inside it) to
     ``dst`` (or a node inside it), as the nodes it passes; empty when no edge leads there."""

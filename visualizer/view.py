@@ -128,6 +128,11 @@ class SideView:
                 out.add(e)
         return out
 
+    def prepare(self) -> None:
+        """Index the data-flow edges by the nodes that hold their ends (what the first delta
+        would otherwise do; a UI may call it in the background)."""
+        self._touching(())
+
     def _touching(self, names: Collection[str]) -> set[int]:
         """Indexes of the flow edges with an end inside one of ``names``."""
         if self._incident is None:

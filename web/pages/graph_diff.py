@@ -182,7 +182,7 @@ class GraphDiffPage:
         """Attach the page's callbacks to ``app``."""
         if self.first is None or self.first.diff.refusal:
             return
-        threading.Thread(target=self.first.diff.warm, name="probe-web-warm", daemon=True).start()
+        _warm(self.first)
         graph_open.register(app, self.catalog)
         catalog = self.catalog
 
@@ -216,6 +216,7 @@ class GraphDiffPage:
                             return (no_update,) * 6
                     if trig == "g-open" or (choice.params() and choice.key != opened.choice.key):
                         opened, reset = self._open(choice), True
+                        _warm(opened)
                         exp, sel, old = {"a": set(), "b": set()}, None, {"a": set(), "b": set()}
                         msg = ""
                     if target_sel and ":" in target_sel:
@@ -343,3 +344,15 @@ class GraphDiffPage:
             exp[side].add(name)
             if twin:
                 exp[other] |= set(diff.graph(other).ancestors(twin)) | {twin}
+
+
+def _warm(opened: Opened) -> None:
+    """Compute in the background what the first clicks would wait for: every state, the jump
+    targets and the edge index of each side."""
+    def work() -> None:
+        opened.diff.warm()
+        first_divergence(opened.diff)
+        first_nan(opened.diff)
+        for view in opened.views.values():
+            view.prepare()
+    threading.Thread(target=work, name="probe-web-warm", daemon=True).start()

@@ -223,24 +223,29 @@ def _refresh(source: LiveSource, cursor: dict[str, Any]) -> tuple:
     merged = {**last, **cluster.last_steps(new)}
     ranks, newest = sorted(merged), max(merged.values(), default=None)
     drawn = {} if fresh else dict(cursor.get("charts") or {})
-    wanted = {cid: drawn.get(cid) or _metric(new, names) for cid, _, names, *_ in CHARTS}
-    full = fresh or ranks != cursor.get("ranks") or any(wanted[c] != drawn.get(c) for c in wanted)
+    every = fresh or ranks != cursor.get("ranks")
+    redraw = {cid for cid, _, names, *_ in CHARTS if every or (not drawn.get(cid) and _metric(new, names))}
     window_from = max(0, (newest or 0) - cluster.OPEN_FOR_STEPS + 1)
-    if full and since > 0:
+    if redraw and since > 0:                 # a chart to draw whole: its history, once
         points = source.metrics(since_step=0, job=job)
-    recent = cluster.series(p for p in points if p["step"] >= window_from) if since <= window_from or full \
+    recent = cluster.series(p for p in points if p["step"] >= window_from) if since <= window_from or redraw \
         else cluster.series(source.metrics(since_step=window_from, job=job))
     alerts, health = source.alerts(job), source.health(job)
-    if full:
-        data = cluster.series(points)
-        figures = [line_chart(data, ranks, chart) for chart in CHARTS]
-        extends = [no_update] * len(CHARTS)
+    data = cluster.series(points) if redraw else new
+    figures, extends = [], []
+    for chart in CHARTS:
+        cid, _, names, *_ = chart
+        if cid in redraw:
+            figures.append(line_chart(data, ranks, chart))
+            extends.append(no_update)
+            drawn[cid] = _metric(data, names)
+        else:
+            figures.append(no_update)
+            extends.append(_extend(new, drawn[cid], ranks) if drawn.get(cid) else no_update)
+    if every:
         heat, heat_last = heat_map(data, ranks)
         heat_ext = no_update
-        drawn = {cid: _metric(data, names) for cid, _, names, *_ in CHARTS}
     else:
-        figures = [no_update] * len(CHARTS)
-        extends = [_extend(new, drawn[cid], ranks) if drawn.get(cid) else no_update for cid, *_ in CHARTS]
         heat = no_update
         steps, values = cluster.complete_steps(recent, HEAT[0], cursor.get("heat", -1))
         heat_ext = [{"x": [steps], "z": [values]}, [0], MAX_POINTS] if steps else no_update

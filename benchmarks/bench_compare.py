@@ -56,15 +56,16 @@ def _tensor(r: random.Random, shape: list[int], scale: float, noise: float, rng_
             "Min": jitter(mn), "Mean": jitter(mean), "Norm": jitter(norm), "requires_grad": True}
 
 
-def make_dump(path: Path, n: int, side: str, seed: int = 0) -> None:
-    """Write a synthetic msprobe dump.json with ``n`` entries (and its construct.json)."""
+def make_dump(path: Path, n: int, side: str, seed: int = 0, bad_layer: int = 7) -> None:
+    """Write a synthetic msprobe dump.json with ``n`` entries (and its construct.json); side
+    ``b`` has layer ``bad_layer``'s output and weight scaled by 1.5."""
     r, rb = random.Random(seed), random.Random(seed + (1 if side == "b" else 0))
     noise = 2e-7 if side == "b" else 0.0
     data, construct = {}, {}
     k = 0
     while len(data) < n:
         name = f"Module.layers.{k}.proj.Linear"
-        bad = side == "b" and k == 7
+        bad = side == "b" and k == bad_layer
         sc = 1.5 if bad else 1.0
         data[f"{name}.forward.0"] = {
             "input_args": [_tensor(r, [4, 64, 256], 1.0, noise, rb)], "input_kwargs": {},

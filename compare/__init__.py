@@ -13,4 +13,7 @@ in pipeline order:
 - ``node_rows``: per-node pairs and verdicts (DuckDB SQL);
 - ``verdict``: dtype-aware tolerances; ``localise``: first divergence and first NaN/Inf;
 - ``report``: summary.json, the output files and the terminal summary.
+
+``ranks`` compares two runs of several ranks pair by pair, on local processes or a Dask
+distributed cluster (``probe compare RUN_A RUN_B``, :func:`compare.ranks.compare_runs`).
 """

@@ -31,21 +31,23 @@ __all__ = ["CompareResult", "compare", "load_result"]
 
 
 def compare(a: str, b: str, mapping: str | None = None, progress: bool = False,
-            out: str | os.PathLike | None = None) -> CompareResult:
+            out: str | os.PathLike | None = None, parallel: bool = True) -> CompareResult:
     """Compare dump ``a`` against dump ``b``; see :mod:`compare.result` for the result's columns.
 
     ``mapping``: an msprobe mapping file (``layer_mapping.yaml``, a cell/API/data mapping
     YAML) applied before structural matching. ``progress``: show a progress bar on stderr.
     ``out``: a folder to write compare.csv, compare.parquet, nodes.parquet and summary.json to,
     each as soon as its part is computed (faster than :meth:`CompareResult.write` afterwards);
-    ``summary.json``'s ``elapsed_s`` then covers the writing too.
+    ``summary.json``'s ``elapsed_s`` then covers the writing too. ``parallel=False``: one
+    core (no worker process or threads of its own beyond the files' writer), for callers that
+    compare many pairs at once (:mod:`compare.ranks`); the result is the same.
     """
     from compare.pipeline import compare_paths
 
     t0 = time.perf_counter()
     with _Progress(progress) as bar:
         result = compare_paths(a, b, mapping=mapping, bar=bar,
-                               out=Path(out) if out is not None else None)
+                               out=Path(out) if out is not None else None, parallel=parallel)
     result.summary["elapsed_s"] = round(time.perf_counter() - t0, 3)
     if result.written is not None:      # summary.json was written before elapsed_s was known
         from compare.report import write_summary

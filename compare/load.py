@@ -222,10 +222,11 @@ def _from_file(d: Dump) -> Dump:
     return d
 
 
-def start_load(a: str | os.PathLike, b: str | os.PathLike) -> PendingDump:
+def start_load(a: str | os.PathLike, b: str | os.PathLike, fork: bool = True) -> PendingDump:
     """Start reading ``b``, the second of the inputs ``a`` and ``b``: in a worker process when
-    both together hold at least :data:`PARALLEL_BYTES` of dump.json and there are two cores."""
-    fork = ((os.cpu_count() or 1) >= 2 and hasattr(os, "fork")
+    both together hold at least :data:`PARALLEL_BYTES` of dump.json and there are two cores
+    (and ``fork``; else when :meth:`PendingDump.result` is called)."""
+    fork = (fork and (os.cpu_count() or 1) >= 2 and hasattr(os, "fork")
             and _json_bytes(a) + _json_bytes(b) >= PARALLEL_BYTES)
     return PendingDump(b, fork=fork)
 

@@ -34,26 +34,37 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None,
 
 
 def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
-                  out: Any = None) -> CompareResult:
+                  out: Any = None, parallel: bool = True) -> CompareResult:
     """Read and compare two inputs, overlapping the work of the two sides on two cores.
 
     B is read in a worker process when the inputs are large (:func:`compare.load.start_load`),
     and A's records are normalised on a DuckDB cursor in a thread (DuckDB runs without the GIL)
-    while B is read or received here. Errors are A's first, then B's.
+    while B is read or received here. Errors are A's first, then B's. ``parallel=False``: all
+    of it one step after another in this thread (for a pool that compares many pairs at once,
+    one per core: the same result).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from compare.load import load_dump, start_load
 
-    pending = start_load(a, b)
+    pending = start_load(a, b, fork=parallel)
     side_a = None
     try:
-        with ThreadPoolExecutor(1, thread_name_prefix="compare-connect") as pool:
-            connecting = pool.submit(_connect)       # while A is read (the scanner frees the GIL)
+        if parallel:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(1, thread_name_prefix="compare-connect") as pool:
+                connecting = pool.submit(_connect)   # while A is read (the scanner frees the GIL)
+                dump = load_dump(a)
+                _tick(bar, "read A")
+                con = connecting.result()
+        else:
             dump = load_dump(a)
             _tick(bar, "read A")
-            con = connecting.result()
-        side_a = _Normaliser(con, "a", dump).start()
+            con = _connect()
+        side_a = _Normaliser(con, "a", dump)
+        if parallel:
+            side_a.start()
+        else:
+            side_a.run()
         dump = pending.result()
         _tick(bar, "read B")
         side_b = _Normaliser(con, "b", dump)
@@ -64,7 +75,7 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
         if side_a is not None:
             side_a.join()
     _tick(bar, "normalised")
-    return _finish(con, (side_a, side_b), mapping, bar, out)
+    return _finish(con, (side_a, side_b), mapping, bar, out, parallel)
 
 
 #: Tensor rows of both sides together from which DuckDB runs each query on every core. Below
@@ -139,11 +150,12 @@ class _Normaliser:
         return replace(dump, tensors=None, nodes=None), dump.tensors, table
 
 
-def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = None) -> CompareResult:
+def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = None,
+            parallel: bool = True) -> CompareResult:
     """Match, metrics, verdicts and localisation over the two normalised sides (``sides``: their
     :class:`_Normaliser`, run); the result's files are written to ``out`` (when given) while the
     later parts are computed. Each side's records are let go once the tensor rows hold what they
-    need of them."""
+    need of them. ``parallel=False``: the names and the rows on this thread only."""
     from concurrent.futures import ThreadPoolExecutor
 
     from compare.localise import localise, with_impact
@@ -156,10 +168,13 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
     (da, records_a, table_a), (db, records_b, table_b) = (side.release() for side in sides)
     writer = ResultWriter(out) if out is not None else None
     # both sides' tensor names are built in Arrow (no GIL) while the matching runs in DuckDB
-    naming = ThreadPoolExecutor(2, thread_name_prefix="compare-names")
-    names_a = naming.submit(tensor_names, records_a)
-    names_b = naming.submit(tensor_names, records_b)
-    naming.shutdown(wait=False)
+    if parallel:
+        naming = ThreadPoolExecutor(2, thread_name_prefix="compare-names")
+        names_a = naming.submit(tensor_names, records_a)
+        names_b = naming.submit(tensor_names, records_b)
+        naming.shutdown(wait=False)
+    else:
+        names_a, names_b = (_done(tensor_names(r)) for r in (records_a, records_b))
     n = records_a.num_rows + records_b.num_rows
     del records_a, records_b
     views = {"a_t": table_a, "b_t": table_b}
@@ -174,9 +189,9 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
             mapped = mapped_pairs(con, mapping)
         match_groups(con, mapped, structural=mapped is None)
         _tick(bar, "matched")
-        single = _size_threads(con, n) == 1
-        full = tensor_rows(con, 2 if single and n >= PARTITION_ROWS and (os.cpu_count() or 1) >= 2 else 1,
-                           views=views)
+        single = not parallel or _size_threads(con, n) == 1
+        halves = parallel and single and n >= PARTITION_ROWS and (os.cpu_count() or 1) >= 2
+        full = tensor_rows(con, 2 if halves else 1, views=views)
         for name in views:
             con.unregister(name)
         views.clear()
@@ -208,6 +223,15 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
     finally:
         if writer is not None:
             writer.close()
+
+
+def _done(value: Any) -> Any:
+    """A finished future holding ``value``."""
+    from concurrent.futures import Future
+
+    f: Future = Future()
+    f.set_result(value)
+    return f
 
 
 def _tick(bar: Any, what: str) -> None:

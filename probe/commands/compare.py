@@ -18,16 +18,26 @@ import click
                    "error; for CI).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: on for inputs over 20 MB].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Runs of several ranks: local processes comparing rank pairs at once "
+                   "[default: one per core].")
+@click.option("--cluster", default=None, metavar="ADDRESS",
+              help="Runs of several ranks: compare the rank pairs on this Dask distributed "
+                   "scheduler's workers (tcp://host:8786; they must see the same paths).")
 def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: str | None,
-            progress: bool | None) -> int:
+            progress: bool | None, workers: int | None, cluster: str | None) -> int:
     """Compare dump A against dump B: match every module/API, grade every tensor, localise.
 
     A and B: a dump.json (construct.json and stack.json beside it), a step or rank folder, or a
-    run folder with a store/ (msprobe-written or ours, PyTorch or MindSpore, any mix).
+    run folder with a store/ (msprobe-written or ours, PyTorch or MindSpore, any mix). Two run
+    or step folders holding several step<N>/rank<R> dumps are compared pair by pair, on every
+    core (or a cluster's workers), into OUT/step<N>/rank<R>/, with OUT/summary.json naming the
+    rank whose numerics diverge first.
 
     \b
     Example:
         probe compare ms/step0/rank0/dump.json torch/step0/rank0/dump.json --out cmp
+        probe compare runA runB --out cmp --cluster tcp://10.0.0.5:8786
     \b
     Exit codes: 0 compared (or only verdicts below --fail-on); 1 a pair is graded at or
     above --fail-on; 2 bad input (one line naming the file); 3 internal error.
@@ -35,17 +45,40 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     from pathlib import Path
 
     setup_process()
+    from compare.ranks import rank_pairs
+    from compare.verdict import at_least
+
+    out = Path(out_dir) if out_dir else Path("compare_out")
+    if rank_pairs(a, b)[0]:
+        return _compare_runs(a, b, mapping, out, fail_on, workers, cluster)
     from compare.api import compare
     from compare.report import format_summary
-    from compare.verdict import at_least
 
     if progress is None:
         progress = _size(Path(a)) + _size(Path(b)) > 20 * 1024 * 1024
-    out = Path(out_dir) if out_dir else Path("compare_out")
     result = compare(a, b, mapping=mapping, progress=progress, out=out)
     click.echo(format_summary(result.summary))
     click.echo(f"wrote {out}/compare.csv, compare.parquet, nodes.parquet, summary.json")
     return 1 if fail_on and at_least(result.worst_verdict, fail_on) else 0
+
+
+def _compare_runs(a: str, b: str, mapping: str | None, out: object, fail_on: str | None,
+                  workers: int | None, cluster: str | None) -> int:
+    """Two runs of several ranks, pair by pair (:func:`compare.ranks.compare_runs`): a line per
+    pair as it finishes, then the run summary."""
+    from compare.ranks import compare_runs, format_pair, format_runs
+    from compare.verdict import at_least
+    from ground.errors import ProbeError
+
+    s = compare_runs(a, b, out, mapping=mapping, workers=workers, cluster=cluster,
+                     report=lambda p: click.echo(format_pair(p)))
+    click.echo(format_runs(s))
+    click.echo(f"wrote {out}/summary.json and a compare per pair in {out}/step<N>/rank<R>/")
+    failed = [p for p in s["ranks"] if "error" in p]
+    if failed:
+        raise ProbeError(f"{len(failed)} of {s['pairs']} pairs could not be compared; the first, step "
+                         f"{failed[0]['step']} rank {failed[0]['rank']}: {failed[0]['error']}")
+    return 1 if fail_on and at_least(s["worst"], fail_on) else 0
 
 
 def setup_process() -> None:

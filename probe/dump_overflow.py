@@ -33,6 +33,7 @@ import json
 import math
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -60,11 +61,15 @@ class OverflowRecorder(DumpRecorder):
         self.steps_watched: list[int] = []
         self._reduce = adapter.stats.reduce
         self._gather = adapter.stats.gather
+        self._identity = adapter.stats.identity
 
     def _reset(self) -> None:
         super()._reset()
         self.pending: dict[str, tuple] = {}
         self.hit_tree: dict[str, str | None] = {}    # construct.json of the step's hits
+        #: data read and found finite this step (a module's output is its last call's output):
+        #: identity -> the tensor first read, weakly (the key holds while it lives)
+        self.finite: dict[Any, Any] = {}
 
     # ----------------------------------------------------------------- steps
     def begin_step(self, step: int) -> None:
@@ -98,13 +103,15 @@ class OverflowRecorder(DumpRecorder):
             self.report_error("writing the overflow summary", e)
 
     # ----------------------------------------------------------------- the check
-    def _overflow(self, x: Any, args: Any = (), kwargs: Any = None, inplace: bool = False) -> str | None:
+    def _overflow(self, x: Any, args: Any = (), kwargs: Any = None, name: str = "") -> str | None:
         """What overflowed in the output ``x`` (a tensor or a container of them), in words, or
-        None; ``args``/``kwargs``: the call's inputs (what they carry in is no overflow)."""
+        None; ``args``/``kwargs``: the inputs of the call ``name`` (what they carry in is no
+        overflow)."""
         found = self._nonfinite(x, count=True)
         if found is None:
             return None
         nan, inf, words = found
+        inplace = _inplace(name)
         carried = self._nonfinite([args[1:] if inplace else args, list((kwargs or {}).values())],
                                   count=False, scalars=True)
         if carried is not None and ((nan and carried[0]) or (not nan and inf and carried[1])):
@@ -120,7 +127,13 @@ class OverflowRecorder(DumpRecorder):
             dtype = x.dtype
             if dtype not in _WATCHED or x.layout is not _STRIDED or not x.numel():
                 return None
+            key = None
             if count:
+                key = self._identity(x)
+                if key is not None:
+                    first = self.finite.get(key)
+                    if first is not None and first() is not None:
+                        return None
                 self.watched += 1
             h = self._reduce(x, FLOAT)
             v = h if type(h) is list else self._gather([h])[0]
@@ -131,6 +144,8 @@ class OverflowRecorder(DumpRecorder):
             limit = _LIMITS.get(dtype)
             if limit is not None and (mx >= limit or mn <= -limit):
                 return False, True, f"values at the {str(dtype)[6:]} limit (max {mx:g}, min {mn:g})"
+            if key is not None:
+                self.finite[key] = weakref.ref(x)
             return None
         if scalars and type(x) is float and x in (math.inf, -math.inf):
             return False, True, "an Inf argument"
@@ -199,7 +214,7 @@ class OverflowRecorder(DumpRecorder):
         try:
             name, kind = token
             args, kwargs = self.pending.pop(name, ((), {}))
-            found = self._overflow(output, args, kwargs, inplace=_inplace(name))
+            found = self._overflow(output, args, kwargs, name)
             if found is not None:
                 self._hit(name, kind, "forward", args, kwargs, output, found)
         except Exception as e:  # noqa: BLE001

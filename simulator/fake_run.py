@@ -11,6 +11,8 @@ Inside :class:`FakeRun`:
    is recorded through :mod:`engine_adapter.torch_comm`; the environment says
    ``RANK=0 WORLD_SIZE=N`` for code that reads it, and the code's own
    ``init_process_group``/``destroy_process_group`` calls leave the fake group standing;
+   ``DistributedDataParallel`` wraps a module without its C++ reducer (which reads values): the
+   gradient sync it would run is computed from the layout instead;
 4. after ``max_steps`` optimizer steps (``torch.optim``'s global step post hook),
    :class:`StopSimulation` ends the run from inside ``optimizer.step()``;
 5. ``Module.to()``/``.half()`` work on fake parameters: torch swaps a fake parameter's contents
@@ -126,6 +128,31 @@ class FakeRun:
 
         listener = torch_comm.add_listener(_CommToTrace(self.tracer, self.world_size))
         self._undo.append(lambda: torch_comm.remove_listener(listener))
+        import torch.nn.parallel as parallel
+        import torch.nn.parallel.distributed as distributed
+
+        ddp = parallel.DistributedDataParallel
+        parallel.DistributedDataParallel = distributed.DistributedDataParallel = _ReplicaModule
+        self._undo.append(lambda: (setattr(parallel, "DistributedDataParallel", ddp),
+                                   setattr(distributed, "DistributedDataParallel", ddp)))
+
+
+class _ReplicaModule(torch.nn.Module):
+    """Stands for ``DistributedDataParallel`` on fake tensors (its C++ reducer reads values):
+    the wrapped module as ``.module``, called as it is; the gradient all-reduce DDP would run is
+    the simulation's data-parallel sync (:mod:`simulator.ranks`)."""
+
+    def __init__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def no_sync(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
 
 
 class _CommToTrace:

@@ -51,7 +51,7 @@ def replay_seconds(trace: Trace, device: Device, *, max_flops: float = 2e10,
     store = _Cache(device) if cache else None
     known = store.load() if store else {}
     sizes = _largest(trace)
-    timer = timer_for(target, min_time_s=0.004, samples=3)
+    timer = timer_for(target, min_time_s=0.0015, samples=3)
     measured = np.full(len(trace.signatures), np.nan)
     for index, (func, args, kwargs) in enumerate(trace.signatures):
         key = f"{func}{args}{sorted(kwargs.items())}"

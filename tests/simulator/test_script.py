@@ -66,3 +66,28 @@ def test_a_script_that_reads_a_missing_file_is_one_line_naming_it(tmp_path, prob
     code, _, stderr = probe_cli("simulate", "--level", "0", "--out", str(tmp_path / "out"), "--", str(script))
     assert code == 1
     assert "reads.py:2" in stderr and "weights.pt" in stderr
+
+
+def test_a_data_parallel_script_runs_as_rank_0_of_nproc_with_ddp(tmp_path, probe_cli):
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent("""\
+        import torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        model = DDP(torch.nn.Linear(256, 256))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10):
+            model(torch.randn(32, 256)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            print("rank", dist.get_rank(), "of", dist.get_world_size())
+        dist.destroy_process_group()
+        """))
+    out = tmp_path / "out"
+    code, stdout, stderr = probe_cli("simulate", "--nproc", "4", "--zero", "1", "--level", "3",
+                                     "--out", str(out), "--", str(script))
+    assert code == 0, stderr
+    assert "rank 0 of 4" in stdout
+    doc = json.loads((out / "simulation.json").read_text())
+    assert doc["params"] == 256 * 256 + 256 and len(doc["ranks"][0]["ranks_like"]) == 4
+    assert doc["step"]["comm_s"] > 0                     # the gradient sync DDP would run

@@ -39,7 +39,8 @@ import torch
 
 from simulator.clock import timer_for
 from simulator.devices import Device, cache_path
-from simulator.trace import TensorSpec, Trace
+from simulator.signature import TensorSpec, signature_key
+from simulator.trace import Trace
 
 
 def replay_seconds(trace: Trace, device: Device, *, max_flops: float = 2e10,
@@ -54,7 +55,7 @@ def replay_seconds(trace: Trace, device: Device, *, max_flops: float = 2e10,
     timer = timer_for(target, min_time_s=0.0015, samples=3)
     measured = np.full(len(trace.signatures), np.nan)
     for index, (func, args, kwargs) in enumerate(trace.signatures):
-        key = f"{func}{args}{sorted(kwargs.items())}"
+        key = signature_key((func, args, kwargs))
         if key in known:
             measured[index] = known[key]
             continue

@@ -48,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
 from profiler.flops import FlopCounter
+from simulator.signature import signature, signature_key
 from simulator.workspace import op_workspace
 
 PHASES = ("other", "forward", "backward", "optimizer")
@@ -262,12 +263,12 @@ class OpTracer(TorchDispatchMode):
             trace.op_signature.append(self._signature(func, args, kwargs))
 
     def _signature(self, func: Any, args: tuple, kwargs: dict) -> int:
-        spec_args, spec_kwargs = _spec(args), {k: _spec(v) for k, v in kwargs.items()}
-        key = f"{func}{spec_args}{sorted(spec_kwargs.items())}"
+        sig = signature(func, args, kwargs)
+        key = signature_key(sig)
         index = self._signature_index.get(key)
         if index is None:
             index = self._signature_index[key] = len(self.trace.signatures)
-            self.trace.signatures.append((func, spec_args, spec_kwargs))
+            self.trace.signatures.append(sig)
         return index
 
     # -- storages ----------------------------------------------------------------------------
@@ -360,28 +361,6 @@ class OpTracer(TorchDispatchMode):
                         self._owned.append((key, self._storage_key(p)))
         self.count_params()
         self.end_step()
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """What a replay needs to make a real tensor like a traced one."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
-    dtype: torch.dtype
-
-
-def _spec(value: Any) -> Any:
-    """``value`` with tensors as :class:`TensorSpec` and generators dropped (replays draw from
-    the default one)."""
-    if isinstance(value, torch.Tensor):
-        return TensorSpec(tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_spec(v) for v in value)
-    if isinstance(value, torch.Generator):
-        return None
-    return value
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:

@@ -171,3 +171,34 @@ def test_a_dense_file_overflowing_the_first_capacities_is_rescanned(tmp_path: Pa
             for i in range(300)}
     path = _write(tmp_path / "d", json.dumps({"data": data}, separators=(",", ":")))
     _same(path, monkeypatch)
+
+
+def test_every_number_is_read_to_the_double_the_general_path_reads(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # the scanner's own decimal conversion (strtod only where it cannot be exact) on the
+    # shortest spellings of random doubles of every magnitude, and on spellings that are hard
+    # to round: halfway between two doubles, more digits than a double holds, the ends of the
+    # range, subnormals, exponents
+    import struct
+
+    rng = random.Random(3)
+    texts = []
+    while len(texts) < 4000:
+        x = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+        if x == x and abs(x) != float("inf"):
+            texts.append(repr(x))
+    texts += [repr((rng.random() - 0.5) * 10 ** rng.randint(-12, 12)) for _ in range(4000)]
+    texts += [f"{rng.randint(0, 10 ** rng.randint(1, 19))}e{rng.randint(-30, 30)}" for _ in range(2000)]
+    texts += ["9007199254740993", "9007199254740992.5", "2.5e-324", "1e-400", "1e400", "5e-324",
+              "123456789012345678901234567890", "2.2250738585072011e-308", "1.7976931348623157e308",
+              "0.1000000000000000055511151231257827021181583404541015625", "7.2057594037927933e16",
+              "1.00000000000000011102230246251565404236316680908203125", "1e23", "-0.0", "0e10",
+              "1E5", "1e+5", "4.9406564584124654e-324", "8.98846567431158e307", "99999999999999999999"]
+    tensors = [f'{{"dtype": "torch.float32", "shape": [2], "Max": {t}, "Min": {t}, "Mean": 0, "Norm": 1}}'
+               for t in texts]
+    doc = '{"task": "statistics", "data": {%s}}' % ", ".join(
+        f'"Functional.f.{i}.forward": {{"output": [{t}]}}' for i, t in enumerate(tensors))
+    path = _write(tmp_path / "n", doc)
+    _same(path, monkeypatch)
+    got = read_msprobe_dump(path).tensors.column("max").to_pylist()
+    assert [struct.pack("d", v) for v in got] == [struct.pack("d", float(t)) for t in texts]

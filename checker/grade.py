@@ -209,6 +209,10 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _equal(m: torch.Tensor, g: torch.Tensor) -> bool:
+    """Bit-for-bit agreement (NaN matching NaN); the golden of an exact op is the measured
+    value in a wider dtype, so the cheap test is the golden cast back."""
+    if torch.equal(m, g.to(m.dtype)):
+        return True
     if m.dtype != g.dtype and (m.is_floating_point() or g.is_floating_point()):
         a, b = m.to(torch.float64), g.to(torch.float64)
         return bool(((a == b) | (a.isnan() & b.isnan())).all())

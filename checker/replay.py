@@ -106,7 +106,9 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
         gold_out = flat_tensors(_run(fn, g_args, g_kwargs, gold))
         terms = None
         if attr.rstrip("_") in ABS_REPLAYABLE and std.op in ("matmul", "reduction"):
-            terms = flat_tensors(_run(fn, _absolute(g_args), _absolute(g_kwargs), gold))
+            bound = _product_bound(attr, g_args, g_kwargs)
+            terms = [bound] if bound is not None else \
+                flat_tensors(_run(fn, _absolute(g_args), _absolute(g_kwargs), gold))
     except Exception as e:  # noqa: BLE001 - any failure of the replay is a skip with its reason
         msg = str(e).splitlines()[0] if str(e) else ""
         return row_for(api, "skipped", f"not replayable on {gold.name}: {type(e).__name__}: {msg[:160]}",
@@ -173,6 +175,28 @@ def _to_golden(x: Any, gold: Golden, attr: str, opmath: torch.dtype) -> Any:
         return {k: (gold.device if k == "device" and isinstance(v, str) else _to_golden(v, gold, attr, opmath))
                 for k, v in x.items()}
     return x
+
+
+def _product_bound(attr: str, args: list, kwargs: dict) -> torch.Tensor | None:
+    """For a matrix product, a bound on the magnitude of each output's terms without a second
+    product: ``sum_k |a_k b_k| <= ||a|| ||b||`` (Cauchy-Schwarz; for dense rows about 1.6 times
+    the sum itself), from the row norms of one operand and the column norms of the other, plus
+    ``|bias|``. None where the call is not a plain product of two matrices (then the call is
+    replayed on absolute values)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if len(tensors) < 2 or tensors[0].dim() < 2 or tensors[1].dim() < 2 or not tensors[0].is_floating_point():
+        return None
+    a, b = tensors[0], tensors[1]
+    with torch.no_grad():
+        if attr == "linear":
+            bound = torch.linalg.vector_norm(a, dim=-1, keepdim=True) * torch.linalg.vector_norm(b, dim=-1)
+            bias = tensors[2] if len(tensors) > 2 else kwargs.get("bias")
+            return bound + bias.abs() if isinstance(bias, torch.Tensor) else bound
+        if attr in ("matmul", "mm", "bmm", "__matmul__"):
+            return torch.linalg.vector_norm(a, dim=-1, keepdim=True) * torch.linalg.vector_norm(b, dim=-2, keepdim=True)
+        if attr == "__rmatmul__":
+            return torch.linalg.vector_norm(b, dim=-1, keepdim=True) * torch.linalg.vector_norm(a, dim=-2, keepdim=True)
+    return None
 
 
 def _absolute(x: Any) -> Any:

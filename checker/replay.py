@@ -11,8 +11,9 @@ loaded, or live tensors in an online check) and its measured outputs:
    in casts: ``x.to(torch.bfloat16)`` stays a cast), devices become the golden device;
 3. the framework's own function (never a dump's or a planted fault's wrapper in front of it)
    runs with autocast off and gradients off;
-4. for a matmul-like or summing call the same call runs on the inputs' absolute values: the
-   magnitude of the terms, the scale of the accumulation error (:mod:`checker.standards`);
+4. for a matmul-like or summing call, the magnitude of the terms, the scale of the
+   accumulation error (:mod:`checker.standards`): for a matrix product the product of the row
+   and column norms, else the same call on the inputs' absolute values;
 5. :func:`checker.grade.grade` grades each measured output against the golden.
 
 >>> import torch

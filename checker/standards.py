@@ -13,10 +13,11 @@ each:
    norm row, a sum): ``C_ACC · u_acc · sqrt(K) · S``, where ``u_acc`` is the unit roundoff of
    the accumulator a kernel is expected to use (float32 for float32, bfloat16 and float16
    outputs: every current kernel accumulates those in float32; float64 for float64) and ``S``
-   is the magnitude of the terms: the same call on the inputs' absolute values where the terms
-   are products or sums of the inputs (matmul, linear, sum, mean, conv: the classic bound of a
-   sum's rounding error, which keeps an output near zero by cancellation from looking wrong),
-   else the output's own magnitude, floored at its root mean square.
+   is the magnitude of the terms (the classic bound of a sum's rounding error, which keeps an
+   output near zero by cancellation from looking wrong): for a matrix product the product of the
+   row and column norms (Cauchy-Schwarz), for other sums of the inputs (sum, mean, conv) the
+   same call on the inputs' absolute values, else the output's own magnitude, floored at its
+   root mean square.
 
 So a bfloat16 matmul over 4096 terms is allowed far more error than a float32 add, and an
 operation that lost more precision than its dtype and length explain (it computed in bfloat16

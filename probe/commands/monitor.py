@@ -203,7 +203,7 @@ def trace(addr: str | None, token: str | None, ca: str | None, job: str, ranks: 
           out: str | None) -> int:
     """Make ranks run a full profiler session for exactly the given steps, then collect it.
 
-    Example: probe monitor trace --job demo --ranks 0,3 --steps 120-124 --wait --out traces/
+    Example: probe monitor trace --job live --ranks 0,1 --next 3 --wait --out runs/live-trace
     """
     from monitor.client import MonitorClient
 

@@ -97,8 +97,24 @@ def _trace_shards(cfg: ModelConfig, dtype: str, layout: Layout, describe: dict, 
         label = "every rank" if layout.pp == 1 else f"pipeline stage {stage} of {layout.pp}"
         ranks.append(RankTrace(label=label, ranks=layout.stage_ranks(stage), trace=trace,
                                in_flight=min(layout.pp - stage, layout.microbatches),
-                               windows=windows, stage=stage, first=first, last=last))
+                               windows=windows, holds=_holds(cfg, layout, stage),
+                               stage=stage, first=first, last=last))
     return Traced(ranks, _full_params(cfg), dtype, describe, notes)
+
+
+def _holds(cfg: ModelConfig, layout: Layout, stage: int) -> str:
+    """What a rank of ``stage`` holds, in words."""
+    per = cfg.n_layers // layout.pp
+    parts = [f"layers {stage * per}-{(stage + 1) * per - 1}"]
+    if stage == 0:
+        parts.insert(0, "the embedding")
+    if stage == layout.pp - 1:
+        parts.append("the final norm and LM head")
+    what = ", ".join(parts)
+    if layout.tp > 1:
+        what += (f"; of each, 1/{layout.tp} of the heads, FFN features and vocabulary "
+                 "(tensor parallel), norms whole")
+    return what
 
 
 def _trace_stage(cfg: ModelConfig, dtype: str, layout: Layout, layers: range, first: bool,

@@ -94,7 +94,7 @@ def memory_figures(rt: RankTrace, tl: Timeline, layout: Layout, device: Device, 
         memory["reserved"] = int(reserved[start:].max()) if len(reserved) > start else 0
     rows = [{**row, "bytes": int(row["bytes"] * factors[row["category"]])}
             for row in holders(trace, peak_index, top=12)]
-    if extra[peak_index] > 0:
+    if len(extra) and extra[peak_index] > 0:
         rows.append({"module": "(other microbatches in flight, ZeRO-3 gathers)",
                      "category": "activations", "bytes": int(extra[peak_index])})
     rows.sort(key=lambda r: -r["bytes"])

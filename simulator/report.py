@@ -66,6 +66,7 @@ def _memory(doc: dict) -> list[str]:
         parts = ", ".join(f"{k} {format_bytes(m[k])}" for k in ("params", "grads", "optimizer", "activations"))
         extra = f", reserved {format_bytes(m['reserved'])}" if "reserved" in m else ""
         lines.append(f"  {who}, {r['label']}: {parts}; peak {format_bytes(m['peak'])}{extra}")
+        lines.append(f"    holds {r['holds']}")
     lines.append("  at the peak of the fullest rank:")
     for h in doc["peak_holders"][:6]:
         lines.append(f"    {format_bytes(h['bytes']):>12}  {h['category']:<12} {h['module']}")

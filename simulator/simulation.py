@@ -49,6 +49,7 @@ class Simulation:
     times: dict[str, dict] = field(default_factory=dict)                   # device -> step time
     timelines: dict[int, Timeline] = field(default_factory=dict)
     seconds: dict[int, np.ndarray] = field(default_factory=dict)      # the device's op times
+    devices: dict[str, Device] = field(default_factory=dict)          # judged: the table + device
 
     def worst(self, device: str) -> MemoryFigures:
         """The rank figures with the highest peak on ``device``."""
@@ -59,7 +60,7 @@ class Simulation:
         name = self.device.name
         ranks = []
         for i, rt in enumerate(self.traced.ranks):
-            entry = {"rank": rt.ranks[0], "label": rt.label,
+            entry = {"rank": rt.ranks[0], "label": rt.label, "holds": rt.holds + _zero_words(self.layout),
                      "memory": self.memory[name][i].memory if self.level >= 1 else None,
                      "step_time_s": self.times[name]["step_time_s"] if self.level >= 3 else None}
             if len(rt.ranks) > 1:
@@ -83,7 +84,7 @@ class Simulation:
     def _verdict(self, device: str) -> dict:
         """Fits when the fullest rank's reserve fits; ``tight`` when only its allocated peak
         does (the allocator frees its cache and retries before it fails); else does not fit."""
-        dev = self.all_devices[device]
+        dev = self.devices[device]
         worst = self.worst(device).memory
         reserved = worst.get("reserved", worst["peak"])
         verdict = ("fits" if reserved <= dev.memory_bytes else
@@ -95,12 +96,6 @@ class Simulation:
             out["mfu"] = self.times[device]["mfu"]
         return out
 
-    @property
-    def all_devices(self) -> dict[str, Device]:
-        table = all_devices()
-        table[self.device.name] = self.device
-        return table
-
 
 def simulate(traced: Traced, layout: Layout, *, level: int, device: str | Device,
              measured: dict[int, np.ndarray] | None = None) -> Simulation:
@@ -108,13 +103,13 @@ def simulate(traced: Traced, layout: Layout, *, level: int, device: str | Device
     :class:`Device`) chosen (see the module docstring). ``measured``: replayed op times per
     trace (``id(trace)``) for ``device``."""
     primary = device if isinstance(device, Device) else get_device(device)
-    sim = Simulation(level, layout, traced, primary)
+    sim = Simulation(level, layout, traced, primary, devices={**all_devices(), primary.name: primary})
     if level < 1:
         return sim
     for trace in {id(rt.trace): rt.trace for rt in traced.ranks}.values():
         sim.timelines[id(trace)] = timeline(trace)
     served: dict[tuple, list[MemoryFigures]] = {}
-    for name, dev in sim.all_devices.items():
+    for name, dev in sim.devices.items():
         key = _allocator_key(dev) if level >= 2 else ()
         if key not in served:
             served[key] = [memory_figures(rt, sim.timelines[id(rt.trace)], layout, dev, min(level, 2))
@@ -129,6 +124,15 @@ def simulate(traced: Traced, layout: Layout, *, level: int, device: str | Device
             if name == primary.name:
                 sim.seconds = seconds
     return sim
+
+
+def _zero_words(layout: Layout) -> str:
+    """What ZeRO shards of the model states, in words ('' without it)."""
+    if layout.zero == 0 or layout.dp == 1:
+        return ""
+    shards = {1: "optimizer state", 2: "gradients and optimizer state",
+              3: "parameters, gradients and optimizer state"}[layout.zero]
+    return f"; ZeRO-{layout.zero}: 1/{layout.dp} of the {shards}"
 
 
 def _allocator_key(device: Device) -> tuple:

@@ -27,7 +27,8 @@ class RankTrace:
     ``in_flight``: microbatches whose activations the rank holds at once (1F1B: ``pp - stage``);
     ``windows``: per traced step, (forward start, forward end, backward end) op counts of its one
     traced microbatch (used to hold the other in-flight microbatches' activations);
-    ``stage``/``first``/``last``: its pipeline position; ``dp_sync``: ``after_backward`` (the
+    ``holds``: what part of the model it holds, in words; ``stage``/``first``/``last``: its
+    pipeline position; ``dp_sync``: ``after_backward`` (the
     bundled engine syncs gradients once backward is done) or ``overlapped`` (a script's DDP).
     """
 
@@ -37,6 +38,7 @@ class RankTrace:
     timed_step: int = 1
     in_flight: int = 1
     windows: list[tuple[int, int, int]] = field(default_factory=list)
+    holds: str = "the whole model"
     stage: int = 0
     first: bool = True
     last: bool = True

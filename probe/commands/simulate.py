@@ -60,7 +60,7 @@ def command(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int
 
         probe simulate --preset 7b --nproc 1024 --level 3
 
-        probe simulate --preset 7b --nproc 64 --tp 8 --pp 2 --zero 1 --dtype bf16 --device H200
+        probe simulate --preset 7b --nproc 64 --tp 4 --pp 2 --zero 1 --dtype bf16 --device H200
 
         probe simulate --nproc 8 --zero 2 -- examples/train.py
     """
@@ -98,8 +98,9 @@ def command(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int
     return code
 
 
-def _trace_engine(preset, engine, nproc, dp, tp, pp, zero, dtype, global_batch, micro_batch,
-                  seq_len, replay):
+def _trace_engine(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int, pp: int,
+                  zero: int, dtype: str, global_batch: int | None, micro_batch: int | None,
+                  seq_len: int | None, replay: bool) -> tuple:
     from engine.config import get_preset
     from engine.models import ENGINES
     from simulator.engine_workload import DTYPES, trace_engine
@@ -121,7 +122,8 @@ def _trace_engine(preset, engine, nproc, dp, tp, pp, zero, dtype, global_batch, 
     return traced, layout
 
 
-def _trace_script(argv, nproc, dp, tp, pp, zero, max_steps, replay):
+def _trace_script(argv: list[str], nproc: int | None, dp: int | None, tp: int, pp: int, zero: int,
+                  max_steps: int, replay: bool) -> tuple:
     from probe.script import check_script, run_script
     from simulator.layout import make_layout
     from simulator.script_workload import trace_script
@@ -156,7 +158,8 @@ def _calibrate() -> int:
     return 0
 
 
-def _validate(preset, engine, nproc, dp, tp, pp, script) -> int:
+def _validate(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int, pp: int,
+              script: tuple[str, ...]) -> int:
     from simulator.report import format_bytes, format_seconds
     from simulator.validate import validate_cpu, validate_cuda
 

@@ -91,3 +91,13 @@ def test_a_data_parallel_script_runs_as_rank_0_of_nproc_with_ddp(tmp_path, probe
     doc = json.loads((out / "simulation.json").read_text())
     assert doc["params"] == 256 * 256 + 256 and len(doc["ranks"][0]["ranks_like"]) == 4
     assert doc["step"]["comm_s"] > 0                     # the gradient sync DDP would run
+
+
+def test_a_script_that_stops_before_any_tensor_keeps_its_exit_code_and_writes_empty_figures(tmp_path, probe_cli):
+    script = tmp_path / "args.py"
+    script.write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")
+    out = tmp_path / "out"
+    code, _, stderr = probe_cli("simulate", "--level", "3", "--out", str(out), "--", str(script), "--bogus")
+    assert code == 2 and "unrecognized arguments: --bogus" in stderr and "internal error" not in stderr
+    doc = json.loads((out / "simulation.json").read_text())
+    assert doc["operators"]["total_ops_traced"] == 0 and doc["ranks"][0]["memory"]["peak"] == 0

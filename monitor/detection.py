@@ -5,10 +5,11 @@ Every ``interval_s`` the thread:
 
 1. raises ``rank_lost`` for a rank (not finished) heard of no more in ``lost_after_s``;
 2. for each job that ingested new points, finds its complete step (the last step every live
-   rank, registered and not lost, has reported; a finished job's last step), reads the steps from the last judged one up
-   to it from the store (only those), appends them to the job's :class:`JobWindow` (the last
-   :data:`WINDOW_STEPS` steps, whose derived series are computed once per step) and runs the
-   detectors of :mod:`monitor.detectors` on each new step;
+   rank, registered and not lost, has reported; a finished job's last step), reads the steps
+   from the last judged one up to it from the store (only those, as points), appends them to
+   the job's :class:`JobWindow` (the last :data:`WINDOW_STEPS` steps, whose derived series are
+   computed once per step) and runs the detectors of :mod:`monitor.detectors` on each new
+   step;
 3. checks every running job for a hang: from each rank's last report of the collective it is
    in (:mod:`monitor.ranks`), with a threshold from the job's own step times
    (:func:`monitor.detectors.hang_threshold_s`); a hang alert names the rank(s) that never
@@ -339,8 +340,7 @@ class Detection:
         if window is None:                        # a new job, or one met again after a restart
             window = self.windows[job] = JobWindow(job)
             since = max(0, done + 1 - WINDOW_STEPS)
-        table = self.store.step_table(job, since, complete)
-        window.append(StepMatrix.of(table, job))
+        window.append(StepMatrix.from_points(self.store.step_points(job, since, complete), job))
         found = window.judge(range(done + 1, complete + 1))
         self._evaluated[job] = complete
         self.detect_seconds += time.perf_counter() - t0
@@ -351,9 +351,9 @@ class Detection:
         return raised
 
     def _check_hang(self, job: str, states: list, now: float) -> list[dict[str, Any]]:
-        reports = [s.collective_report(now) for s in states]
-        if not any(r["pending"] for r in reports) and self.open_hang(job) is None:
+        if not any(s.pending for s in states) and self.open_hang(job) is None:
             return []
+        reports = [s.collective_report(now) for s in states]
         window = self.windows.get(job)
         threshold = detectors.hang_threshold_s(window.step_times() if window else [])
         world = max([s.world_size for s in states] + [len(states)])

@@ -31,7 +31,8 @@ How a timing detector decides (the same four rules for all of them):
    past: then it was a straggler already, not a noisy rank).
 4. **Persistence, k of n.** An alert needs the deviation above ``theta`` in ``k`` of the last
    ``n`` steps (``n`` in :data:`WINDOWS`), with ``k`` so many that the measured noise (a
-   two-state Markov chain with ``p`` and ``p11``) gives it a chance below :data:`ALPHA`. A
+   two-state Markov chain with ``p`` and ``p11``) gives it a chance below :data:`ALPHA`
+   (shared by the ranks: below ``ALPHA / ranks`` for one rank). A
    big deviation passes in a few steps, a small one needs more; none below the smallest level
    (10% for a rank, 20% for the job) is ever reported, whatever the noise.
 
@@ -73,11 +74,12 @@ import numpy as np
 
 Alert = dict[str, Any]
 
-#: The chance, under the noise measured on this job, below which a run of deviations is
-#: reported. Small because a job has many ranks and steps: 10,000 ranks judged at 30 (level,
-#: window) pairs each step make 300,000 tests a step, and overlapping windows are not
-#: independent tests, so the expected false alerts stay well below one a day.
-ALPHA = 1e-9
+#: The false-alert budget of a job: a chance, under the noise measured on the job, of one in a
+#: million judged steps. Its ranks share it: a rank's run of deviations is reported when its
+#: chance is below ``ALPHA / ranks`` (2.5e-7 for 4 ranks, 1e-10 for 10,000), so a bigger job
+#: needs no more false alerts a step than a small one, and a small job is not made to wait for
+#: the evidence 10,000 ranks need. (Windows and levels overlap: they are not counted apart.)
+ALPHA = 1e-6
 #: Deviation levels a rank's own work is tested at, as ratios to its peers' median.
 LEVELS = (1.1, 1.2, 1.35, 1.5, 2.0, 3.0)
 #: A straggler must cost: its own work at least this much above its peers' median on average
@@ -177,6 +179,38 @@ class StepMatrix:
             mask = np.zeros((len(steps), len(ranks)), dtype=bool)
             mask[si, ri] = g
             reported[n] = mask
+        return cls(steps, ranks, cols, job, reported=reported)
+
+    @classmethod
+    def from_points(cls, table: Any, job: str | None = None) -> "StepMatrix":
+        """A matrix from metric points in long form (``rank``, ``step``, ``name``, ``value``),
+        as the store keeps them; a value given twice keeps the last.
+
+        >>> import pyarrow as pa
+        >>> m = StepMatrix.from_points(pa.table({"rank": [0, 1, 1], "step": [3, 3, 3],
+        ...                                      "name": ["loss", "loss", "grad_norm"],
+        ...                                      "value": [2.0, float("nan"), 1.0]}))
+        >>> m.col("loss").tolist(), m.reported["loss"].tolist()
+        ([[2.0, nan]], [[True, True]])
+        """
+        rank = np.asarray(table.column("rank").to_numpy(zero_copy_only=False), dtype=np.int64)
+        step = np.asarray(table.column("step").to_numpy(zero_copy_only=False), dtype=np.int64)
+        value = np.asarray(table.column("value").to_numpy(zero_copy_only=False), dtype=float)
+        name = table.column("name").combine_chunks().dictionary_encode()
+        labels = name.dictionary.to_pylist()
+        codes = np.asarray(name.indices.to_numpy(zero_copy_only=False))
+        steps, si = np.unique(step, return_inverse=True)
+        ranks, ri = np.unique(rank, return_inverse=True)
+        cols, reported = {}, {}
+        for code, label in enumerate(labels):
+            at = codes == code
+            grid = np.full((len(steps), len(ranks)), np.nan)
+            grid[si[at], ri[at]] = value[at]
+            cols[label] = grid
+            if label in CHECKED_COLUMNS:
+                mask = np.zeros(grid.shape, dtype=bool)
+                mask[si[at], ri[at]] = True
+                reported[label] = mask
         return cls(steps, ranks, cols, job, reported=reported)
 
     def col(self, name: str) -> np.ndarray:
@@ -316,12 +350,17 @@ def _noise(counts: np.ndarray, L: int, leave_out: bool,
     """``(p, p11, p_all, p11_all)``, each ``[columns, levels]``, from per-column counts over
     the history (:func:`cumulate`'s layout; rule 3): the rate of exceeding each level, at most
     ``max_rate``, and the chance an excess runs on into the next step, pooled over the other
-    columns (``leave_out``) or all. The noisiest tenth of the columns at each level is left out
-    of ``p``/``p11``: a rank with a bursty neighbour is judged by its own past
-    (:func:`persistent`), and its bursts are not made everyone's; ``p_all``/``p11_all`` keep
-    every column: a rank with little past is assumed as noisy as the average one."""
+    columns (``leave_out``), or each column's own (for series judged against their own past).
+    The noisiest tenth of the columns at each level is left out of the pooled ``p``/``p11``: a
+    rank with a bursty neighbour is judged by its own past (:func:`persistent`), and its bursts
+    are not made everyone's; ``p_all``/``p11_all`` keep every column: a rank with little past
+    is assumed as noisy as the average one."""
     samples = np.broadcast_to(counts[:, :1], (counts.shape[0], L))
     exceed, runs, starts = counts[:, 1:1 + L], counts[:, 1 + L:1 + 2 * L], counts[:, 1 + 2 * L:]
+    if not leave_out:
+        p = np.minimum((exceed + 1.0) / (samples + 2.0), max_rate)
+        p11 = np.maximum((runs + RUN_PRIOR * p) / (starts + RUN_PRIOR), p)
+        return p, p11, p, p11
     cols = counts.shape[0]
     if cols >= 10:
         cut = np.partition(exceed, cols - 1 - cols // 10, axis=0)[cols - 1 - cols // 10]
@@ -331,9 +370,8 @@ def _noise(counts: np.ndarray, L: int, leave_out: bool,
     out = []
     for mask in (pooled, np.ones(exceed.shape, dtype=bool)):
         E, V, N11, N1 = ((x * mask).sum(axis=0)[None, :] for x in (exceed, samples, runs, starts))
-        if leave_out:
-            E, V, N11, N1 = (t - x * mask for t, x in ((E, exceed), (V, samples), (N11, runs),
-                                                       (N1, starts)))
+        E, V, N11, N1 = (t - x * mask for t, x in ((E, exceed), (V, samples), (N11, runs),
+                                                   (N1, starts)))
         p = np.minimum((E + 1.0) / (V + 2.0), max_rate)
         p11 = (N11 + RUN_PRIOR * p) / (N1 + RUN_PRIOR)
         out += [p, np.maximum(p11, p)]
@@ -356,17 +394,18 @@ class _Verdict:
 
 def persistent(bins: np.ndarray, row: int, levels: Sequence[float], *, leave_out: bool = True,
                history: int = HISTORY, noise: np.ndarray | None = None,
-               cum: np.ndarray | None = None, max_rate: float = 1.0) -> dict[int, _Verdict]:
+               cum: np.ndarray | None = None, max_rate: float = 1.0,
+               alpha: float = ALPHA, windows: Sequence[int] = WINDOWS) -> dict[int, _Verdict]:
     """Columns whose deviation at ``row`` ends a run unlikely under the measured noise
     (rules 3 and 4).
 
     ``bins`` ``[steps, columns]`` says how many of ``levels`` each step exceeds
     (:func:`level_bins`; -1: not judged); ``cum`` is its :func:`cumulate` when the caller
     keeps one. The noise comes from ``noise`` (bins of the same layout; default ``bins``) over
-    the ``history`` rows up to ``row``, from the other columns (``leave_out``) or from all,
-    and, with ``leave_out``, from the column's own past before the window (the larger rate).
-    Returns ``{column: verdict}``: for each column the highest level that passes in any
-    window, in its least likely window.
+    the ``history`` rows up to ``row``: with ``leave_out``, from the other columns and from the
+    column's own past before the window (the larger rate); else each column's own.
+    Returns ``{column: verdict}``: for each column the highest level whose chance is below
+    ``alpha`` in some window of ``windows``, in its least likely window.
 
     >>> x = np.zeros((12, 8)); x[4:, 3] = np.log(2.0)
     >>> sorted(persistent(level_bins(x, LEVELS), 11, LEVELS))
@@ -387,12 +426,11 @@ def persistent(bins: np.ndarray, row: int, levels: Sequence[float], *, leave_out
         ncum = cumulate(noise[lo:row + 1], L, noise[lo - 1] if lo else None)
         counts = ncum[-1]
     p, p11, p_all, p11_all = _noise(counts, L, leave_out, max_rate)
-    pool, pool11, prior, prior11 = (x[cand] if leave_out else np.broadcast_to(x, (cand.size, L))
-                                    for x in (p, p11, p_all, p11_all))
+    pool, pool11, prior, prior11 = (x[cand] for x in (p, p11, p_all, p11_all))
     top = cum[row, cand]
     idx = np.arange(1, L + 1)
     parts: list[tuple[np.ndarray, ...]] = []
-    for w in WINDOWS:
+    for w in windows:
         first = row - w + 1
         if first < lo:
             break                                          # only whole windows are judged
@@ -412,7 +450,7 @@ def persistent(bins: np.ndarray, row: int, levels: Sequence[float], *, leave_out
                                                        + RUN_PRIOR * prior11)
                                               / (past[:, 1 + 2 * L:] + RUN_PRIOR)), pool11)
         # a cheap bound first: below 3 excesses, or 4 binomial standard deviations above the
-        # expected count, is far from ALPHA (about 6 of them); and only levels reached now
+        # expected count, is far from any alpha we use; and only levels reached now
         keep = ((k >= 3) & (k > n * pc + 4 * np.sqrt(n * pc * (1 - pc)))
                 & (cur[cand][:, None] >= idx[None, :]))
         if keep.any():
@@ -424,7 +462,7 @@ def persistent(bins: np.ndarray, row: int, levels: Sequence[float], *, leave_out
     c, k, n, pc, p11c, j, w = (np.concatenate(x) for x in zip(*parts))
     chance = run_chance(k, n, pc, p11c)
     found: dict[int, _Verdict] = {}
-    for i in np.flatnonzero(chance < ALPHA):
+    for i in np.flatnonzero(chance < alpha):
         col = int(c[i])
         old = found.get(col)
         level = levels[int(j[i]) - 1]
@@ -569,12 +607,14 @@ def stragglers(table: Any, steps: Iterable[int] | None = None, *,
     job = job if job is not None else m.job
     if len(m.ranks) < 2:
         return []
+    alpha = ALPHA / len(m.ranks)
     alerts: list[Alert] = []
     for row in m.rows_of(steps):
-        own = _costly(persistent(d["own_bins"], row, LEVELS, cum=d["own_cum"]), d["x_own"], row)
+        own = _costly(persistent(d["own_bins"], row, LEVELS, cum=d["own_cum"], alpha=alpha),
+                      d["x_own"], row)
         by_step = {c: v for c, v in _costly(persistent(d["step_bins"], row, LEVELS,
-                                                       cum=d["step_cum"]), d["x_step"], row).items()
-                   if c not in own}
+                                                       cum=d["step_cum"], alpha=alpha),
+                                            d["x_step"], row).items() if c not in own}
         for col, v in sorted(own.items()):
             cause, excess = _own_cause(m, col, v.hits)
             alerts.append(_straggler_alert(m, job, row, col, v, cause, d["x_own"], excess))
@@ -677,7 +717,7 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
     >>> rows = [{"rank": r, "step": s, "step_time_ms": 100.0 * (2 if s >= 40 else 1) + s % 3,
     ...          "compute_time_ms": 80.0 * (2 if s >= 40 else 1)} for s in range(50) for r in range(2)]
     >>> [(a["step"], a["evidence"]["phase"]) for a in slow_steps(rows)][:1]
-    [(46, 'compute')]
+    [(44, 'compute')]
     """
     m = StepMatrix.of(table, job)
     js = derive(m)["job"]
@@ -688,27 +728,27 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
         if np.isnan(step[row]):
             continue
         best: tuple[_Verdict, float, int, str] | None = None
+        names = ("step", "compute", "data loading", "communication")
         for w in WINDOWS:
             lo = row - w + 1
             first = max(0, lo - BASELINE)
             ref = _nanmedian(step[first:max(0, lo)])
             if lo < 0 or (~np.isnan(step[first:lo])).sum() < MIN_BASELINE or not ref > 0:
                 continue
-            for i, name in ((0, "step"), (1, "compute"), (2, "data loading"),
-                            (3, "communication")):
-                series = js[first:row + 1, i]
-                if np.isnan(series).all():
-                    continue
-                base = ref if i == 0 else _nanmedian(series[:lo - first])
-                as_step = ref + (series - base) if i else series
-                bins = level_bins(np.log(np.maximum(as_step, 1e-12) / ref)[:, None], JOB_LEVELS)
-                noise = bins.copy()
-                noise[-w:] = -1                          # the window is judged, not noise
-                v = persistent(bins, len(bins) - 1, JOB_LEVELS, leave_out=False,
-                               history=len(bins), noise=noise).get(0)
-                if v is not None and (best is None or v.chance < best[0].chance):
+            # each series as the step time the job would have if only it had changed
+            series = js[first:row + 1, :4].copy()
+            with _quiet():
+                base = np.nanmedian(series[:lo - first], axis=0)
+            series[:, 1:] = ref + (series[:, 1:] - base[None, 1:])
+            with np.errstate(all="ignore"):
+                bins = level_bins(np.log(np.maximum(series, 1e-12) / ref), JOB_LEVELS)
+            noise = bins.copy()
+            noise[-w:] = -1                              # the window is judged, not noise
+            for col, v in persistent(bins, len(bins) - 1, JOB_LEVELS, leave_out=False,
+                                     history=len(bins), noise=noise, windows=(w,)).items():
+                if best is None or v.chance < best[0].chance:
                     v.hits = v.hits + first
-                    best = (v, ref, lo, name)
+                    best = (v, ref, lo, names[col])
         if best is None:
             continue
         v, ref, lo, series_name = best
@@ -756,7 +796,7 @@ def memory_growth(table: Any, steps: Iterable[int] | None = None, *,
     >>> rows = [{"rank": r, "step": s, "device_mem_mb": 1000.0 + (8.0 * s if r == 1 else s % 2)}
     ...         for s in range(40) for r in range(4)]
     >>> [(a["rank"], a["step"]) for a in memory_growth(rows)][:1]
-    [(1, 7)]
+    [(1, 6)]
     """
     m = StepMatrix.of(table, job)
     d = derive(m)
@@ -766,7 +806,8 @@ def memory_growth(table: Any, steps: Iterable[int] | None = None, *,
     name = next(c for c in MEMORY_COLUMNS if c in m.cols)
     alerts: list[Alert] = []
     for row in m.rows_of(steps):
-        for col, v in sorted(persistent(d["mem_bins"], row, (1.0,), cum=d["mem_cum"]).items()):
+        for col, v in sorted(persistent(d["mem_bins"], row, (1.0,), cum=d["mem_cum"],
+                                        alpha=ALPHA / len(m.ranks)).items()):
             start = int(max(0, row - v.n))
             first, last = float(d["mem"][start, col]), float(d["mem"][row, col])
             growth = (last - first) / max(abs(first), 1e-9)

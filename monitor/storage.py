@@ -313,6 +313,14 @@ class MonitorStore:
                            f"WHERE {cond} GROUP BY job, rank, step ORDER BY job, step, rank{lim}",
                            params)
 
+    def step_points(self, job: str, since_step: int, until_step: int) -> pa.Table:
+        """The detectors' input, long: (rank, step, name, value) of :data:`STEP_COLUMNS` for
+        the steps ``since_step..until_step`` (no pivot: the detectors lay it out themselves)."""
+        names = ", ".join(_sql_str(n) for n in STEP_COLUMNS)
+        return self._query(f"SELECT rank, step, name, value FROM metrics WHERE job = ? AND "
+                           f"step >= ? AND step <= ? AND name IN ({names})",
+                           [job, since_step, until_step])
+
     def step_table(self, job: str, since_step: int, until_step: int | None = None) -> pa.Table:
         """The detectors' input: one row per (rank, step) with :data:`STEP_COLUMNS`, for the
         steps from ``since_step`` (to ``until_step``, inclusive, when given)."""

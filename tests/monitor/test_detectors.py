@@ -179,13 +179,12 @@ def test_a_job_slowed_by_a_new_straggler_is_not_a_slow_step():
 
 
 def test_the_slow_step_threshold_follows_the_jobs_own_noise():
-    noisy = [{"rank": 0, "step": s, "step_time_ms": 100.0 + (70.0 if s % 2 else 0.0)}
-             for s in range(70)]
-    for row in noisy[50:]:                   # 1.3x its median, within its usual swing
-        row["step_time_ms"] = 175.0 if row["step"] % 2 else 140.0
+    rng = random.Random(1)
+    noisy = [{"rank": 0, "step": s, "step_time_ms": rng.uniform(100.0, 170.0) + (10.0 if s >= 50 else 0)}
+             for s in range(80)]                # 10 ms more, within its 70 ms swing
     assert slow_steps(noisy) == []
     steady = [{"rank": 0, "step": s, "step_time_ms": 100.0 + (s % 3)} for s in range(70)]
-    for row in steady[50:]:
+    for row in steady[50:]:                     # 40 ms more, far outside its 2 ms swing
         row["step_time_ms"] = 140.0
     assert 52 <= [a["step"] for a in slow_steps(steady)][0] <= 57
 

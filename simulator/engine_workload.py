@@ -2,17 +2,16 @@
 
 Two ways, by what the engine can run:
 
-1. a layout it runs (data parallel only, float32, one microbatch per step): its own loop,
-   :func:`engine.train.run_rank`, runs unchanged inside :class:`~simulator.fake_run.FakeRun` as
-   rank 0 of ``dp`` ranks (a ``fake`` process group answers its gradient all-reduce), for two
-   optimizer steps;
-2. anything else (``--tp``, ``--pp``, bfloat16/float16, several microbatches): each distinct
-   stage of :class:`~simulator.shard_model.ShardLlama` (first, middle, last; one when ``pp`` is
-   1) trains two steps of one microbatch each, Megatron-style: gradients accumulate in the
-   model's dtype; with 16-bit dtypes the optimizer (AdamW, as the engine's) steps float32
-   master weights, each gradient made float32 for the step. Received activations and
-   gradients of pipeline neighbours are fake tensors of their shape, with their sends and
-   receives recorded.
+1. a layout it runs (data parallel only, one microbatch per step, float32 or its bfloat16
+   autocast): its own loop, :func:`engine.train.run_rank`, runs unchanged inside
+   :class:`~simulator.fake_run.FakeRun` as rank 0 of ``dp`` ranks (a ``fake`` process group
+   answers its gradient all-reduce), for two optimizer steps;
+2. anything else (``--tp``, ``--pp``, several microbatches, float16): each distinct stage of
+   :class:`~simulator.shard_model.ShardLlama` (first, middle, last; one when ``pp`` is 1)
+   trains two steps of one microbatch each as the engine trains: float32 weights, gradients
+   and AdamW state, forward and loss under autocast to the 16-bit dtype when one is asked for.
+   Received activations and gradients of pipeline neighbours are fake tensors of their shape,
+   with their sends and receives recorded.
 
 >>> from simulator.layout import make_layout
 >>> lay = make_layout(nproc=2, global_batch=8)
@@ -23,6 +22,7 @@ Two ways, by what the engine can run:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -34,9 +34,10 @@ from engine.config import ModelConfig, get_preset
 from simulator.fake_run import FakeRun
 from simulator.layout import Layout
 from simulator.shard_model import ShardLlama, check_shardable
-from simulator.trace import OPT, OpTracer
+from simulator.trace import OpTracer
 from simulator.workload import RankTrace, Traced
 
+#: ``--dtype`` -> the dtype the forward and the loss compute in (autocast below float32)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 TRACED_STEPS = 2
 
@@ -51,25 +52,28 @@ def trace_engine(preset: str, engine: str, dtype: str, layout: Layout, *, seq_le
         progress(f"tracing {engine}/{preset} on fake tensors ({layout.nproc} ranks) ...")
     describe = {"workload": "bundled engine", "engine": engine, "preset": preset,
                 "dtype": dtype, "seq_len": cfg.seq_len, "micro_batch": layout.micro_batch}
-    runs_as_is = layout.tp == layout.pp == 1 and dtype == "float32" and layout.microbatches == 1
+    from engine.train import DTYPES as ENGINE_DTYPES
+
+    engine_dtype = next((k for k, v in DTYPES.items() if v == dtype), None)
+    runs_as_is = layout.tp == layout.pp == 1 and layout.microbatches == 1 and engine_dtype in ENGINE_DTYPES
     if runs_as_is:
-        return _trace_loop(preset, engine, cfg, layout, describe, signatures)
+        return _trace_loop(preset, engine, engine_dtype, cfg, layout, describe, signatures)
     notes = [] if engine == "reference" else [
-        f"the {engine} engine has no tensor/pipeline-parallel or 16-bit form; simulated as the "
+        f"the {engine} engine has no tensor/pipeline-parallel or float16 form; simulated as the "
         "reference engine's model sharded Megatron-style"]
     describe["engine"] = "reference (sharded)"
     return _trace_shards(cfg, dtype, layout, describe, notes, signatures)
 
 
-def _trace_loop(preset: str, engine: str, cfg: ModelConfig, layout: Layout, describe: dict,
-                signatures: bool) -> Traced:
+def _trace_loop(preset: str, engine: str, dtype: str, cfg: ModelConfig, layout: Layout,
+                describe: dict, signatures: bool) -> Traced:
     from engine.spec import RunSpec
     from engine.train import MONITOR_ENV, run_rank
 
     out = tempfile.mkdtemp(prefix="probe-simulate-")
     spec = RunSpec(engine=engine, preset=preset, nproc=layout.dp, max_steps=TRACED_STEPS,
                    out_dir=out, quiet=True, global_batch=layout.global_batch, seq_len=cfg.seq_len,
-                   fsync="never", owner="simulate")
+                   fsync="never", owner="simulate", dtype=dtype)
     threads, monitor = torch.get_num_threads(), os.environ.pop(MONITOR_ENV, None)
     try:
         with FakeRun(world_size=layout.dp, quiet_reads=True, signatures=signatures) as run:
@@ -80,7 +84,7 @@ def _trace_loop(preset: str, engine: str, cfg: ModelConfig, layout: Layout, desc
             os.environ[MONITOR_ENV] = monitor
         shutil.rmtree(out, ignore_errors=True)
     rank = RankTrace(label="every rank", ranks=list(range(layout.nproc)), trace=run.tracer.trace)
-    return Traced([rank], run.tracer.trace.params, "float32", describe)
+    return Traced([rank], run.tracer.trace.params, DTYPES[dtype], describe)
 
 
 def _trace_shards(cfg: ModelConfig, dtype: str, layout: Layout, describe: dict, notes: list[str],
@@ -127,41 +131,31 @@ def _trace_stage(cfg: ModelConfig, dtype: str, layout: Layout, layers: range, fi
             tracer.comm(op, group, layout.group_size(group), nbytes)
 
         model = ShardLlama(cfg, tp=layout.tp, layers=layers, first=first, last=last, record=record)
-        model.to(getattr(torch, dtype))
-        params = list(model.parameters())
-        if dtype == "float32":
-            masters = params
-        else:
-            masters = [p.detach().float() for p in params]
-            tracer.mark(masters, OPT, owners=params)
-        optimizer = torch.optim.AdamW(masters, lr=3e-3, weight_decay=0.01, foreach=False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, foreach=False)
+        low = getattr(torch, dtype) if dtype != "float32" else None
         for _ in range(TRACED_STEPS):
-            windows.append(_microbatch(model, cfg, layout, getattr(torch, dtype), tracer))
-            if masters is not params:
-                for p, m in zip(params, masters):
-                    m.grad, p.grad = p.grad.float(), None
-            optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if masters is not params:
-                with torch.no_grad():
-                    for p, m in zip(params, masters):
-                        p.copy_(m)
+            windows.append(_microbatch(model, cfg, layout, low, tracer))
+            optimizer.step()
     return tracer.trace, windows
 
 
-def _microbatch(model: ShardLlama, cfg: ModelConfig, layout: Layout, dtype: torch.dtype,
+def _microbatch(model: ShardLlama, cfg: ModelConfig, layout: Layout, low: torch.dtype | None,
                 tracer: OpTracer) -> tuple[int, int, int]:
-    """One microbatch's forward and backward on this stage; its (start, forward end, end)."""
+    """One microbatch's forward (under autocast to ``low``, if given) and backward on this
+    stage; its (start, forward end, end)."""
     b, t, local_vocab = layout.micro_batch, cfg.seq_len, cfg.vocab_size // layout.tp
     start = tracer.trace.n_ops
     if model.first:
         x = torch.randint(0, local_vocab, (b, t))
     else:
-        x = torch.empty(b, t, cfg.d_model, dtype=dtype, requires_grad=True)
+        x = torch.empty(b, t, cfg.d_model, dtype=low or torch.float32, requires_grad=True)
         tracer.comm("recv", "pp", 2, x.numel() * x.element_size())
-    out = model(x)
+    with torch.autocast("cpu", dtype=low) if low is not None else contextlib.nullcontext():
+        out = model(x)
+        if model.last:
+            loss = model.loss(out, torch.randint(0, local_vocab, (b, t)))
     if model.last:
-        loss = model.loss(out, torch.randint(0, local_vocab, (b, t)))
         forward_end = tracer.trace.n_ops
         loss.backward()
     else:

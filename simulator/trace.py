@@ -159,7 +159,7 @@ class OpTracer(TorchDispatchMode):
     def __exit__(self, *exc: Any) -> None:
         self.count_params()
         modules = self.trace.storage_module
-        for key, owner in self._owned:          # in order made: a master before its state
+        for key, owner in self._owned:          # in the order made
             if modules[owner]:
                 modules[key] = modules[owner]
         for key in self._shared:
@@ -173,18 +173,6 @@ class OpTracer(TorchDispatchMode):
         self._handles = []
 
     # -- what workloads tell the tracer ------------------------------------------------------
-    def mark(self, tensors: Iterable[torch.Tensor], role: int,
-             owners: Iterable[torch.Tensor] | None = None) -> None:
-        """Give ``tensors``' storages ``role`` (``PARAM``, ``GRAD``, ``OPT`` or ``ACT``); with
-        ``owners`` (one per tensor), also the module each owner's storage belongs to."""
-        tensors = list(tensors)
-        owners = list(owners) if owners is not None else [None] * len(tensors)
-        for t, owner in zip(tensors, owners):
-            key = self._storage_key(t)
-            self.trace.storage_role[key] |= role
-            if owner is not None:
-                self._owned.append((key, self._storage_key(owner)))
-
     def comm(self, op: str, group: str, group_size: int, nbytes: int) -> None:
         """Record a collective of ``nbytes`` over ``group_size`` ranks of ``group`` here."""
         self.trace.comms.append(CommRecord(self.trace.n_ops, op, group, int(group_size),
@@ -198,8 +186,7 @@ class OpTracer(TorchDispatchMode):
             seen.update((id(p), p.numel()) for p in root.parameters())
         for optimizer in list(self._optimizers):
             for group in optimizer.param_groups:
-                seen.update((id(p), p.numel()) for p in group["params"]
-                            if not self.trace.storage_role[self._storage_key(p)] & OPT)
+                seen.update((id(p), p.numel()) for p in group["params"])
         self.trace.params = max(self.trace.params, sum(seen.values()))
         return self.trace.params
 
@@ -340,8 +327,7 @@ class OpTracer(TorchDispatchMode):
         for group in optimizer.param_groups:
             for p in group["params"]:
                 pkey = self._storage_key(p)
-                if not self.trace.storage_role[pkey] & OPT:       # not a master copy
-                    self.trace.storage_role[pkey] |= PARAM
+                self.trace.storage_role[pkey] |= PARAM
                 if p.grad is not None:
                     gkey = self._storage_key(p.grad)
                     self.trace.storage_role[gkey] |= GRAD

@@ -35,7 +35,7 @@ DEFAULT_OUT = "runs/simulate"
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (bundled engine, 1F1B).")
 @click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage 0-3 over the data-parallel group.")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
-              help="Bundled engine's dtype (16-bit: fp32 master weights and Adam state).")
+              help="Bundled engine's compute dtype (16-bit: autocast, fp32 weights and Adam state, as the engine's).")
 @click.option("--level", type=click.IntRange(0, 3), default=3, show_default=True,
               help="0 ops and modules; 1 + memory; 2 + workspace and allocator; 3 + time.")
 @click.option("--device", default="H100", show_default=True,

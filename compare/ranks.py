@@ -94,10 +94,8 @@ def _local(tasks: list[tuple], workers: int) -> Iterator[tuple[int, dict]]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from ground.native import keep_freed_memory
-
     ctx = multiprocessing.get_context("spawn")      # no fork of a process holding threads
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=keep_freed_memory) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {pool.submit(compare_pair, *t): i for i, t in enumerate(tasks)}
         for f in as_completed(futures):
             yield futures[f], f.result()

@@ -152,19 +152,22 @@ def _json_safe(x: Any) -> Any:
 #: formatted buffer a few MB, which the allocator reuses instead of faulting in fresh pages
 #: (100k entries: 0.38-0.52 s at 8k rows a chunk, 0.59-0.69 s at 32k).
 CSV_CHUNK_ROWS = 8_192
-#: Rows from which compare.csv is formatted in parallel chunks. Below it one thread writes it
-#: while the node queries run on the other core (chunking costs a third more CPU, which a
-#: smaller file cannot win back: 53k rows take 0.11 s CPU in one piece, 0.18 s in chunks).
+#: Rows from which compare.csv is formatted in parallel chunks, on a machine of at least
+#: CSV_PARALLEL_CORES cores. Otherwise one thread writes it while the node queries and the
+#: Parquet files take the other core (chunking costs 10-30% more CPU, which only spare cores
+#: win back: 266k rows take 0.70 s CPU in one piece, 0.77-0.89 s in chunks).
 CSV_PARALLEL_ROWS = 131_072
+CSV_PARALLEL_CORES = 4
 
 
 def _write_csv(rows: Any, path: Path) -> None:
     """CSV of the rows, list columns (shapes) as ``[2, 4]`` text; all vectorised in Arrow.
 
-    Large tables (:data:`CSV_PARALLEL_ROWS`) are formatted in chunks on as many threads as there
-    are cores and written in order (the header once), so the file costs about its size over the
-    cores, not one core's.
+    Large tables (:data:`CSV_PARALLEL_ROWS`) on a machine with cores to spare
+    (:data:`CSV_PARALLEL_CORES`) are formatted in chunks on as many threads as there are cores,
+    a few chunks ahead of the one being written, and written in order (the header once).
     """
+    import itertools
     import os
     from concurrent.futures import ThreadPoolExecutor
 
@@ -178,19 +181,23 @@ def _write_csv(rows: Any, path: Path) -> None:
             text = pc.binary_join(pc.cast(rows.column(i), pa.list_(pa.string())), ", ")
             flat = flat.set_column(i, f.name, pc.binary_join_element_wise("[", text, "]", ""))
     workers = min(os.cpu_count() or 1, 8)
-    if workers < 2 or flat.num_rows < CSV_PARALLEL_ROWS:
+    if workers < CSV_PARALLEL_CORES or flat.num_rows < CSV_PARALLEL_ROWS:
         pcsv.write_csv(flat, path)
         return
-    starts = range(0, flat.num_rows, CSV_CHUNK_ROWS)
 
     def chunk(start: int) -> Any:
         sink = pa.BufferOutputStream()
         pcsv.write_csv(flat.slice(start, CSV_CHUNK_ROWS), sink,
                        write_options=pcsv.WriteOptions(include_header=start == 0))
         return sink.getvalue()
+    starts = iter(range(0, flat.num_rows, CSV_CHUNK_ROWS))
     with open(path, "wb") as f, ThreadPoolExecutor(workers, thread_name_prefix="compare-csv") as pool:
-        for buf in pool.map(chunk, starts):
-            f.write(buf)
+        ahead = [pool.submit(chunk, s) for s in itertools.islice(starts, 2 * workers)]
+        while ahead:
+            f.write(ahead.pop(0).result())
+            nxt = next(starts, None)
+            if nxt is not None:
+                ahead.append(pool.submit(chunk, nxt))
 
 
 def _short(name: str | None, width: int = 70) -> str:

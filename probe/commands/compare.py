@@ -87,16 +87,15 @@ def setup_process() -> None:
     multiplies no matrices, and OpenBLAS's idle threads spin on the cores the compare's DuckDB
     and Arrow threads need); Arrow allocates from the C library rather than mimalloc, whose
     fresh pages are huge pages zeroed 2 MB at a time (a sixth of a compare's CPU time went to
-    zeroing them: 20k entries 0.66 -> 0.63 s, 100k 2.68 -> 2.50 s, medians); and glibc keeps
-    freed buffers for reuse (the process exits after one compare; see
-    :func:`ground.native.keep_freed_memory`). Settings the user made in the environment win."""
+    zeroing them: 20k entries 0.66 -> 0.63 s, 100k 2.68 -> 2.50 s, medians). glibc hands large
+    freed buffers back as it does by default: keeping them all
+    (:func:`ground.native.keep_freed_memory`) saved no CPU time any more and held the process
+    at its peak (100k entries: 723-818 MB against 684-698). Settings the user made in the
+    environment win."""
     import os
-
-    from ground.native import keep_freed_memory
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-    keep_freed_memory()
 
 
 def _size(p: object) -> int:

@@ -249,13 +249,23 @@ def _wrap(op: str, fn: Any) -> Any:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         sig = None
+    # the parameters in order, when arguments map to them one by one (no *args, **kwargs):
+    # binding is then a zip, not Signature.bind_partial (a tenth of the time)
+    plain = sig is not None and all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                                    for p in sig.parameters.values())
+    order = tuple(n for n, p in sig.parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD) \
+        if plain else None
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         active = _listeners
         if not active or _inside.depth:
             return fn(*args, **kwargs)
-        bound = _bind(sig, args, kwargs)
+        if order is not None and len(args) <= len(order):
+            bound = dict(zip(order, args))
+            bound.update(kwargs)
+        else:
+            bound = _bind(sig, args, kwargs)
         call = CommCall(op, args, kwargs, bound)
         for listener in active:
             _notify(listener, "on_comm_start", call)

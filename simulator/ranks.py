@@ -36,7 +36,7 @@ from simulator.devices import Device
 from simulator.layout import Layout
 from simulator.memory import Timeline, holders, storage_arrays
 from simulator.timing import phase_seconds, step_flops
-from simulator.trace import BACKWARD, CATEGORIES, FORWARD, PARAM, Trace
+from simulator.trace import BACKWARD, CATEGORIES, FORWARD, Trace
 from simulator.workload import RankTrace
 
 
@@ -131,14 +131,23 @@ def _zero3_gathers(trace: Trace, layout: Layout) -> np.ndarray:
 
 
 def gather_unit_bytes(trace: Trace) -> int:
-    """Parameter bytes of the largest repeated block (``...layers.N``), else of one module."""
-    nbytes = np.asarray(trace.storage_bytes, dtype=np.int64)
+    """Parameter bytes of the largest repeated block (``...layers.N``), else of one module, among
+    the parameters alive when training starts.
+
+    >>> from simulator.engine_workload import trace_engine
+    >>> from simulator.layout import make_layout
+    >>> trace = trace_engine("tiny", "reference", "float32", make_layout(global_batch=8)).ranks[0].trace
+    >>> gather_unit_bytes(trace) == 4 * (4 * 64 * 64 + 3 * 64 * 172 + 2 * 64)
+    True
+    """
+    nbytes, alloc, free, category = storage_arrays(trace)
+    start = window_start(trace)
+    alive = (alloc <= start) & (free > start) & (category == CATEGORIES.index("params"))
     per_module: Counter[str] = Counter()
-    for key, role in enumerate(trace.storage_role):
-        if role & PARAM:
-            name = trace.modules[trace.storage_module[key]]
-            block = re.match(r"(.*?\.\d+)(\.|$)", name)
-            per_module[block.group(1) if block else name] += int(nbytes[key])
+    for key in np.flatnonzero(alive).tolist():
+        name = trace.modules[trace.storage_module[key]]
+        block = re.match(r"(.*?\.\d+)(\.|$)", name)
+        per_module[block.group(1) if block else name] += int(nbytes[key])
     return max(per_module.values(), default=0)
 
 

@@ -81,12 +81,17 @@ def opened(browser, side, node):
 def choose(browser, dropdown, text):
     """Pick the option ``text`` of a dcc.Dropdown."""
     browser.find_element(By.ID, dropdown).click()
-    option = wait_for(lambda: [o for o in browser.find_elements(By.CSS_SELECTOR, "[role=option]")
+    option = wait_for(lambda: [o for o in browser.find_elements(By.CSS_SELECTOR, ".dash-dropdown-options [role=option]")
                                if o.text.strip() == text], what=f"option {text} of {dropdown}")
     option[0].click()
     wait_for(lambda: text in browser.find_element(By.ID, f"{dropdown}-value").text, what=f"{text} chosen")
-    if browser.find_elements(By.CSS_SELECTOR, "[role=option]"):
-        browser.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
+
+    def closed():
+        if [o for o in browser.find_elements(By.CSS_SELECTOR, ".dash-dropdown-options [role=option]") if o.is_displayed()]:
+            browser.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
+            return False
+        return True
+    wait_for(closed, what=f"{dropdown}'s list closed")
 
 
 def test_the_graph_finds_the_fault_syncs_both_sides_follows_an_edge_and_switches_dumps(browser, serve_app,
@@ -135,7 +140,19 @@ def test_the_graph_finds_the_fault_syncs_both_sides_follows_an_edge_and_switches
     link = wait_for(lambda: "sel=a%3A" in browser.current_url and browser.current_url, what="the URL")
     browser.get(link)
     wait_for(lambda: js(browser, "return P.side && P.side('a').sel;") == above, timeout=30, what="the link reopens it")
+    wait_for(lambda: "sel" in (drawn(browser, "a", above) or "").split()
+             and browser.find_elements(By.CSS_SELECTOR, f"#g-tree-a .row.sel[data-node='{above}']"),
+             what="the reopened view draws the selection in the graph and the tree")
     shot("graph_view_fault")
+
+    # panning side A by hand (a drag on its left margin) moves side B to the counterpart of what A shows
+    pan_b = js(browser, "return P.graph.cy('b').pan();")
+    ActionChains(browser).move_to_element_with_offset(canvas(browser, "a"), -205, 0).click_and_hold() \
+        .move_by_offset(10, -60).move_by_offset(10, -60).release().perform()
+    wait_for(lambda: js(browser, "return P.graph.cy('b').pan();") != pan_b, what="side B follows the pan")
+    # everything the page loaded came from the dashboard itself: it works with no network
+    assert js(browser, "return performance.getEntriesByType('resource')"
+                       ".every(e => e.name.startsWith(location.origin));")
 
     # the fault's verdict on each rank, side by side
     browser.find_element(By.ID, "g-jump").click()

@@ -3,7 +3,8 @@
 // relative to the parent box); only the boxes in and near the viewport are handed to cytoscape,
 // and when too many are, the deepest open boxes are drawn folded, so 10k visible nodes draw as
 // fast as 100. Panning or zooming one side moves the other to the counterpart of the node in
-// view; a tap selects, a double tap opens or closes, a tap on an edge follows it to the consumer.
+// view; a tap selects, a double tap opens or closes, a tap on an edge follows it to the consumer,
+// a drag anywhere (boxes too) pans.
 // A minimap shows the whole side and the viewport; a click on it moves there.
 (function () {
   var P = window.probe = window.probe || {};
@@ -89,7 +90,7 @@
         var el = cy.getElementById(n);
         if (!el.length) {
           data.cls = cls;
-          add.push({group: 'nodes', data: data, position: pos, classes: cls});
+          add.push({group: 'nodes', data: data, position: pos, classes: cls, pannable: true});
           return;
         }
         var p = el.position();

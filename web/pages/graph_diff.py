@@ -197,7 +197,8 @@ class GraphDiffPage:
         )
         def on_event(click, _prev, _next, query, _jump, _jnan, url, _open, state, *fields):
             trig = ctx.triggered_id
-            opened = catalog.get(state["view"]) or self.first
+            state_view = state["view"]
+            opened = catalog.get(state_view) or self.first
             old = {s: set(state["exp"].get(s, [])) for s in ("a", "b")}
             exp = {s: set(v) for s, v in old.items()}
             sel = tuple(state["sel"]) if state.get("sel") else None
@@ -215,10 +216,13 @@ class GraphDiffPage:
                         if not query_ and not target_sel:
                             return (no_update,) * 6
                     if trig == "g-open" or (choice.params() and choice.key != opened.choice.key):
-                        opened, reset = self._open(choice), True
+                        opened = self._open(choice)
                         _warm(opened)
                         exp, sel, old = {"a": set(), "b": set()}, None, {"a": set(), "b": set()}
                         msg = ""
+                    # a page opened on a link draws from this answer: the page's own first
+                    # view may never have reached its script
+                    reset = True
                     if target_sel and ":" in target_sel:
                         side, _, name = target_sel.partition(":")
                         if side in opened.views and name in opened.diff.graph(side):
@@ -264,7 +268,8 @@ class GraphDiffPage:
             state.update(view=opened.choice.key, exp={s: sorted(v) for s, v in exp.items()},
                          sel=list(sel) if sel else None)
             url_out = self._url(opened, sel) if selected else no_update
-            return state, update, hit, url_out, msg, opened.choice.key if reset else no_update
+            view_key = opened.choice.key if opened.choice.key != state_view else no_update
+            return state, update, hit, url_out, msg, view_key
 
         @app.callback(Output("g-detail", "children"), Output("g-detail-for", "data"),
                       Input("g-state", "data"), State("g-detail-for", "data"))

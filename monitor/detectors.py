@@ -32,9 +32,10 @@ How a timing detector decides (the same four rules for all of them):
 4. **Persistence, k of n.** An alert needs the deviation above ``theta`` in ``k`` of the last
    ``n`` steps (``n`` in :data:`WINDOWS`), with ``k`` so many that the measured noise (a
    two-state Markov chain with ``p`` and ``p11``) gives it a chance below :data:`ALPHA`
-   (shared by the ranks: below ``ALPHA / ranks`` for one rank). A
-   big deviation passes in a few steps, a small one needs more; none below the smallest level
-   (10% for a rank, 20% for the job) is ever reported, whatever the noise.
+   (shared by the ranks: below ``ALPHA / ranks`` for one rank). A big deviation passes in a
+   few steps, a small one needs more; none below the smallest level (10% for a rank, 20% for
+   the job) is ever reported, whatever the noise, and a straggler must also have cost the job
+   :data:`MIN_EXCESS` (15%) over its window.
 
 - :func:`stragglers`: a rank whose own work stays above its peers' (cause ``compute`` or
   ``data loading``), or, when its own work does not, whose step stays longer with the excess

@@ -1,6 +1,7 @@
 """``probe monitor``: the live monitor service and its operator commands.
 
     probe monitor serve [--host 127.0.0.1] [--port 50051] [--store FILE] [--token T]
+                        [--trace-on-alert KIND:STEPS] [--stacks-on-hang]
     probe monitor status [--addr HOST:PORT] [--job J] [--json]
     probe monitor alerts [--job J] [--kind K] [--json]
     probe monitor trace --job J [--ranks 0,3] (--steps 120-124 | --next N) [--wait] [--out DIR]
@@ -10,7 +11,10 @@
 
 The address of a running service comes from ``--addr`` or env ``PROBE_MONITOR``; the token
 from ``--token`` or env ``PROBE_MONITOR_TOKEN``. Ranks of the bundled engine stream to the
-service when ``PROBE_MONITOR=host:port`` is set in their environment.
+service when ``PROBE_MONITOR=host:port`` is set in their environment. ``status`` shows a hung
+job's diagnosis first (the rank that never entered the collective the others wait in) and the
+collective each rank is in; an alert is one line per cause, updated in place (first and last
+step, how many times it was seen).
 """
 
 from __future__ import annotations

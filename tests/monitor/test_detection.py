@@ -74,17 +74,17 @@ def test_after_a_restart_an_open_alert_goes_on_being_updated(tmp_path):
     again.start()
     try:
         stub = pb_grpc.MonitorStub(grpc.insecure_channel(again.address))
+        for rank in range(4):                  # the ranks' agents, restarted too
+            stub.Register(pb.RegisterRequest(job="j", rank=rank, world_size=4, agent_id=f"b{rank}"))
         for step in range(12, 20):
             for rank in range(4):
-                stub.Register(pb.RegisterRequest(job="j", rank=rank, world_size=4,
-                                                  agent_id=f"b{rank}")) if step == 12 else None
+                compute = 300.0 if rank == 1 else 100.0
                 stub.Push(pb.MetricBatch(
                     job="j", rank=rank, agent_id=f"b{rank}", seq=step, names=list(NAMES),
                     name_index=np.arange(5, dtype=np.int32).tobytes(),
                     steps=np.full(5, step, np.int64).tobytes(),
                     time_ns=np.full(5, 1, np.int64).tobytes(),
-                    values=np.float64([316.0 if rank == 1 else 116.0, 300.0 if rank == 1 else 100.0,
-                                       15.0, 1.0, 2.0]).tobytes()))
+                    values=np.float64([compute + 16.0, compute, 15.0, 1.0, 2.0]).tobytes()))
         assert again.detect_once() == []                      # no new alert...
         [alert] = again.store.alerts("j").to_pylist()
         assert alert["last_step"] == 19                       # ...the open one goes on

@@ -177,6 +177,7 @@ class ConfigRecorder:
         if self.step >= self.batch_steps and self._handles:
             self._remove_hooks()
             self.write()
+            self._sums = Checksummer()     # its tables (up to 32 MiB) are not kept for the run
 
     # ----------------------------------------------------------------- output
     def write(self) -> str:

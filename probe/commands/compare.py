@@ -37,7 +37,7 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     \b
     Example:
         probe compare ms/step0/rank0/dump.json torch/step0/rank0/dump.json --out cmp
-        probe compare runA runB --out cmp --cluster tcp://10.0.0.5:8786
+        probe compare runs/ref runs/fused --out runs/cmp-ranks --workers 2
     \b
     Exit codes: 0 compared (or only verdicts below --fail-on); 1 a pair is graded at or
     above --fail-on; 2 bad input (one line naming the file); 3 internal error.

@@ -105,7 +105,7 @@ class SideView:
 
     # -- edges ----------------------------------------------------------------------------
 
-    def _lift(self, name: str, expanded: Collection[str]) -> str:
+    def lift(self, name: str, expanded: Collection[str]) -> str:
         """The deepest visible node holding ``name`` (itself when visible)."""
         for a in self.graph.ancestors(name):
             if a not in expanded:
@@ -113,7 +113,7 @@ class SideView:
         return name
 
     def _edge(self, src: str, dst: str, expanded: Collection[str]) -> tuple[str, str] | None:
-        s, t = self._lift(src, expanded), self._lift(dst, expanded)
+        s, t = self.lift(src, expanded), self.lift(dst, expanded)
         if s == t or self.graph.within(s, t) or self.graph.within(t, s):
             return None
         return s, t
@@ -199,9 +199,6 @@ class SideView:
         e0, e1 = self.edges(old, among), self.edges(new, among)
         return {"add": add, "prune": [p for p in prune if p is not None], "set": sets,
                 "ea": sorted(map(list, e1 - e0)), "er": sorted(map(list, e0 - e1))}
-
-    def children_of(self, name: str | None) -> list[str]:
-        return self.graph.roots() if name is None else self.graph.children(name)
 
     def visible_below(self, name: str, expanded: Collection[str]) -> list[str]:
         """The visible descendants of an expanded ``name``, depth first in execution order."""

@@ -89,3 +89,13 @@ def test_a_delta_sends_only_what_changed(diff):
     assert block in moved and moved <= set(roots) and roots[0] not in moved
     assert view.delta({block}, {block}) == {"add": [], "prune": [], "set": [], "ea": [], "er": []}
     assert view.delta({block}, set())["prune"] == [block]
+
+
+def test_a_hidden_node_lifts_to_the_closed_box_that_holds_it(diff):
+    view = SideView(diff, "a")
+    g = diff.graph("a")
+    mlp = "Module.layers.2.mlp.MLP.forward.0"
+    inner = g.children(mlp)[0]
+    assert view.lift(inner, set()) == "Module.layers.2.Block.forward.0"
+    assert view.lift(inner, {"Module.layers.2.Block.forward.0"}) == mlp
+    assert view.lift(inner, {"Module.layers.2.Block.forward.0", mlp}) == inner

@@ -134,9 +134,11 @@ class GraphDiffPage:
 
     # -- what a request changes ---------------------------------------------------------------
 
-    def _mark(self, opened: Opened, sel: tuple[str, str] | None, focus: bool, chain: bool) -> dict:
+    def _mark(self, opened: Opened, sel: tuple[str, str] | None, focus: bool, chain: bool,
+              exp: dict[str, set]) -> dict:
         """The selection, its counterpart, the path from the top on both sides, and (when asked)
-        the chain of data flow from the first divergence to the first NaN, lifted to what shows."""
+        the chain of data flow from the first divergence to the first NaN, lifted to the nodes
+        that show with ``exp`` open."""
         diff = opened.diff
         out: dict[str, Any] = {"sel": list(sel) if sel else None, "twin": None, "path": {}, "chain": {},
                                "echain": {}, "focus": focus}
@@ -148,11 +150,11 @@ class GraphDiffPage:
                 out["twin"] = twin
                 out["path"][other_side(side)] = root_path(diff, other_side(side), twin)
         if chain:
-            out["chain"], out["echain"] = self._chain(opened)
+            out["chain"], out["echain"] = self._chain(opened, exp)
         return out
 
     @staticmethod
-    def _chain(opened: Opened) -> tuple[dict, dict]:
+    def _chain(opened: Opened, exp: dict[str, set]) -> tuple[dict, dict]:
         diff = opened.diff
         start, nan = first_divergence(diff), first_nan(diff)
         if not start or not nan:
@@ -161,8 +163,8 @@ class GraphDiffPage:
         src = start[1] if start[0] == side else diff.counterpart(start[0], start[1])
         if not src or src not in diff.graph(side):
             return {}, {}
-        nodes = flow_path(diff, side, src, target)
-        return {side: nodes}, {side: [list(e) for e in zip(nodes, nodes[1:])]}
+        shown = list(dict.fromkeys(opened.views[side].lift(n, exp[side]) for n in flow_path(diff, side, src, target)))
+        return {side: shown}, {side: [list(e) for e in zip(shown, shown[1:])]}
 
     def _url(self, opened: Opened, sel: tuple[str, str] | None) -> str:
         params = opened.choice.params()
@@ -264,7 +266,7 @@ class GraphDiffPage:
                 else:
                     update[s] = view.full(exp[s]) if reset else view.delta(old[s], exp[s])
             selected = target is not None or reset
-            update["mark"] = self._mark(opened, sel, focus=target is not None, chain=chain) if selected else None
+            update["mark"] = self._mark(opened, sel, target is not None, chain, exp) if selected else None
             state.update(view=opened.choice.key, exp={s: sorted(v) for s, v in exp.items()},
                          sel=list(sel) if sel else None)
             url_out = self._url(opened, sel) if selected else no_update

@@ -110,6 +110,7 @@ def test_live_page_puts_the_slow_rank_on_top_and_names_it_in_the_banner(browser,
         assert "straggler: rank 1" in banner
         raised = int(banner.split("since step ")[1].split()[0])
         assert named <= raised + 2, (named, raised)            # named as soon as the monitor says so
+        assert named <= 10, named                               # within 10 steps of the run
         assert "straggler" in top_row(browser) and top_row(browser).startswith("rank 1")
         groups = browser.execute_script(
             "return Array.from(document.querySelectorAll('#l-alerts .alert')).map(e => e.innerText);")
@@ -150,6 +151,7 @@ def test_live_page_follows_a_real_two_rank_training_and_names_the_slowed_rank(br
         assert train.returncode == 0, train.stderr.read()
         assert tops and all(t.startswith("rank 1") for t in tops), tops   # on top in every table drawn
         wait_for(lambda: points(browser, "l-step-time") == 80, timeout=30, what="40 steps × 2 ranks")
+        # named once the monitor's detectors open the alert (when depends on how noisy the run is)
         wait_for(lambda: "straggler: rank 1" in text_of(browser, "#l-banner"), timeout=30,
                  what="the banner naming rank 1")
         assert top_row(browser).startswith("rank 1") and "straggler" in top_row(browser)

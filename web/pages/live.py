@@ -18,6 +18,7 @@ with nothing to draw says what is missing and how to get it. Data come from
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
@@ -61,8 +62,11 @@ def _figure(title: str, ytitle: str) -> go.Figure:
 
 
 def _missing(fig: go.Figure, text: str) -> go.Figure:
-    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
-                       font=dict(size=11, color="#777"), width=430)
+    lines = textwrap.wrap(text, 70, break_on_hyphens=False)
+    fig.add_annotation(text="<br>".join(lines), showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(size=11, color="#777"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
     return fig
 
 

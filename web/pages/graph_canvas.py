@@ -56,6 +56,8 @@ def stylesheet() -> list[dict]:
                                              "underlay-padding": 7}},
         {"selector": "node.onpath", "style": {"underlay-color": "#2563eb", "underlay-opacity": 0.3,
                                               "underlay-padding": 6}},
+        {"selector": "node.box.onpath, node.box.chain", "style": {"underlay-opacity": 0, "border-color": "#2563eb",
+                                                                  "border-width": 2}},
         {"selector": "node.sel", "style": {"border-color": "#2563eb", "border-width": 4, "border-style": "solid"}},
         {"selector": "edge.chain", "style": {"line-color": "#f97316", "target-arrow-color": "#f97316", "width": 3}},
         {"selector": "edge.followed", "style": {"line-color": "#2563eb", "target-arrow-color": "#2563eb",

@@ -214,7 +214,10 @@ def _tensor_table(path: Path, meta: dict, names: pa.Array, info: pa.Table, flat:
             base = Path(dump_dir) if dump_dir else path.parent / "dump_tensor_data"
             if not base.is_absolute() or not base.exists():
                 base = path.parent / "dump_tensor_data"
-            files = pa.array([str(base / f) if f else None for f in files.to_pylist()], type=pa.string())
+            # a data_name is a file name inside the data folder: one with a path in it (``../x``,
+            # ``/etc/y``) is not followed, so a crafted dump.json cannot point outside it
+            files = pa.array([str(base / f) if f and f == os.path.basename(f) and f not in (".", "..")
+                              else None for f in files.to_pylist()], type=pa.string())
         return files
 
     def node() -> pa.Array:

@@ -1022,7 +1022,8 @@ def hangs(reports: Sequence[Mapping[str, Any]], *, threshold_s: float, job: str 
                     f"hang: rank{'s' if len(blamed) > 1 else ''} {_ranks_text(blamed)} "
                     f"{'are' if len(blamed) > 1 else 'is'} not in {what}")
             detail = "; ".join(f"rank {k}: {states[k]}" for k in blamed[:8])
-            message = f"{head}; ranks {waiters} have waited in it for {wait_s:.1f} s ({detail})"
+            who = (f"ranks {waiters} have" if len(waiting) > 1 else f"rank {waiters} has")
+            message = f"{head}; {who} waited in it for {wait_s:.1f} s ({detail})"
         else:
             message = (f"hang: every rank of group {group} ({waiters}) has waited in {what} for "
                        f"{wait_s:.1f} s: no rank is missing, the collective itself does not "

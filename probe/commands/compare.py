@@ -85,17 +85,20 @@ def setup_process() -> None:
     """What ``probe compare`` sets up in its process before it imports anything heavy (the
     benchmark times the compare after the same setup): numpy's BLAS gets one thread (a compare
     multiplies no matrices, and OpenBLAS's idle threads spin on the cores the compare's DuckDB
-    and Arrow threads need); Arrow allocates from the C library rather than mimalloc, whose
-    fresh pages are huge pages zeroed 2 MB at a time (a sixth of a compare's CPU time went to
-    zeroing them: 20k entries 0.66 -> 0.63 s, 100k 2.68 -> 2.50 s, medians). glibc hands large
-    freed buffers back as it does by default: keeping them all
-    (:func:`ground.native.keep_freed_memory`) saved no CPU time any more and held the process
-    at its peak (100k entries: 723-818 MB against 684-698). Settings the user made in the
-    environment win."""
+    and Arrow threads need); Arrow allocates with jemalloc where pyarrow has it (else from the C
+    library), not mimalloc, whose fresh pages are huge pages zeroed 2 MB at a time (a sixth of
+    a compare's CPU time went to zeroing them: 20k entries 0.66 -> 0.63 s, 100k 2.68 -> 2.50 s,
+    medians), and not the C library's, which kept freed buffers in each thread's arena (100k
+    entries: peak 680-692 MB with it, 605-618 MB with jemalloc, CPU time alike). Arrow reads
+    the setting when it first allocates, so this runs before pyarrow is imported; pyarrow's
+    Linux wheels carry jemalloc (a build without it says so in one warning and uses its
+    default). Settings the user made in the environment win; the processes it starts inherit
+    them."""
     import os
+    import sys
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc" if sys.platform.startswith("linux") else "system")
 
 
 def _size(p: object) -> int:

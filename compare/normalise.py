@@ -146,8 +146,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
       fwd, bwd, pgrad, seq_f, seq_b, seq0
     from y
     """)
-    # the joins first, then the numbering over the keys alone joined back by row (a window
-    # sorts all the columns it is given: the names, paths and classes of every group)
+    # the joins first, then the numbering (in numpy, over the keys alone) joined back by row
     con.execute(f"""
     create or replace table {side}_g1 as
     select g.*, pg.grp as parent, n.parent as parent_node, coalesce(n.depth, 0) as depth,
@@ -156,16 +155,10 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
     left join {side}_raw_n n on n.node = g.fwd
     left join {side}_g0 pg on pg.fwd = n.parent
     """)
+    con.register(f"{side}_g_order", _numbering(
+        con.sql(f"select rowid as rid, kind, parent, canon, seq0, seq_f, seq_b from {side}_g1").to_arrow_table()))
     con.execute(f"""
     create or replace table {side}_g as
-    with w as (
-      select rowid as rid,
-        row_number() over (partition by kind, parent, canon order by seq0) - 1 as k_local,
-        row_number() over (partition by kind, canon order by seq0) - 1 as k_global,
-        row_number() over (order by seq_f nulls last, seq0) - 1 as ord_f,
-        case when seq_b is null then null else row_number() over (order by seq_b nulls last) - 1 end as ord_b
-      from {side}_g1
-    )
     select g.grp, g.kind, g.prefix, g.path, g.cls, g.cls_norm, g.canon, g.call, g.fwd, g.bwd, g.pgrad,
       g.seq_f, g.seq_b, g.seq0,
       case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
@@ -175,9 +168,9 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
            else g.kind || '::' || g.canon || ':' || w.k_global end as global_key,
       w.ord_f, w.ord_b, g.parent, g.parent_node, g.depth,
       case when g.kind = 'module' then regexp_extract(g.path, '([^.]*)$', 1) else g.canon end as leaf
-    from {side}_g1 g join w on w.rid = g.rowid
-    order by g.grp
+    from {side}_g1 g join {side}_g_order w on w.rid = g.rowid
     """)
+    con.unregister(f"{side}_g_order")
     uninit = ", ".join(f"'{u}'" for u in UNINITIALISED)
     # each entry's group, and whether its outputs are uninitialised memory, by entry id
     groups = con.sql(f"""
@@ -209,6 +202,62 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
     if pc.sum(keep).as_py() != n:
         table = table.filter(keep)
     return table.append_column("rid", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+
+
+def _numbering(g: pa.Table) -> pa.Table:
+    """The call groups' numbers, by ``rid``: ``k_local`` (their place among the groups of the
+    same kind, parent and API, by first entry), ``k_global`` (among those of the same kind and
+    API), ``ord_f`` (forward execution order: the first forward entry, else the first entry;
+    groups without a forward entry last) and ``ord_b`` (backward order; null without one). As
+    SQL's ``row_number() over (partition by ... order by ...) - 1``, nulls last, in numpy:
+    windows in DuckDB sort every column they are given.
+
+    >>> t = _numbering(pa.table({"rid": [0, 1, 2], "kind": ["api"] * 3, "parent": [None, 7, None],
+    ...     "canon": ["add"] * 3, "seq0": [5, 3, 1], "seq_f": [5, None, 1], "seq_b": [None, 9, 8]}))
+    >>> [t.column(k).to_pylist() for k in ("k_local", "k_global", "ord_f", "ord_b")]
+    [[1, 0, 0], [2, 1, 0], [1, 2, 0], [None, 1, 0]]
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = g.num_rows
+
+    def codes(col: str) -> Any:
+        return pc.dictionary_encode(g.column(col).combine_chunks(), null_encoding="encode").indices.to_numpy(
+            zero_copy_only=False)
+
+    def last(col: str) -> tuple[Any, Any]:       # (is null, value): sorts nulls last
+        c = g.column(col).combine_chunks()
+        return c.is_null().to_numpy(zero_copy_only=False), pc.fill_null(c, 0).to_numpy(zero_copy_only=False)
+
+    def rank(keys: list, parts: list) -> Any:
+        """Each row's place within its partition (``parts``, keys that must all be equal),
+        ordered by ``keys`` (last key first, as numpy's lexsort)."""
+        order = np.lexsort(keys + parts)
+        out = np.zeros(n, dtype=np.int64)
+        if n:
+            start = np.ones(n, dtype=bool)
+            start[1:] = np.zeros(n - 1, dtype=bool)
+            for p in parts:
+                ps = p[order]
+                start[1:] |= ps[1:] != ps[:-1]
+            first = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+            out[order] = np.arange(n) - first
+        return out
+    kind, canon = codes("kind"), codes("canon")
+    parent_null, parent = last("parent")
+    seq0_null, seq0 = last("seq0")
+    f_null, seq_f = last("seq_f")
+    b_null, seq_b = last("seq_b")
+    by_first = [seq0, seq0_null]
+    ord_b = rank([seq_b, b_null], [])
+    return pa.table({
+        "rid": g.column("rid"),
+        "k_local": rank(by_first, [canon, parent, parent_null, kind]),
+        "k_global": rank(by_first, [canon, kind]),
+        "ord_f": rank([seq0, seq0_null, seq_f, f_null], []),
+        "ord_b": pa.array(ord_b, mask=b_null),
+    })
 
 
 def _min_by(keys: Any, values: pa.Array, k: int) -> pa.Array:

@@ -94,6 +94,8 @@ MIN_EXCESS = 0.15
 JOB_LEVELS = (1.2, 1.35, 1.5, 2.0, 3.0)
 #: The k-of-n windows: the last n judged steps.
 WINDOWS = (5, 7, 10, 14, 20, 30, 50)
+#: The windows of the job-wide series (one series, not one per rank: fewer lengths suffice).
+JOB_WINDOWS = (5, 10, 20, 50)
 #: Steps of history the noise is measured over.
 HISTORY = 100
 #: The job-wide baseline: the median of at most this many steps before the window judged...
@@ -730,7 +732,7 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
             continue
         best: tuple[_Verdict, float, int, str] | None = None
         names = ("step", "compute", "data loading", "communication")
-        for w in WINDOWS:
+        for w in JOB_WINDOWS:
             lo = row - w + 1
             first = max(0, lo - BASELINE)
             ref = _nanmedian(step[first:max(0, lo)])

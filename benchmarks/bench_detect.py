@@ -131,8 +131,9 @@ def simulate(kind: str, ranks: int, steps: int, seed: int = 0) -> tuple[StepMatr
         memory[:, victim] += 20.0 * np.maximum(0, np.arange(S) - ONSET)
         truth.expected = {("memory_growth", victim)}
     elif kind == "nan":
-        loss[NAN_STEP, victim] = math.nan
-        truth.expected, truth.onset = {("nonfinite", victim)}, NAN_STEP
+        at = min(NAN_STEP, 2 * S // 3)
+        loss[at, victim] = math.nan
+        truth.expected, truth.onset = {("nonfinite", victim)}, at
     elif kind != "healthy":
         raise ValueError(kind)
     own = compute + data
@@ -140,7 +141,7 @@ def simulate(kind: str, ranks: int, steps: int, seed: int = 0) -> tuple[StepMatr
     comm = (slowest - own) + xfer
     grads = np.zeros((S, R))
     if kind == "nan":
-        grads[NAN_STEP:NAN_STEP + 1] = 1024.0
+        grads[truth.onset] = 1024.0
     cols = {"compute_time_ms": compute, "data_time_ms": data, "comm_time_ms": comm,
             "step_time_ms": own + comm, "loss": loss, "grad_norm": np.where(grads > 0, np.nan, 1.0),
             "nonfinite_grads": grads, "device_mem_mb": memory}

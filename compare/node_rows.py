@@ -58,9 +58,14 @@ def node_rows(con: Any) -> Any:
       from pairs p join a_g ga on ga.grp = p.grp_a join b_g gb on gb.grp = p.grp_b
       cross join (values ('forward'), ('backward')) d(direction)
     """)
+    # the groups the containers' part reads: the containers and their children
     con.execute("""
     create or replace table both_g as
-    select 'a' as sd, * from a_g union all select 'b', * from b_g
+    select 'a' as sd, * from a_g
+    where grp in (select grp from containers where side = 'a') or parent in (select grp from containers where side = 'a')
+    union all
+    select 'b', * from b_g
+    where grp in (select grp from containers where side = 'b') or parent in (select grp from containers where side = 'b')
     """)
     con.execute("""
     create or replace table cov as
@@ -152,8 +157,25 @@ def node_rows(con: Any) -> Any:
     from b_g g join b_st st on st.grp = g.grp and st.state = 'unmatched'
     cross join (values ('forward'), ('backward')) d(direction)
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
-    order by ord, node_a nulls last, node_b nulls last, direction
     """).to_arrow_table()
     for name in ("pair_nodes", "node_pairs", "both_g", "cov", "nodes_all"):
         con.execute(f"drop table {name}")
-    return nodes
+    return _in_order(con, nodes)
+
+
+def _in_order(con: Any, nodes: Any) -> Any:
+    """The node rows in execution order (``ord``, then the names and direction): the sort keys
+    alone sorted in DuckDB, the rows taken in that order in Arrow (an ORDER BY of the whole
+    query moved every column through the sort)."""
+    import numpy as np
+    import pyarrow as pa
+
+    keys = nodes.select(["ord", "node_a", "node_b", "direction"]).append_column(
+        "i", pa.array(np.arange(nodes.num_rows, dtype=np.int64)))
+    con.register("node_keys", keys)
+    try:
+        order = con.sql("select i from node_keys order by ord, node_a nulls last, node_b nulls last, "
+                        "direction").to_arrow_table().column(0)
+    finally:
+        con.unregister("node_keys")
+    return nodes.take(order)

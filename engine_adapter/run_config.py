@@ -97,6 +97,7 @@ class ConfigRecorder:
             "determinism": _determinism_flags(),
         }
         self._sums = Checksummer()
+        self._late_handles: list[Any] = []      # removed at close() only (see watch_config)
         self._batches: list[dict[str, Any]] = []
         self._batch_sums: list[torch.Tensor | None] = []
         self._optimizers: list[int] = []
@@ -205,6 +206,9 @@ class ConfigRecorder:
         self._closed = True
         atexit.unregister(self.close)
         self._remove_hooks()
+        late, self._late_handles = self._late_handles, []
+        for h in late:
+            h.remove()
         try:
             self.write()
         except OSError as e:
@@ -269,20 +273,22 @@ def watch_config(out: str) -> ConfigRecorder | None:
     if _fake_run():
         return None
     rec = ConfigRecorder(out)
-    state: dict[str, Any] = {"root": None}
+    # the global hooks never remove themselves while torch iterates them (with another global
+    # hook, the dump's, that raised "OrderedDict mutated during iteration" in the user's forward);
+    # they go with the recorder's other handles once the first batches are recorded
+    state: dict[str, Any] = {"root": None, "inputs": False}
 
     def first_forward(module: Any, args: tuple) -> None:
         if state["root"] is None:
             state["root"] = module
-            state["pre"].remove()
             try:
                 rec.add_model(module)
             except Exception as e:  # noqa: BLE001
                 rec._fail("the model", e)
 
     def first_inputs(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
-        if module is state["root"]:
-            state["post"].remove()
+        if module is state["root"] and not state["inputs"]:
+            state["inputs"] = True
             rec._on_forward(module, args, kwargs)
 
     def optimizer_step(optimizer: Any, args: tuple, kwargs: dict) -> None:
@@ -293,8 +299,11 @@ def watch_config(out: str) -> ConfigRecorder | None:
 
     state["pre"] = register_module_forward_pre_hook(first_forward)
     state["post"] = register_module_forward_hook(first_inputs, with_kwargs=True)
-    rec._handles += [state["pre"], state["post"], register_optimizer_step_pre_hook(optimizer_step),
-                     register_optimizer_step_post_hook(lambda *a: rec.step_ended(rec.step))]
+    rec._handles += [state["pre"], state["post"]]
+    # optimizer hooks are removed only at close(): step_ended runs inside torch's iteration of
+    # them, and removing one there raised "OrderedDict mutated during iteration" in opt.step()
+    rec._late_handles += [register_optimizer_step_pre_hook(optimizer_step),
+                          register_optimizer_step_post_hook(lambda *a: rec.step_ended(rec.step))]
     return rec
 
 

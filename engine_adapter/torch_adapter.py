@@ -64,6 +64,11 @@ class TorchAdapter(EngineAdapter):
         super().__init__()
         self.guard = ReentryGuard()
         self._handles: list[Any] = []
+        # optimizer-step hooks: a detach() from inside one (the last selected step written)
+        # only silences them, since torch is iterating them; the next detach() removes them
+        self._step_handles: list[Any] = []
+        self._in_step_hook = 0
+        self._steps_off = False
         self._api_mode: Any = None
         self._known: set[int] = set()
         self._roots = 0
@@ -176,9 +181,15 @@ class TorchAdapter(EngineAdapter):
         guard = self.guard
 
         def hook(optimizer, args, kwargs):
-            with guard, _plain_tensors():
-                on_step()
-        self._handles.append(register_optimizer_step_post_hook(hook))
+            if self._steps_off:
+                return
+            self._in_step_hook += 1
+            try:
+                with guard, _plain_tensors():
+                    on_step()
+            finally:
+                self._in_step_hook -= 1
+        self._step_handles.append(register_optimizer_step_post_hook(hook))
 
     def watch_models(self, on_model: Callable[[Any], None]) -> None:
         from torch.nn.modules.module import register_module_forward_pre_hook
@@ -203,6 +214,11 @@ class TorchAdapter(EngineAdapter):
 
     def detach(self) -> None:
         handles, self._handles = self._handles, []
+        if self._in_step_hook:
+            self._steps_off = True
+        else:
+            handles = self._step_handles + handles
+            self._step_handles = []
         for h in reversed(handles):
             try:
                 h.remove()

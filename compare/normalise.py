@@ -1,6 +1,8 @@
-"""Normalise the records of one side before anything is compared (DuckDB SQL, no row loops).
+"""Normalise the records of one side before anything is compared (DuckDB SQL over the entries
+and groups, Arrow and numpy over the tensors; no row loops).
 
-Per side ``X`` (``a`` or ``b``) two tables are built in a DuckDB connection:
+Per side ``X`` (``a`` or ``b``) two tables are built, the first in a DuckDB connection, the
+second in Arrow (the caller registers it as ``X_t`` where it is queried):
 
 - ``X_g``, one row per *call group* (a module's or API's forward call together with its
   backward and parameter-gradient entries): ``grp`` (an integer id: the position of the
@@ -17,7 +19,7 @@ Per side ``X`` (``a`` or ``b``) two tables are built in a DuckDB connection:
   normalised: ``gamma``→``weight``, ``beta``→``bias``), ``pos`` (the record's position: its
   msprobe-style name is built from the records, see :func:`compare.tensor_rows.tensor_names`),
   ``dtype`` (``Float32`` / ``torch.float32`` / ``mindspore.float32`` → ``float32``), stats,
-  ``nonfinite``.
+  ``nonfinite``, ``uninit``, ``rid`` (its row number).
 
 >>> import duckdb
 >>> con = duckdb.connect()

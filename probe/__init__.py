@@ -20,7 +20,12 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'probe' has no attribute {name!r}")
     import importlib
-    return getattr(importlib.import_module(module), name)
+    loaded = importlib.import_module(module)
+    # importing probe.dump binds the submodule to the name ``dump`` here: bind the API instead
+    for lazy, where in _LAZY.items():
+        if where == module:
+            globals()[lazy] = getattr(loaded, lazy)
+    return globals()[name]
 
 
 def __dir__() -> list[str]:

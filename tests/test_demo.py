@@ -23,12 +23,12 @@ def test_demo_finds_the_slow_rank_and_the_planted_weight_fault(tmp_path):
     named = [row[row.index("rank") + 1] for row in table]
     assert named and named.count("1") >= len(named) - 2, named
     assert "compute_time_ms" in result.stdout
+    summary = json.loads((out / "compare" / "summary.json").read_text())
     counts = summary["counts"]
     line = next(ln for ln in result.stdout.splitlines() if ln.startswith("compare:"))
     assert f"tensors: error {counts['tensors']['error']}" in line
     assert f"nodes: error {counts['nodes']['error']}" in line
     assert "unmatched: A 0, B 0" in line
-    summary = json.loads((out / "compare" / "summary.json").read_text())
     assert summary["unmatched_a"] == 0 and summary["unmatched_b"] == 0
     assert "decoder.layers.1.mlp.linear_fc2" in summary["first_divergence"]["b"]
     assert summary["first_nan"] is None

@@ -71,7 +71,7 @@ def run_mode(mode: str, steps: int, warmup: int, preset: str, threads: int) -> d
     after_step = lambda: None  # noqa: E731
     stop = lambda: None  # noqa: E731
     if mode.startswith("ours-"):
-        from probe.dump import DumpSession
+        from probe.session import DumpSession
         session = DumpSession(model, out=out, level=mode.split("-", 1)[1], task="statistics",
                               auto_step=False, quiet=True)
         session.start()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-_LAZY = {"start": "probe.dump", "stop": "probe.dump", "step": "probe.dump",
-         "dump": "probe.dump", "DumpSession": "probe.dump"}
+_LAZY = {"start": "probe.session", "stop": "probe.session", "step": "probe.session",
+         "dump": "probe.session", "DumpSession": "probe.session"}
 
 
 def __getattr__(name: str) -> Any:
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'probe' has no attribute {name!r}")
     import importlib
     loaded = importlib.import_module(module)
-    # importing probe.dump binds the submodule to the name ``dump`` here: bind the API instead
+    # bind every name the loaded module provides, so later lookups skip this hook
     for lazy, where in _LAZY.items():
         if where == module:
             globals()[lazy] = getattr(loaded, lazy)

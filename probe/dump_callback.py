@@ -13,14 +13,14 @@ from engine_adapter.callbacks import TrainCallback, TrainContext
 
 
 class DumpCallback(TrainCallback):
-    """Dump the bundled engine's steps; keyword arguments as :class:`probe.dump.DumpSession`."""
+    """Dump the bundled engine's steps; keyword arguments as :class:`probe.session.DumpSession`."""
 
     def __init__(self, **options: Any) -> None:
         self.options = options
         self.session: Any = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        from probe.dump import DumpSession
+        from probe.session import DumpSession
 
         options = dict(self.options)
         options.setdefault("out", ctx.out_dir)

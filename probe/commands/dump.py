@@ -124,7 +124,7 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
 
 def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any],
                 force: bool, fsync: str) -> int:
-    from probe.dump import DumpSession
+    from probe.session import DumpSession
     from probe.script import check_script, run_script
 
     check_script(argv)

@@ -130,7 +130,7 @@ def _inputs():
 
 
 def _dump_torch(out, w, level="module"):
-    from probe.dump import DumpSession
+    from probe.session import DumpSession
 
     net = _torch_net(w)
     x, y = (torch.from_numpy(a) for a in _inputs())
@@ -145,7 +145,7 @@ def _dump_torch(out, w, level="module"):
 def _dump_ms(out, w, level="module"):
     from mindspore import nn
 
-    from probe.dump import DumpSession
+    from probe.session import DumpSession
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.runtime.launch_blocking()

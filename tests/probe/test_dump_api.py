@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from probe.dump import DumpSession
+from probe.session import DumpSession
 
 
 class TinyAttention(nn.Module):
@@ -392,3 +392,13 @@ def test_a_retained_graph_backed_through_twice_gives_two_backward_entries(tmp_pa
         assert f"{name}.backward.0" in data and f"{name}.backward.1" in data, sorted(data)
         assert (data[f"{name}.backward.1"]["input"][0]["Norm"]
                 == pytest.approx(data[f"{name}.backward.0"]["input"][0]["Norm"]))
+
+
+def test_probe_dump_stays_the_context_manager_after_the_session_module_is_imported():
+    import importlib
+
+    import probe
+    importlib.import_module("probe.session")
+    importlib.import_module("probe.commands.dump")
+    assert callable(probe.dump) and probe.dump.__name__ == "dump"
+    assert callable(probe.start) and callable(probe.stop) and callable(probe.step)

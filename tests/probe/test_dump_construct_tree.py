@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from probe.dump import DumpSession
+from probe.session import DumpSession
 
 
 def _construct(out: Path, step: int = 0, rank: int = 0) -> dict[str, str | None]:

@@ -20,7 +20,7 @@ from torch import nn
 
 from compare.api import compare
 from probe.cli import main as probe_main
-from probe.dump import DumpSession
+from probe.session import DumpSession
 from probe.dump_writer import STEP_FILES
 from tests.conftest import ROOT, run_probe
 

@@ -16,10 +16,15 @@ excluded from its timing; the parse in this process):
   venv given by ``--msprobe-python`` (default ``.venv-bench/bin/python``; skipped, saying so,
   when msprobe is not installed there).
 
-It prints ``msprobe / ours`` (target ≥ 20) and ``ours / parse`` (target ≤ 2) in wall-clock time,
-and the same ratios in CPU time, which a machine shared with other work distorts less. CPU time
-counts child processes on every side (ours reads the two dumps in two processes when they are
-large; msprobe may use a pool); the targets are judged on wall-clock time.
+It prints ``msprobe / ours`` and ``ours / parse`` in wall-clock time, and the same ratios in CPU
+time, which a machine shared with other work distorts less (CPU time counts child processes on
+every side: ours reads the two dumps in two processes when they are large; msprobe may use a
+pool), and the peak resident memory of each compare's process tree (sampled every 20 ms) against
+the size of the two inputs. The targets (:data:`TARGETS`), judged on wall-clock time and peak
+memory: msprobe / ours ≥ 20 at 20k entries; ≥ 40 with peak memory ≤ 4x the inputs at 100k;
+under 60 s and 8 GiB at 1M (msprobe's run there is capped by ``--msprobe-timeout`` and
+``--msprobe-max-mb``, and reported as not finished when it hits either); ours / parse ≤ 2 at
+every size.
 
 The parse and our compare run ``--repeat`` times (default 5) and msprobe's compare
 ``--msprobe-repeat`` times (default 3; one run takes 10-70 s), in interleaved rounds, each after
@@ -28,6 +33,7 @@ our runs took 0.52-0.78 s at 20k entries here) hit every side alike; medians are
 the spread is printed.
 
     python benchmarks/bench_compare.py --entries 20000 100000
+    python benchmarks/bench_compare.py --entries 1000000 --repeat 1 --msprobe-repeat 1 --msprobe-timeout 600
 """
 
 from __future__ import annotations
@@ -124,31 +130,71 @@ print("OURS_SECONDS", time.perf_counter() - t, cpu() - c, r.rows.num_rows, r.sum
 """
 
 
-def time_ours(a: Path, b: Path, out: Path) -> tuple[float, float, str]:
-    """(wall, CPU incl. children, what it found) of our compare in a fresh process, as msprobe's
-    is timed (imports excluded), so neither side pays for the other's heap."""
-    p = subprocess.run([sys.executable, "-c", _OURS, str(a), str(b), str(out), str(ROOT)],
-                       capture_output=True, text=True)
-    for line in p.stdout.splitlines():
+#: Targets per size (entries): msprobe / ours at least ``ratio``, peak memory at most
+#: ``mem_factor`` x the two inputs, at most ``wall`` seconds and ``peak_gib`` GiB.
+TARGETS = {20000: {"ratio": 20}, 100000: {"ratio": 40, "mem_factor": 4},
+           1000000: {"wall": 60, "peak_gib": 8}}
+#: ours / parse at most this, at every size where the parse is timed (files up to
+#: PARSE_MAX_MIB).
+PARSE_RATIO = 2
+PARSE_MAX_MIB = 256
+
+
+def run_sampled(cmd: list[str], timeout: float | None = None, max_mb: float | None = None) -> dict:
+    """Run ``cmd``: its output, return code, the peak resident memory of its process tree
+    (sampled every 20 ms), and why it was stopped (``timeout`` seconds, ``max_mb`` of memory)
+    or None."""
+    import signal
+
+    import psutil
+
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    proc, peak, stopped, t0 = psutil.Process(p.pid), 0, None, time.perf_counter()
+    while p.poll() is None:
+        total = 0
+        try:
+            for x in [proc] + proc.children(recursive=True):
+                total += x.memory_info().rss
+        except psutil.Error:
+            pass
+        peak = max(peak, total)
+        if max_mb is not None and total > max_mb * 2**20:
+            stopped = f"stopped at {total / 2**20:.0f} MB of memory (cap {max_mb:.0f} MB)"
+        elif timeout is not None and time.perf_counter() - t0 > timeout:
+            stopped = f"did not finish in {timeout:.0f} s"
+        if stopped:
+            os.killpg(p.pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    out, err = p.communicate()
+    return {"stdout": out, "stderr": err, "rc": p.returncode, "peak_mb": peak / 2**20, "stopped": stopped}
+
+
+def time_ours(a: Path, b: Path, out: Path) -> tuple[float, float, str, float]:
+    """(wall, CPU incl. children, what it found, peak MB of its process tree) of our compare in
+    a fresh process, as msprobe's is timed (imports excluded), so neither side pays for the
+    other's heap."""
+    r = run_sampled([sys.executable, "-c", _OURS, str(a), str(b), str(out), str(ROOT)])
+    for line in r["stdout"].splitlines():
         if line.startswith("OURS_SECONDS"):
             _, wall, cpu, found = line.split(" ", 3)
-            return float(wall), float(cpu), found
-    raise SystemExit(f"our compare failed: {(p.stderr or p.stdout).strip().splitlines()[-3:]}")
+            return float(wall), float(cpu), found, r["peak_mb"]
+    raise SystemExit(f"our compare failed: {(r['stderr'] or r['stdout']).strip().splitlines()[-3:]}")
 
 
-def time_msprobe(python: str, a: Path, b: Path, out: Path, timeout: float) -> tuple[float, float] | None:
-    """(wall, CPU incl. children) seconds of msprobe's compare call (import excluded); None when
-    unavailable."""
+def time_msprobe(python: str, a: Path, b: Path, out: Path, timeout: float,
+                 max_mb: float | None = None) -> tuple[float, float, float, str | None] | None:
+    """(wall, CPU incl. children, peak MB, why it was stopped or None) of msprobe's compare
+    call (import excluded; a stopped run's wall and CPU are inf); None when unavailable."""
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        p = subprocess.run([python, "-c", _MSPROBE, str(a), str(b), str(out)], capture_output=True,
-                           text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return float("inf"), float("inf")
-    for line in p.stdout.splitlines():
+    r = run_sampled([python, "-c", _MSPROBE, str(a), str(b), str(out)], timeout, max_mb)
+    if r["stopped"]:
+        return float("inf"), float("inf"), r["peak_mb"], r["stopped"]
+    for line in r["stdout"].splitlines():
         if line.startswith("MSPROBE_SECONDS"):
-            return float(line.split()[1]), float(line.split()[2])
-    print(f"  msprobe failed: {(p.stderr or p.stdout).strip().splitlines()[-1:]}")
+            return float(line.split()[1]), float(line.split()[2]), r["peak_mb"], None
+    print(f"  msprobe failed: {(r['stderr'] or r['stdout']).strip().splitlines()[-1:]}")
     return None
 
 
@@ -169,7 +215,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", type=int, nargs="+", default=[20000, 100000])
     ap.add_argument("--msprobe-python", default=str(ROOT / ".venv-bench" / "bin" / "python"))
-    ap.add_argument("--msprobe-timeout", type=float, default=1800)
+    ap.add_argument("--msprobe-timeout", type=float, default=1800,
+                    help="Seconds after which msprobe's run is stopped and reported as not finished.")
+    ap.add_argument("--msprobe-max-mb", type=float, default=12000,
+                    help="Memory at which msprobe's run is stopped (the machine is shared).")
     ap.add_argument("--work", default=None, help="Folder for the generated dumps (default: a temp dir).")
     ap.add_argument("--repeat", type=int, default=5,
                     help="Runs of the parse and of our compare, interleaved; medians are compared.")
@@ -194,46 +243,73 @@ def main() -> int:
         if not a.exists():
             make_dump(a, n, "a")
             make_dump(b, n, "b")
-        size = (a.stat().st_size + b.stat().st_size) / 2**20
+        size = a.stat().st_size / 2**20
+        inputs_mb = (a.stat().st_size + b.stat().st_size) / 2**20
+        # json.load holds ~12x a file in Python objects: not of 800 MB files on a shared machine
+        do_parse = size <= PARSE_MAX_MIB
+        target = TARGETS.get(n, {})
         parses, ours_runs, ms_runs = [], [], []
-        ms_ok = have_msprobe
+        ms_ok, ms_stopped = have_msprobe, None
         # rounds interleave every side, so a drift of the machine's speed hits them all alike
         for i in range(max(args.repeat, args.msprobe_repeat if have_msprobe else 0)):
             if i < args.repeat:
-                time.sleep(args.pause)
-                t, c = time.perf_counter(), _cpu()
-                for p in (a, b):
-                    with open(p) as f:
-                        json.load(f)
-                parses.append((time.perf_counter() - t, _cpu() - c))
+                if do_parse:
+                    time.sleep(args.pause)
+                    t, c = time.perf_counter(), _cpu()
+                    for p in (a, b):
+                        with open(p) as f:
+                            json.load(f)
+                    parses.append((time.perf_counter() - t, _cpu() - c))
                 time.sleep(args.pause)
                 ours_runs.append(time_ours(a, b, work / f"n{n}" / "ours_out"))
             if ms_ok and i < args.msprobe_repeat:
                 time.sleep(args.pause)
                 ms = time_msprobe(args.msprobe_python, a, b, work / f"n{n}" / "msprobe_out",
-                                  args.msprobe_timeout)
+                                  args.msprobe_timeout, args.msprobe_max_mb)
                 if ms is None:
                     ms_ok = False
+                elif ms[3]:
+                    ms_stopped, ms_ok = ms, False       # once is enough: it will not finish
                 else:
                     ms_runs.append(ms)
-        parse, parse_cpu = _median(parses)
         ours, ours_cpu = _median([r[:2] for r in ours_runs])
+        peak = max(r[3] for r in ours_runs)
         found = ours_runs[-1][2]
         spread = f"min {min(r[0] for r in ours_runs):.2f}s, max {max(r[0] for r in ours_runs):.2f}s"
-        print(f"{n} entries ({size:.0f} MiB of JSON), median of {args.repeat}: parse (json.load, "
-              f"standard library) {parse:.2f}s, ours {ours:.2f}s ({spread}; rows, verdicts, "
-              f"first divergence: {found})")
-        ratio_parse = ours / parse
-        print(f"  ours / parse   = {ratio_parse:.2f}  (target <= 2; "
-              f"CPU time: ours {ours_cpu:.2f}s / parse {parse_cpu:.2f}s = {ours_cpu / parse_cpu:.2f})")
-        ok &= ratio_parse <= 2
+        print(f"{n} entries ({size:.0f} MiB of JSON each, {inputs_mb:.0f} MiB both), median of "
+              f"{len(ours_runs)}: ours {ours:.2f}s ({spread}; rows, verdicts, first divergence: {found}); "
+              f"load {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        if parses:
+            parse, parse_cpu = _median(parses)
+            ratio_parse = ours / parse
+            print(f"  ours / parse   = {ratio_parse:.2f}  (parse: json.load, standard library, {parse:.2f}s; "
+                  f"target <= {PARSE_RATIO}; CPU time: ours {ours_cpu:.2f}s / parse {parse_cpu:.2f}s = "
+                  f"{ours_cpu / parse_cpu:.2f})")
+            ok &= ratio_parse <= PARSE_RATIO
+        else:
+            print(f"  parse not timed: json.load of {size:.0f} MiB files would hold ~{12 * inputs_mb / 1024:.0f} GiB")
+        mem_target = (f"target <= {target['mem_factor']}x = {target['mem_factor'] * inputs_mb:.0f} MB"
+                      if "mem_factor" in target else
+                      f"target <= {target['peak_gib']} GiB" if "peak_gib" in target else "no target")
+        print(f"  peak memory: ours {peak:.0f} MB = {peak / inputs_mb:.1f}x the inputs ({mem_target})")
+        if "mem_factor" in target:
+            ok &= peak <= target["mem_factor"] * inputs_mb
+        if "peak_gib" in target:
+            ok &= peak <= target["peak_gib"] * 1024
+        if "wall" in target:
+            print(f"  ours {ours:.1f}s (target < {target['wall']} s)")
+            ok &= ours < target["wall"]
         if ms_runs:
-            ms_wall, ms_cpu = _median(ms_runs)
+            ms_wall, ms_cpu = _median([r[:2] for r in ms_runs])
             walls = ", ".join(f"{r[0]:.2f}" for r in ms_runs)
-            print(f"  msprobe {ms_wall:.2f}s (median of {len(ms_runs)}: {walls}); msprobe / ours = "
-                  f"{ms_wall / ours:.1f}  (target >= 20; CPU time: msprobe {ms_cpu:.2f}s / "
-                  f"ours {ours_cpu:.2f}s = {ms_cpu / ours_cpu:.1f})")
-            ok &= ms_wall / ours >= 20
+            want = f"target >= {target['ratio']}" if "ratio" in target else "no target"
+            print(f"  msprobe {ms_wall:.2f}s (median of {len(ms_runs)}: {walls}; peak memory "
+                  f"{max(r[2] for r in ms_runs):.0f} MB); msprobe / ours = {ms_wall / ours:.1f}  ({want}; "
+                  f"CPU time: msprobe {ms_cpu:.2f}s / ours {ours_cpu:.2f}s = {ms_cpu / ours_cpu:.1f})")
+            if "ratio" in target:
+                ok &= ms_wall / ours >= target["ratio"]
+        elif ms_stopped:
+            print(f"  msprobe {ms_stopped[3]} (peak memory {ms_stopped[2]:.0f} MB); ours {ours:.1f}s")
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -1,0 +1,206 @@
+"""Timing detectors: stragglers (a rank slower than its peers) and slow steps (the job slower
+than its own history). See :mod:`monitor.detectors` for the rules they share.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import numpy as np
+
+from monitor.noise_model import (ALPHA, LEVELS, Verdict, level_bins, persistent, quiet_nan_warnings,
+                                 row_median)
+from monitor.step_matrix import Alert, StepMatrix
+from monitor.step_series import JOB_SERIES, derive, traced_cells
+
+#: A straggler must cost: its own work at least this much above its peers' median on average
+#: over the window (each step's excess capped at 100%, so one hiccup is one slow step). Less is
+#: within what shared machines do to a healthy rank (a neighbour's bursts, a slower core) and
+#: not worth an alert at 10,000 ranks; the smallest straggler the issue names, 1.2x, costs 20%.
+#: (The lowest level, 1.1x, is where the evidence for such a rank is counted.)
+MIN_EXCESS = 0.15
+#: Levels the job's step time is tested at, as ratios to its own recent median: below 1.2x a
+#: job-wide change is within what load on shared machines does to a job from minute to minute.
+JOB_LEVELS = (1.2, 1.35, 1.5, 2.0, 3.0)
+#: The windows of the job-wide series (one series, not one per rank: fewer lengths suffice).
+JOB_WINDOWS = (5, 10, 20, 50)
+#: The job-wide baseline: the median of at most this many steps before the window judged...
+BASELINE = 50
+#: ...and of at least this many.
+MIN_BASELINE = 10
+
+
+# -- straggler ---------------------------------------------------------------------------------
+
+def stragglers(table: Any, steps: Iterable[int] | None = None, *,
+               job: str | None = None) -> list[Alert]:
+    """Ranks slower than their peers, persistently (module docstring, rules 1-4).
+
+    At each judged step a rank is tested on its own work (compute + data loading) against the
+    median of the other ranks; a rank not found so is tested on its whole step time, and is a
+    communication straggler when more than half of its excess is communication time. The
+    cause of an own-work straggler is the phase (compute or data loading) whose excess over
+    the peers' median is larger, over the steps where it stood out.
+    """
+    m = StepMatrix.of(table, job)
+    d = derive(m)
+    job = job if job is not None else m.job
+    if len(m.ranks) < 2:
+        return []
+    alpha = ALPHA / len(m.ranks)
+    alerts: list[Alert] = []
+    for row in m.rows_of(steps):
+        own = _costly(persistent(d["own_bins"], row, LEVELS, cum=d["own_cum"], alpha=alpha),
+                      d["x_own"], row)
+        by_step = {c: v for c, v in _costly(persistent(d["step_bins"], row, LEVELS,
+                                                       cum=d["step_cum"], alpha=alpha),
+                                            d["x_step"], row).items() if c not in own}
+        for col, v in sorted(own.items()):
+            cause, excess = _own_cause(m, col, v.hits)
+            alerts.append(_straggler_alert(m, job, row, col, v, cause, d["x_own"], excess))
+        for col, v in sorted(by_step.items()):
+            comm = _excess(m, "comm_time_ms", col, v.hits)
+            step = _excess(m, "step_time_ms", col, v.hits)
+            if comm is not None and step is not None and comm > 0.5 * step:
+                alerts.append(_straggler_alert(m, job, row, col, v, "communication", d["x_step"],
+                                               {"communication": comm, "step": step}))
+    return alerts
+
+
+def _costly(found: dict[int, Verdict], x: np.ndarray, row: int) -> dict[int, Verdict]:
+    """The verdicts whose rank cost the job at least :data:`MIN_EXCESS` over their window: the
+    mean excess over the peers' median, each step's capped at 100% (a lone 10x hiccup is one
+    slow step, not a slow rank)."""
+    out = {}
+    for col, v in found.items():
+        e = np.clip(np.expm1(x[v.first:row + 1, col]), -1.0, 1.0)
+        e = e[~np.isnan(e)]
+        if e.size and e.mean() >= MIN_EXCESS:
+            out[col] = v
+    return out
+
+
+def _excess(m: StepMatrix, name: str, col: int, rows: np.ndarray) -> float | None:
+    """Median over ``rows`` of the rank's ``name`` minus the other ranks' median (ms)."""
+    values = np.where(traced_cells(m)[rows], np.nan, m.col(name)[rows])
+    if rows.size == 0 or np.isnan(values[:, col]).all():
+        return None
+    d = values[:, col] - row_median(np.delete(values, col, axis=1))
+    d = d[~np.isnan(d)]
+    return float(np.median(d)) if d.size else None
+
+
+def _own_cause(m: StepMatrix, col: int, rows: np.ndarray) -> tuple[str, dict[str, float]]:
+    excess = {}
+    for cause, key in (("compute", "compute_time_ms"), ("data loading", "data_time_ms")):
+        e = _excess(m, key, col, rows)
+        if e is not None:
+            excess[cause] = e
+    return (max(excess, key=excess.get) if excess else "compute"), excess
+
+
+def _straggler_alert(m: StepMatrix, job: str | None, row: int, col: int, v: Verdict,
+                     cause: str, series: np.ndarray, excess: dict[str, float]) -> Alert:
+    rank, step = int(m.ranks[col]), int(m.steps[row])
+    ratio = float(np.exp(np.median(series[v.hits, col])))
+    what = "step time" if cause == "communication" else "own work (compute + data)"
+    return {
+        "kind": "straggler", "job": job, "rank": rank, "step": step,
+        "message": (f"rank {rank} is a straggler ({cause}): its {what} is {ratio:.2f}x its "
+                    f"peers' median, above {v.level:g}x in {v.k} of its last {v.n} steps; the "
+                    f"other ranks are above {v.level:g}x in {v.p:.1%} of theirs (chance "
+                    f"{v.chance:.0e})"),
+        "evidence": {"cause": cause, "ratio": ratio, "level": v.level, "k": v.k, "n": v.n,
+                     "noise_rate": v.p, "run_rate": v.p11, "chance": v.chance,
+                     "excess_ms": excess,
+                     "outlier_steps": [int(m.steps[i]) for i in v.hits],
+                     "ranks_at_step": int((~np.isnan(series[row])).sum())},
+    }
+
+
+# -- slow steps (job-wide) ---------------------------------------------------------------------
+
+def _nanmedian(v: np.ndarray) -> float:
+    v = v[~np.isnan(v)]
+    return float(np.median(v)) if v.size else math.nan
+
+
+def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
+               job: str | None = None) -> list[Alert]:
+    """The job's steps became persistently slower than its own recent history.
+
+    At each judged step and window ``n``, the baseline is the median over the :data:`BASELINE`
+    steps before the window. Four series are tested against their baseline (rules 3 and 4,
+    the noise being how often the baseline's own steps exceed it), each as the step time the
+    job would have if only it had changed: the step time itself (median over ranks), and its
+    phases: compute and data loading (medians over ranks) and transfers (the least
+    communication time of any rank). A phase tells more than the whole step: in a synchronous
+    job the step waits for the slowest rank's hiccups, so its own noise is high, while a slower
+    link shows in every step's transfers. When the step time grew mostly by waiting, a
+    straggler slowed the job: it has its own alert, and none is raised here. ``rank`` is None:
+    the whole job is slower.
+
+    >>> rows = [{"rank": r, "step": s, "step_time_ms": 100.0 * (2 if s >= 40 else 1) + s % 3,
+    ...          "compute_time_ms": 80.0 * (2 if s >= 40 else 1)} for s in range(50) for r in range(2)]
+    >>> [(a["step"], a["evidence"]["phase"]) for a in slow_steps(rows)][:1]
+    [(44, 'compute')]
+    """
+    m = StepMatrix.of(table, job)
+    js = derive(m)["job"]
+    job = job if job is not None else m.job
+    step = js[:, 0]
+    alerts: list[Alert] = []
+    for row in m.rows_of(steps):
+        if np.isnan(step[row]):
+            continue
+        best: tuple[Verdict, float, int, str] | None = None
+        names = ("step", "compute", "data loading", "communication")
+        for w in JOB_WINDOWS:
+            lo = row - w + 1
+            first = max(0, lo - BASELINE)
+            ref = _nanmedian(step[first:max(0, lo)])
+            if lo < 0 or (~np.isnan(step[first:lo])).sum() < MIN_BASELINE or not ref > 0:
+                continue
+            # each series as the step time the job would have if only it had changed
+            series = js[first:row + 1, :4].copy()
+            with quiet_nan_warnings():
+                base = np.nanmedian(series[:lo - first], axis=0)
+            series[:, 1:] = ref + (series[:, 1:] - base[None, 1:])
+            with np.errstate(all="ignore"):
+                bins = level_bins(np.log(np.maximum(series, 1e-12) / ref), JOB_LEVELS)
+            noise = bins.copy()
+            noise[-w:] = -1                              # the window is judged, not noise
+            for col, v in persistent(bins, len(bins) - 1, JOB_LEVELS, leave_out=False,
+                                     history=len(bins), noise=noise, windows=(w,)).items():
+                if best is None or v.chance < best[0].chance:
+                    v.hits = v.hits + first
+                    best = (v, ref, lo, names[col])
+        if best is None:
+            continue
+        v, ref, lo, series_name = best
+        window, before = slice(lo, row + 1), slice(max(0, lo - BASELINE), lo)
+        growth = {name: _nanmedian(js[window, i]) - _nanmedian(js[before, i])
+                  for i, name in enumerate(JOB_SERIES) if i}
+        waiting = growth.pop("comm_all") - growth["communication"]
+        growth = {k: g for k, g in growth.items() if not math.isnan(g)}
+        if series_name == "step" and not math.isnan(waiting) and growth \
+                and waiting > max(growth.values()):
+            continue                                     # a straggler's doing: see stragglers()
+        phase = (series_name if series_name != "step" else
+                 max(growth, key=growth.get) if growth else None)
+        now = _nanmedian(step[window])
+        alerts.append({
+            "kind": "slow_step", "job": job, "rank": None, "step": int(m.steps[row]),
+            "message": (f"the job's steps are slower: {now:.1f} ms, {now / ref:.2f}x its "
+                        f"median of {ref:.1f} ms before"
+                        + (f", {phase} {growth.get(phase, math.nan):+.1f} ms" if phase else "")
+                        + f"; above {v.level:g}x in {v.k} of the last {v.n} steps, chance "
+                        f"{v.chance:.0e} by its own noise"),
+            "evidence": {"step_time_ms": now, "median_ms": ref, "ratio": now / ref,
+                         "level": v.level, "k": v.k, "n": v.n, "noise_rate": v.p,
+                         "run_rate": v.p11, "chance": v.chance, "phase": phase,
+                         "series": series_name, "growth_ms": dict(growth, waiting=waiting),
+                         "slow_steps": [int(m.steps[i]) for i in v.hits]},
+        })
+    return alerts

@@ -48,13 +48,9 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import hashlib
 import json
 import os
-import platform
-import socket
 import sys
-import time
 from typing import Any, Iterator
 
 import torch
@@ -62,15 +58,13 @@ import torch
 from engine_adapter.callbacks import TrainCallback, TrainContext
 from engine_adapter.checksum import Checksummer, to_hex
 from engine_adapter.config_format import CONFIG_DIRNAME, FORMAT, VERSION, config_path
+from engine_adapter.run_facts import (determinism_flags, environment, packages, platform_info,
+                                      random_state, run_info)
 
 #: steps whose first batch is recorded
 BATCH_STEPS = 3
 #: at most this many tensors of one batch are recorded
 MAX_INPUTS = 32
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-REDACTED = "<redacted>"
-#: environment variables recorded under ``determinism`` instead of ``environment``
-DETERMINISM_ENV = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
 #: what of the bundled engine's ``TrainContext.extra`` shapes training (other keys are callbacks' notes)
 ENGINE_SETUP = ("faults", "compiled", "dtype")
 
@@ -90,11 +84,11 @@ class ConfigRecorder:
         self.step = 0
         self.data: dict[str, Any] = {
             "format": FORMAT, "version": VERSION,
-            "run": _run_info(self.out_dir, run),
-            "platform": _platform(),
-            "packages": _packages(),
-            "environment": _environment(self.out_dir),
-            "determinism": _determinism_flags(),
+            "run": run_info(self.out_dir, run),
+            "platform": platform_info(),
+            "packages": packages(),
+            "environment": environment(self.out_dir),
+            "determinism": determinism_flags(),
         }
         self._sums = Checksummer()
         self._late_handles: list[Any] = []      # removed at close() only (see watch_config)
@@ -135,7 +129,7 @@ class ConfigRecorder:
         """The random state now, the module tree, parameter and buffer checksums; with
         ``batches``, a pre-hook that records the inputs of the model's first forward per step."""
         self._place()
-        self.data["determinism"].update(_random_state())
+        self.data["determinism"].update(random_state())
         params = list(model.named_parameters())
         buffers = list(model.named_buffers())
         sums = to_hex([self._sums(t) for _, t in params + buffers])
@@ -340,94 +334,6 @@ class RunConfigCallback(TrainCallback):
     def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
         if self.recorder is not None:
             self.recorder.close()
-
-
-# --------------------------------------------------------------------------- the sections
-def _run_info(out_dir: str, run: str | None) -> dict[str, Any]:
-    return {"run": run or os.path.basename(out_dir), "out_dir": out_dir, "pid": os.getpid(),
-            "host": socket.gethostname(), "kernel": platform.release(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": list(sys.argv),
-            "cwd": os.getcwd(), "executable": sys.executable}
-
-
-def _platform() -> dict[str, Any]:
-    cuda = torch.cuda.is_available()
-    info: dict[str, Any] = {
-        "python": platform.python_version(), "implementation": platform.python_implementation(),
-        "system": platform.system(), "machine": platform.machine(),
-        "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    if cuda:
-        try:
-            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except (AttributeError, RuntimeError):
-            info["nccl"] = None
-    if torch.cuda.is_initialized():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
-def _packages() -> dict[str, str]:
-    import importlib.metadata
-    import re
-
-    found: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"] if dist.metadata else None
-        if name:
-            found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
-    return dict(sorted(found.items()))
-
-
-def _environment(out_dir: str) -> dict[str, str]:
-    env = {}
-    for name, value in sorted(os.environ.items()):
-        if name in DETERMINISM_ENV:
-            continue
-        if any(marker in name.upper() for marker in SECRET_MARKERS):
-            env[name] = REDACTED
-        else:
-            env[name] = value.replace(out_dir, "{OUT}") if out_dir else value
-    return env
-
-
-def _determinism_flags() -> dict[str, Any]:
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    flags: dict[str, Any] = {
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-        "cudnn_enabled": cudnn.enabled, "cudnn_benchmark": cudnn.benchmark,
-        "cudnn_deterministic": cudnn.deterministic, "cudnn_allow_tf32": cudnn.allow_tf32,
-        "matmul_allow_tf32": matmul.allow_tf32,
-        "matmul_fp16_reduced_precision": matmul.allow_fp16_reduced_precision_reduction,
-        "matmul_bf16_reduced_precision": matmul.allow_bf16_reduced_precision_reduction,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-    }
-    for name in DETERMINISM_ENV:
-        flags[name] = os.environ.get(name)
-    return flags
-
-
-def _random_state() -> dict[str, Any]:
-    import random
-
-    state: dict[str, Any] = {"torch_initial_seed": torch.initial_seed(),
-                             "torch_rng_state": _digest(bytes(torch.get_rng_state().tolist())),
-                             "python_rng_state": _digest(repr(random.getstate()).encode())}
-    if torch.cuda.is_initialized():
-        state["cuda_rng_states"] = [_digest(bytes(s.tolist())) for s in torch.cuda.get_rng_state_all()]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        kind, keys, pos, *rest = numpy.random.get_state()
-        state["numpy_rng_state"] = _digest(keys.tobytes() + repr((kind, pos, *rest)).encode())
-    return state
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def _describe(t: torch.Tensor, checksum: str | None) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from engine_adapter import checksum
 from engine_adapter.callbacks import TrainContext
 from engine_adapter.checksum import Checksummer, to_hex
 from engine_adapter.config_format import config_path
-from engine_adapter.run_config import REDACTED, RunConfigCallback, record_config, watch_config
+from engine_adapter.run_config import RunConfigCallback, record_config, watch_config
+from engine_adapter.run_facts import REDACTED
 
 
 def _hex(*tensors):

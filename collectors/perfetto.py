@@ -43,8 +43,27 @@ def to_trace_events(events: Iterable[Any], pid: int, thread_names: dict[int, str
 
     out: list[dict] = []
     stacks: dict[int, list[int]] = {}        # tid -> end_ns of open complete events
-    async_id = 0
+    async_ids = iter(range(1, 1 << 62))
     device_tids: dict[tuple[int, int], int] = {}     # (device, stream) -> track
+
+    def span(e: Any, tid: int, start_ns: int, end_ns: int, args: dict, same_thread: bool) -> None:
+        """One slice on track ``tid``: complete ("X") when it nests in the open ones and ends
+        on its own thread, else an async pair ("b"/"e")."""
+        stack = stacks.setdefault(tid, [])
+        while stack and stack[-1] <= start_ns:
+            stack.pop()
+        ts = start_ns / 1000.0
+        if same_thread and (not stack or end_ns <= stack[-1]):
+            stack.append(end_ns)
+            out.append({"name": e.name, "cat": e.domain, "ph": "X", "ts": ts,
+                        "dur": max(end_ns - start_ns, 0) / 1000.0, "pid": pid, "tid": tid, "args": args})
+            return
+        ident = f"{pid}.{next(async_ids)}"
+        out.append({"name": e.name, "cat": e.domain, "ph": "b", "id": ident, "ts": ts,
+                    "pid": pid, "tid": tid, "args": args})
+        out.append({"name": e.name, "cat": e.domain, "ph": "e", "id": ident,
+                    "ts": max(end_ns, start_ns) / 1000.0, "pid": pid, "tid": tid})
+
     for e in events:
         args = {"domain": e.domain}
         if e.step is not None:
@@ -52,48 +71,19 @@ def to_trace_events(events: Iterable[Any], pid: int, thread_names: dict[int, str
         if e.payload:
             args.update(e.payload)
         tid = tid_of(e.thread)
-        ts = e.start_ns / 1000.0
         if e.kind == "mark":
-            out.append({"name": e.name, "cat": e.domain, "ph": "i", "s": "t", "ts": ts,
+            out.append({"name": e.name, "cat": e.domain, "ph": "i", "s": "t", "ts": e.start_ns / 1000.0,
                         "pid": pid, "tid": tid, "args": args})
             continue
-        dur = max(e.end_ns - e.start_ns, 0) / 1000.0
-        stack = stacks.setdefault(tid, [])
-        while stack and stack[-1] <= e.start_ns:
-            stack.pop()
-        nests = not stack or e.end_ns <= stack[-1]
-        if e.end_thread == e.thread and nests:
-            stack.append(e.end_ns)
-            out.append({"name": e.name, "cat": e.domain, "ph": "X", "ts": ts, "dur": dur,
-                        "pid": pid, "tid": tid, "args": args})
-        else:
-            async_id += 1
-            ident = f"{pid}.{async_id}"
-            if e.end_thread != e.thread:
-                args["end_thread"] = thread_names.get(e.end_thread, str(e.end_thread))
-            out.append({"name": e.name, "cat": e.domain, "ph": "b", "id": ident, "ts": ts,
-                        "pid": pid, "tid": tid, "args": args})
-            out.append({"name": e.name, "cat": e.domain, "ph": "e", "id": ident,
-                        "ts": e.end_ns / 1000.0, "pid": pid, "tid": tid})
+        host_args = args
+        if e.end_thread != e.thread:
+            host_args = dict(args, end_thread=thread_names.get(e.end_thread, str(e.end_thread)))
+        span(e, tid, e.start_ns, e.end_ns, host_args, e.end_thread == e.thread)
         if e.device_start_ns is not None and e.device_end_ns is not None:
             payload = e.payload if isinstance(e.payload, dict) else {}
             key = (payload.get("device", 0), payload.get("stream", 0))
             dtid = device_tids.setdefault(key, DEVICE_TID_BASE + len(device_tids))
-            dstack = stacks.setdefault(dtid, [])
-            while dstack and dstack[-1] <= e.device_start_ns:
-                dstack.pop()
-            dts, ddur = e.device_start_ns / 1000.0, max(e.device_end_ns - e.device_start_ns, 0) / 1000.0
-            if not dstack or e.device_end_ns <= dstack[-1]:
-                dstack.append(e.device_end_ns)
-                out.append({"name": e.name, "cat": e.domain, "ph": "X", "ts": dts, "dur": ddur,
-                            "pid": pid, "tid": dtid, "args": args})
-            else:
-                async_id += 1
-                ident = f"{pid}.{async_id}"
-                out.append({"name": e.name, "cat": e.domain, "ph": "b", "id": ident, "ts": dts,
-                            "pid": pid, "tid": dtid, "args": args})
-                out.append({"name": e.name, "cat": e.domain, "ph": "e", "id": ident,
-                            "ts": dts + ddur, "pid": pid, "tid": dtid})
+            span(e, dtid, e.device_start_ns, e.device_end_ns, args, True)
     meta = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
              "args": {"name": process_name or f"rank {pid}"}},
             {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,

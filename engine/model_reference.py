@@ -45,7 +45,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(d, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
+        return self.o_proj(self.attend(x))
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention over this module's heads, before the output projection:
+        ``[batch, tokens, n_heads * head_dim]``."""
+        b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
@@ -54,8 +59,7 @@ class Attention(nn.Module):
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         mask = torch.full((t, t), float("-inf"), device=x.device, dtype=x.dtype).triu(1)
         probs = F.softmax(scores + mask, dim=-1)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, d)
-        return self.o_proj(out)
+        return torch.matmul(probs, v).transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
 
 
 class MLP(nn.Module):

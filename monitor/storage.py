@@ -328,24 +328,12 @@ class MonitorStore:
                             until_step=until_step)
 
     def alerts(self, job: str | None = None, since_id: int = 0, kind: str | None = None) -> pa.Table:
-        where, params = ["id > ?"], [since_id]
-        if job:
-            where.append("job = ?")
-            params.append(job)
-        if kind:
-            where.append("kind = ?")
-            params.append(kind)
-        return self._query(f"SELECT * FROM alerts WHERE {' AND '.join(where)} ORDER BY id", params)
+        where, params = _equal_to(["id > ?"], [since_id], job=job, kind=kind)
+        return self._query(f"SELECT * FROM alerts WHERE {where} ORDER BY id", params)
 
     def traces(self, job: str | None = None, trace_id: str | None = None) -> pa.Table:
-        where, params = ["true"], []
-        if job:
-            where.append("t.job = ?")
-            params.append(job)
-        if trace_id:
-            where.append("t.trace_id = ?")
-            params.append(trace_id)
-        return self._query(f"SELECT t.* FROM traces t WHERE {' AND '.join(where)} "
+        where, params = _equal_to(["true"], [], **{"t.job": job, "t.trace_id": trace_id})
+        return self._query(f"SELECT t.* FROM traces t WHERE {where} "
                            "ORDER BY t.trace_id, t.rank, t.filename", params)
 
     def trace_requests(self, job: str | None = None) -> pa.Table:
@@ -371,3 +359,12 @@ class MonitorStore:
         keys = ("job", "rank", "world_size", "host", "pid", "engine", "agent_id", "registrations",
                 "last_step", "points", "last_time_ns", "batches", "dropped", "finished_ns")
         return [dict(zip(keys, r)) for r in rows]
+
+
+def _equal_to(where: list[str], params: list[Any], **columns: Any) -> tuple[str, list[Any]]:
+    """``where`` and'ed with ``column = ?`` for each column given a value (None/empty: any)."""
+    for column, value in columns.items():
+        if value:
+            where.append(f"{column} = ?")
+            params.append(value)
+    return " AND ".join(where), params

@@ -196,17 +196,8 @@ class OverflowRecorder(DumpRecorder):
         return None
 
     # ----------------------------------------------------------------- APIs
-    def api_call(self, api: str, args: tuple, kwargs: dict) -> tuple[str, str] | None:
-        if not self.active or (self._filtered and not self.include(api)):
-            return None
-        try:
-            kind = "comm" if api.startswith("Distributed.") else "api"
-            name = self.tree.api_call(api, kind)
-            self.pending[name] = (args, kwargs)
-            return name, kind
-        except Exception as e:  # noqa: BLE001
-            self.report_error("an API pre-hook", e)
-            return None
+    def _api_started(self, name: str, kind: str, api: str, args: tuple, kwargs: dict) -> None:
+        self.pending[name] = (args, kwargs)
 
     def api_return(self, token: Any, output: Any) -> None:
         if token is None or not self.active:

@@ -229,11 +229,16 @@ class DumpRecorder:
         try:
             kind = "comm" if api.startswith("Distributed.") else "api"
             name = self.tree.api_call(api, kind)
-            self._open(name, kind, args, kwargs)
+            self._api_started(name, kind, api, args, kwargs)
             return name, kind
         except Exception as e:  # noqa: BLE001
             self.report_error("an API pre-hook", e)
             return None
+
+    def _api_started(self, name: str, kind: str, api: str, args: tuple, kwargs: dict) -> None:
+        """What is kept of an API call as it starts (a task's recorder keeps what it needs):
+        here its stack and its inputs recorded as they are now."""
+        self._open(name, kind, args, kwargs)
 
     def api_return(self, token: Any, output: Any) -> None:
         """The API call of ``token`` returned ``output``."""

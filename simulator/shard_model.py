@@ -29,7 +29,6 @@ Collectives are not run: each is reported to ``record(op, group, nbytes)``.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable
 
 import torch
@@ -37,8 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.model_reference import Block, RMSNorm
-from engine.rotary import apply_rotary, rotary_tables
+from engine.model_reference import Attention, Block, RMSNorm
 
 Record = Callable[[str, str, int], None]
 
@@ -71,6 +69,9 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 class ShardAttention(nn.Module):
+    #: the reference engine's attention over this rank's heads
+    attend = Attention.attend
+
     def __init__(self, cfg: ModelConfig, tp: int, record: Record) -> None:
         super().__init__()
         self.n_heads, self.head_dim, self.theta = cfg.n_heads // tp, cfg.head_dim, cfg.rope_theta
@@ -83,17 +84,7 @@ class ShardAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _CopyToTP.apply(x, self.record) if self.tp > 1 else x
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rotary_tables(t, self.head_dim, self.theta, x.device, x.dtype)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        mask = torch.full((t, t), float("-inf"), device=x.device, dtype=x.dtype).triu(1)
-        probs = F.softmax(scores + mask, dim=-1)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
-        out = self.o_proj(out)
+        out = self.o_proj(self.attend(x))
         return _ReduceFromTP.apply(out, self.record) if self.tp > 1 else out
 
 

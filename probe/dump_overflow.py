@@ -157,16 +157,8 @@ class OverflowRecorder(DumpRecorder):
         return None
 
     # ----------------------------------------------------------------- modules
-    def module_forward_pre(self, base: str, module_key: int, args: tuple, kwargs: dict) -> str | None:
-        if not self.active or (self._filtered and not self.include(base)):
-            return None
-        try:
-            name = self.tree.module_call(base, module_key)
-            self.pending[name] = (args, kwargs)
-            return name
-        except Exception as e:  # noqa: BLE001
-            self.report_error("a module forward pre-hook", e)
-            return None
+    def _module_started(self, name: str, args: tuple, kwargs: dict) -> None:
+        self.pending[name] = (args, kwargs)
 
     def module_forward(self, name: str, module_key: int, output: Any, params: Iterable[tuple[str, Any]]) -> None:
         if name is None or not self.active:

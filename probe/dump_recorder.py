@@ -153,11 +153,15 @@ class DumpRecorder:
             return None
         try:
             name = self.tree.module_call(base, module_key)
-            self._open(name, "module", args, kwargs)
+            self._module_started(name, args, kwargs)
             return name
         except Exception as e:  # noqa: BLE001
             self.report_error("a module forward pre-hook", e)
             return None
+
+    def _module_started(self, name: str, args: tuple, kwargs: dict) -> None:
+        """What is kept of a module call as it starts: its stack and its inputs as they are now."""
+        self._open(name, "module", args, kwargs)
 
     def module_forward(self, name: str, module_key: int, output: Any, params: Iterable[tuple[str, Any]]) -> None:
         """The module call ``name`` returned ``output``; ``params`` are its own parameters."""

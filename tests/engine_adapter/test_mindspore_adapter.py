@@ -4,9 +4,7 @@ through each give matching entries (skips when mindspore is absent)."""
 from __future__ import annotations
 
 import json
-import math
 
-import numpy as np
 import pytest
 
 ms = pytest.importorskip("mindspore")
@@ -14,126 +12,15 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.mindspore
 
-
-def _weights(seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    shapes = {"embed": (32, 16), "block.attn.q": (32, 32), "block.attn.k": (32, 32),
-              "block.attn.v": (32, 32), "block.attn.o": (32, 32), "block.mlp.fc1": (64, 32),
-              "block.mlp.fc2": (32, 64), "head": (8, 32)}
-    w = {}
-    for name, shape in shapes.items():
-        w[f"{name}.weight"] = rng.normal(0, 1 / math.sqrt(shape[1]), shape).astype(np.float32)
-        w[f"{name}.bias"] = rng.normal(0, 0.2, shape[0]).astype(np.float32)
-    for ln in ("block.ln1", "block.ln2"):
-        w[f"{ln}.weight"] = (1 + rng.normal(0, 0.1, 32)).astype(np.float32)
-        w[f"{ln}.bias"] = rng.normal(0, 0.1, 32).astype(np.float32)
-    return w
+from tests.msprobe_fixtures import mindspore_tinynet, tinynet_inputs, torch_tinynet  # noqa: E402
+from tests.probe.test_dump_construct_tree import assert_forest_mirroring_forward  # noqa: E402
 
 
-def _torch_net(w):
-    from torch import nn
-
-    class TinyAttention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q, self.k, self.v, self.o = (nn.Linear(32, 32) for _ in range(4))
-            self.softmax = nn.Softmax(dim=-1)
-
-        def forward(self, x):
-            q, k, v = self.q(x), self.k(x), self.v(x)
-            return self.o(self.softmax(q @ k.transpose(-1, -2) / math.sqrt(32)) @ v)
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1, self.act, self.fc2 = nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)
-
-        def forward(self, x):
-            return self.fc2(self.act(self.fc1(x)))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.attn, self.ln2, self.mlp = nn.LayerNorm(32), TinyAttention(), nn.LayerNorm(32), MLP()
-
-        def forward(self, x):
-            x = x + self.attn(self.ln1(x))
-            return x + self.mlp(self.ln2(x))
-
-    class TinyNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed, self.block, self.head = nn.Linear(16, 32), Block(), nn.Linear(32, 8)
-
-        def forward(self, x):
-            return self.head(self.block(self.embed(x)))
-
-    net = TinyNet()
-    net.load_state_dict({k: torch.from_numpy(v) for k, v in w.items()})
-    return net
-
-
-def _ms_net(w):
-    from mindspore import nn, ops
-
-    class TinyAttention(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.q, self.k, self.v, self.o = (nn.Dense(32, 32) for _ in range(4))
-            self.softmax = nn.Softmax(axis=-1)
-
-        def construct(self, x):
-            q, k, v = self.q(x), self.k(x), self.v(x)
-            return self.o(ops.matmul(self.softmax(ops.matmul(q, k.swapaxes(-1, -2)) / math.sqrt(32)), v))
-
-    class MLP(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.fc1, self.act, self.fc2 = nn.Dense(32, 64), nn.GELU(approximate=False), nn.Dense(64, 32)
-
-        def construct(self, x):
-            return self.fc2(self.act(self.fc1(x)))
-
-    class Block(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.ln1 = nn.LayerNorm((32,), begin_norm_axis=-1, begin_params_axis=-1, epsilon=1e-5)
-            self.attn = TinyAttention()
-            self.ln2 = nn.LayerNorm((32,), begin_norm_axis=-1, begin_params_axis=-1, epsilon=1e-5)
-            self.mlp = MLP()
-
-        def construct(self, x):
-            x = x + self.attn(self.ln1(x))
-            return x + self.mlp(self.ln2(x))
-
-    class TinyNet(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.embed, self.block, self.head = nn.Dense(16, 32), Block(), nn.Dense(32, 8)
-
-        def construct(self, x):
-            return self.head(self.block(self.embed(x)))
-
-    net = TinyNet()
-    renamed = {k.replace("ln1.weight", "ln1.gamma").replace("ln1.bias", "ln1.beta")
-                .replace("ln2.weight", "ln2.gamma").replace("ln2.bias", "ln2.beta"): v for k, v in w.items()}
-    params = dict(net.parameters_and_names())
-    assert set(params) == set(renamed)
-    for name, value in renamed.items():
-        params[name].set_data(ms.Tensor(value))
-    return net
-
-
-def _inputs():
-    rng = np.random.default_rng(1)
-    return rng.normal(size=(4, 6, 16)).astype(np.float32), rng.normal(size=(4, 6, 8)).astype(np.float32)
-
-
-def _dump_torch(out, w, level="module"):
+def _dump_torch(out, level="module"):
     from probe.session import DumpSession
 
-    net = _torch_net(w)
-    x, y = (torch.from_numpy(a) for a in _inputs())
+    net = torch_tinynet()
+    x, y = (torch.from_numpy(a) for a in tinynet_inputs())
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     with DumpSession(net, out=str(out), level=level, store=False, auto_step=False, quiet=True):
         loss = ((net(x) - y) ** 2).mean()
@@ -142,15 +29,15 @@ def _dump_torch(out, w, level="module"):
     return json.loads((out / "step0/rank0/dump.json").read_text())
 
 
-def _dump_ms(out, w, level="module"):
+def _dump_ms(out, level="module"):
     from mindspore import nn
 
     from probe.session import DumpSession
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.runtime.launch_blocking()
-    net = _ms_net(w)
-    x, y = (ms.Tensor(a) for a in _inputs())
+    net = mindspore_tinynet()
+    x, y = (ms.Tensor(a) for a in tinynet_inputs())
     opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
 
     def loss_fn(x, y):
@@ -179,9 +66,8 @@ def _leaves(value):
 
 
 def test_mindspore_and_pytorch_dumps_of_one_network_have_matching_entries(tmp_path):
-    w = _weights()
-    pt = _dump_torch(tmp_path / "pt", w)
-    md = _dump_ms(tmp_path / "ms", w)
+    pt = _dump_torch(tmp_path / "pt")
+    md = _dump_ms(tmp_path / "ms")
     assert md["framework"] == "mindspore" and md["level"] == "L0"
     mapped = {_to_torch_name(k): v for k, v in md["data"].items()}
     assert set(mapped) == set(pt["data"])
@@ -202,9 +88,8 @@ def test_mindspore_and_pytorch_dumps_of_one_network_have_matching_entries(tmp_pa
 
 
 def test_our_dumps_of_tinynet_have_the_keys_of_the_real_msprobe_dumps(tmp_path, msprobe_data):
-    w = _weights()
-    pt = _dump_torch(tmp_path / "pt", w)
-    md = _dump_ms(tmp_path / "ms", w)
+    pt = _dump_torch(tmp_path / "pt")
+    md = _dump_ms(tmp_path / "ms")
     real_pt = json.loads((msprobe_data / "torch_L0/step0/proc0/dump.json").read_text())
     real_ms = json.loads((msprobe_data / "mindspore_L0/step0/proc0/dump.json").read_text())
     assert set(pt["data"]) == set(real_pt["data"])
@@ -214,8 +99,19 @@ def test_our_dumps_of_tinynet_have_the_keys_of_the_real_msprobe_dumps(tmp_path, 
             assert list(ours["data"][name]) == list(entry) or set(ours["data"][name]) == set(entry), name
 
 
+
+@pytest.mark.parametrize("level", ["module", "mix"])
+def test_mindspore_dump_tree_is_a_forest_whose_backward_mirrors_forward(tmp_path, level):
+    """construct.json of a MindSpore dump: no parent cycle, and each backward cell sits under
+    the backward node of its forward call's parent, as in the PyTorch dump."""
+    _dump_ms(tmp_path / "ms", level=level)
+    construct = json.loads((tmp_path / "ms/step0/rank0/construct.json").read_text())
+    assert assert_forest_mirroring_forward(construct) >= 6
+    assert construct["Cell.block.mlp.fc1.Dense.backward.0"] == "Cell.block.mlp.MLP.backward.0"
+    assert construct["Cell.block.mlp.MLP.backward.0"] == "Cell.block.Block.backward.0"
+
 def test_mindspore_api_level_records_ops_and_tensor_calls(tmp_path):
-    md = _dump_ms(tmp_path / "ms", _weights(), level="mix")
+    md = _dump_ms(tmp_path / "ms", level="mix")
     keys = list(md["data"])
     assert "Cell.block.attn.q.Dense.forward.0" in keys
     assert any(k.startswith("Functional.matmul.") for k in keys)

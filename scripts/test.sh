@@ -36,8 +36,11 @@ if [ "${PROBE_SKIP_MSPROBE:-0}" != 1 ]; then
     || echo "mindstudio-probe could not be installed: the msprobe acceptance test will skip"
 fi
 
-stage "tests"
+stage "tests (the fast suite)"
 .venv/bin/python -m pytest -q "$@"
+
+stage "end-to-end tests (marked slow: real trainings, browsers on real runs, the README walk-through)"
+.venv/bin/python -m pytest -q -m slow "$@"
 
 if [ "${PROBE_SKIP_MINDSPORE:-0}" != 1 ]; then
   stage "mindspore tests (.venv-ms)"

@@ -54,11 +54,13 @@ def test_the_readme_and_every_help_page_show_examples():
 
 # the README's lines and the --help examples take 3 minutes on an idle 2-core machine; a loaded one
 # may take three times that
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_every_readme_command_line_runs(first_hour):
     assert first_hour.ran and not first_hour.failures(), "\n\n".join(first_hour.failures())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_every_help_example_runs(first_hour, msprobe_data):
     ws = first_hour

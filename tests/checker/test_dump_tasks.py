@@ -1,4 +1,5 @@
-"""``probe dump --task check`` (the check during the run) and ``--task overflow``."""
+"""``probe dump --task check`` (the check during the run) and ``--task overflow``; the runs are
+``probe`` in this process (:func:`tests.checker.conftest.probe_here`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 import probe
+from tests.checker.conftest import probe_here
 from tests.conftest import run_probe
 
 pytestmark = pytest.mark.slow
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def test_online_check_finds_the_planted_kernel_without_writing_a_tensor(tmp_path):
     out = tmp_path / "d"
-    r = run_probe("dump", "--level", "mix", "--task", "check", "--steps", "1", "--out", str(out),
+    r = probe_here("dump", "--level", "mix", "--task", "check", "--steps", "1", "--out", str(out),
                   "--fault", "perturb:Torch.matmul:1")
     assert r.returncode == 0, r.stderr
     rows = pq.read_table(out / "check" / "rank0" / "check_api.parquet").to_pylist()
@@ -41,7 +43,7 @@ def test_online_check_needs_api_calls_and_says_so_in_one_line(tmp_path):
 
 def test_overflow_stops_at_the_planted_nan_and_writes_its_inputs_stack_and_module_path(tmp_path):
     out = tmp_path / "o"
-    r = run_probe("dump", "--level", "mix", "--task", "overflow", "--steps", "0-2", "--out", str(out),
+    r = probe_here("dump", "--level", "mix", "--task", "overflow", "--steps", "0-2", "--out", str(out),
                   "--fault", "nan:layers.1.mlp:1")
     assert r.returncode == 0, r.stderr
     doc = json.loads((out / "dump_summary.json").read_text())
@@ -69,7 +71,7 @@ def test_overflow_stops_at_the_planted_nan_and_writes_its_inputs_stack_and_modul
 def test_a_run_without_overflow_writes_nothing_but_the_summary(tmp_path):
     # (store/ and config/ are the engine run's own step metrics and setup record, as in every run)
     out = tmp_path / "o"
-    r = run_probe("dump", "--level", "mix", "--task", "overflow", "--steps", "0-1", "--out", str(out))
+    r = probe_here("dump", "--level", "mix", "--task", "overflow", "--steps", "0-1", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in out.iterdir() if p.name not in ("store", "config", ".probe-outputs.json")) == \
         ["dump_summary.json", "overflow_rank0.json"]

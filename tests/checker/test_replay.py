@@ -93,3 +93,33 @@ def test_a_golden_that_is_not_here_is_one_line():
     if not torch.cuda.is_available():
         with pytest.raises(ProbeError, match="CUDA is not available"):
             golden("cuda-fp64")
+
+
+def _bf16_accumulated(terms: torch.Tensor) -> torch.Tensor:
+    """The sum over the last dimension as a kernel that accumulates in bfloat16 computes it."""
+    acc = torch.zeros(*terms.shape[:-1], 1, dtype=torch.bfloat16)
+    for i in range(terms.shape[-1]):
+        acc = acc + terms[..., i:i + 1]
+    return acc
+
+
+def test_bf16_softmax_and_norms_are_graded_as_bf16_reductions_and_flagged_when_they_accumulate_in_bf16():
+    # bfloat16 in, bfloat16 out (a model run in bf16 weights and activations): PyTorch's kernels
+    # accumulate in float32 and round once, within the bf16 standard; the same reductions
+    # accumulated in bfloat16 lose precision beyond it and are errors
+    x = _rand(4, 16, 688).bfloat16()
+    s = (_rand(4, 4, 64, 64, seed=1) * 3).bfloat16()
+    for api, args, kwargs in (("Functional.softmax", [s], {"dim": -1}), ("Tensor.mean", [x, -1], {"keepdim": True}),
+                              ("Functional.rms_norm", [x, [688]], {"eps": 1e-6})):
+        row = check_call(api, args, kwargs, [resolve(api)(*args, **kwargs)], CPU64)
+        assert row["verdict"] == "pass" and row["dtype"] == "torch.bfloat16", (api, row["reason"])
+        assert row["reason"].startswith("within the bfloat16 standard for a") and "-term reduction" in row["reason"]
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    naive = {"Functional.softmax": e / _bf16_accumulated(e),
+             "Tensor.mean": _bf16_accumulated(x) / 688,
+             "Functional.rms_norm": x * torch.rsqrt(_bf16_accumulated(x * x) / 688 + 1e-6)}
+    for api, args, kwargs in (("Functional.softmax", [s], {"dim": -1}), ("Tensor.mean", [x, -1], {"keepdim": True}),
+                              ("Functional.rms_norm", [x, [688]], {"eps": 1e-6})):
+        row = check_call(api, args, kwargs, [naive[api]], CPU64)
+        assert row["verdict"] in ("warning", "error"), (api, row["reason"])
+        assert "beyond the bfloat16 standard" in row["reason"] and "float32 accumulation" in row["reason"]

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from monitor.noise_model import (ALPHA, LEVELS, Verdict, level_bins, persistent, quiet_nan_warnings,
+from monitor.noise_model import (ALPHA, LEVELS, Verdict, level_bins, persistent,
                                  row_median)
 from monitor.step_matrix import Alert, StepMatrix
 from monitor.step_series import JOB_SERIES, derive, traced_cells
@@ -164,8 +164,7 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
                 continue
             # each series as the step time the job would have if only it had changed
             series = js[first:row + 1, :4].copy()
-            with quiet_nan_warnings():
-                base = np.nanmedian(series[:lo - first], axis=0)
+            base = row_median(series[:lo - first].T)
             series[:, 1:] = ref + (series[:, 1:] - base[None, 1:])
             with np.errstate(all="ignore"):
                 bins = level_bins(np.log(np.maximum(series, 1e-12) / ref), JOB_LEVELS)

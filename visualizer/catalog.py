@@ -9,7 +9,9 @@ result of other dumps: each is a :class:`ground.errors.ProbeError` whose one lin
 choose instead (the page shows it).
 
 An opened choice keeps its diff graph and the two side views (:class:`Opened`); the last few
-are kept, the one the dashboard started on always.
+are kept, the one the dashboard started on always. Each side's view marks the calls that the API
+precision check of its dump flagged (:mod:`visualizer.check_marks`): the result given for that
+run (``probe web --check``), else one found next to the dump (``RUN/check/``).
 
 >>> cat = Catalog(["/runs"])                                             # doctest: +SKIP
 >>> cat.runs()                                                           # doctest: +SKIP
@@ -31,6 +33,7 @@ from typing import Any, Iterable, Mapping
 from collectors.msprobe_layout import find_dump_files, step_rank
 from collectors.store import STORE_DIRNAME
 from ground.errors import ProbeError
+from visualizer.check_marks import CheckMarks
 from visualizer.diff import SIDES, DiffGraph
 from visualizer.view import SideView
 
@@ -85,11 +88,15 @@ class Opened:
     choice: Choice
     diff: DiffGraph
     views: dict[str, SideView] = field(default_factory=dict)
+    #: per side, the API precision check result given for its dump (else one next to it is
+    #: looked for: :func:`visualizer.check_marks.find_check`)
+    checks: Mapping[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.diff.refusal:
             for side in SIDES if self.diff.paired else ("a",):
-                self.views[side] = SideView(self.diff, side)
+                marks = CheckMarks.for_graph(self.diff.graph(side), self.checks.get(side))
+                self.views[side] = SideView(self.diff, side, marks)
 
 
 def run_folder(path: str | os.PathLike) -> Path:
@@ -106,9 +113,12 @@ def run_folder(path: str | os.PathLike) -> Path:
 class Catalog:
     """The runs and compare results under ``roots``, and the diffs opened from them."""
 
-    def __init__(self, roots: Iterable[str | os.PathLike], keep: int = 6) -> None:
+    def __init__(self, roots: Iterable[str | os.PathLike], keep: int = 6,
+                 checks: Mapping[str | os.PathLike, str | os.PathLike] | None = None) -> None:
         self.roots = list(dict.fromkeys(Path(r).resolve() for r in roots))
         self.keep = keep
+        #: run folder -> the API precision check result given for it (``probe web --check``)
+        self.checks = {str(run_folder(k)): str(v) for k, v in (checks or {}).items()}
         self._opened: OrderedDict[str, Opened] = OrderedDict()
         self._pinned: str | None = None
         self._lock = threading.Lock()
@@ -158,7 +168,7 @@ class Catalog:
 
     def add(self, choice: Choice, diff: DiffGraph) -> Opened:
         """Keep an already built diff as the choice's (the one the dashboard started on)."""
-        opened = Opened(choice, diff)
+        opened = Opened(choice, diff, checks=self._checks_of(diff))
         with self._lock:
             self._opened[choice.key] = opened
             self._pinned = self._pinned or choice.key
@@ -188,13 +198,22 @@ class Catalog:
                 raise ProbeError(f"{path}: holds no dump (no step<N>/rank<R>/dump.json, no store/); "
                                  "choose a run folder")
         diff = DiffGraph.from_dumps(a, b, cmp, step=choice.step, rank=choice.rank)
-        opened = Opened(choice, diff)
+        opened = Opened(choice, diff, checks=self._checks_of(diff))
         with self._lock:
             self._opened[choice.key] = opened
             while len(self._opened) > self.keep + 1:
                 oldest = next(k for k in self._opened if k != self._pinned)
                 del self._opened[oldest]
         return opened
+
+    def _checks_of(self, diff: DiffGraph) -> dict[str, str | None]:
+        """The check result given for each side's run folder (None: look next to the dump)."""
+        out: dict[str, str | None] = {}
+        for side in SIDES:
+            g = diff.graphs.get(side)
+            source = getattr(g, "source", None)
+            out[side] = self.checks.get(str(run_folder(source))) if source is not None else None
+        return out
 
     def rank_states(self, opened: Opened, side: str, name: str) -> list[dict[str, Any]]:
         """The node's verdict on every rank the two dumps of ``opened`` hold at its step, side by

@@ -1,5 +1,6 @@
 """What the detail panel shows of one node of a diff graph: both sides' statistics, the pair's
-compare metrics, its verdict with the reason, where its divergence comes from, and the stacks.
+compare metrics, its verdict with the reason, where its divergence comes from, and the stacks;
+and the API precision check's verdict of the call, or of the flagged calls inside it.
 
 >>> d = detail(DiffGraph.from_dumps("A", "B"), "a", "Module.layers.1.mlp.MLP.forward.0")  # doctest: +SKIP
 >>> d.state, d.match_method                                                               # doctest: +SKIP
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from visualizer import bands as B
+from visualizer.check_marks import CheckMarks
 from visualizer.diff import DiffGraph
 from visualizer.graph import TensorStat
 
@@ -34,16 +36,27 @@ class Detail:
     stack_a: list[str] = field(default_factory=list)
     stack_b: list[str] = field(default_factory=list)
     nonfinite: bool = False
+    #: the API precision check's row of this call when it flagged it (:mod:`visualizer.check_marks`)
+    check: dict[str, Any] | None = None
+    #: the flagged calls inside this node, worst first: (name, label, verdict, reason)
+    check_inside: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
-def detail(diff: DiffGraph, side: str, name: str) -> Detail:
-    """Both sides' statistics, the pair's metrics, verdict with reason, and the stacks."""
+def detail(diff: DiffGraph, side: str, name: str, checks: CheckMarks | None = None) -> Detail:
+    """Both sides' statistics, the pair's metrics, verdict with reason, and the stacks; with
+    ``checks`` (the side's check marks), the check's verdict of the call or of the calls inside."""
     twin = diff.counterpart(side, name)
     na, nb = (name, twin) if side == "a" else (twin, name)
     p = diff.pair(side, name)
     state = diff.state(side, name)
     impact, source = diff.impact(side, name)
     ga, gb = diff.graphs["a"], diff.graphs["b"]
+    check, inside = None, []
+    if checks:
+        g = diff.graph(side)
+        check = checks.row(name)
+        inside = [(c, g.nodes[c].label, checks.row(c)["verdict"], checks.row(c).get("reason") or "")
+                  for c in checks.inside(g, name)]
     return Detail(
         node_a=na, node_b=nb, state=state, score=diff.score(side, name),
         match_method=p.match_method if p else "",
@@ -55,4 +68,5 @@ def detail(diff: DiffGraph, side: str, name: str) -> Detail:
         stack_a=ga.stack(na) if na and ga is not None else [],
         stack_b=gb.stack(nb) if nb and gb is not None else [],
         nonfinite=bool((na and ga is not None and ga.nonfinite(na))
-                       or (nb and gb is not None and gb.nonfinite(nb))))
+                       or (nb and gb is not None and gb.nonfinite(nb))),
+        check=check, check_inside=inside)

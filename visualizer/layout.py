@@ -26,7 +26,7 @@ Box(x=0.0, y=0.0, w=190.0, h=28.0)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection
+from typing import Callable, Collection
 
 from visualizer.graph import Graph
 
@@ -55,8 +55,10 @@ class Box:
 class Layout:
     """The layered layout of one graph (see the module docstring)."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, label: Callable[[str], str] | None = None) -> None:
         self.graph = graph
+        #: the text drawn in a node's box (its width follows it): the node's label by default
+        self.label = label or (lambda name: graph.nodes[name].label)
         self._sibling_edges: dict[str | None, set[tuple[str, str]]] | None = None
         self._rows: dict[str | None, list[list[str]]] = {}
         self._arranged: dict[tuple, tuple[list[tuple[float, float]], float, float]] = {}
@@ -66,7 +68,7 @@ class Layout:
         """Width and height of the node drawn collapsed (its label decides the width)."""
         got = self._leaf.get(name)
         if got is None:
-            label = self.graph.nodes[name].label
+            label = self.label(name)
             got = self._leaf[name] = (min(MAX_W, max(MIN_W, len(label) * CHAR_W + 20.0)), NODE_H)
         return got
 

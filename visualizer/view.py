@@ -5,7 +5,9 @@ node. Each is one *entry*, the same for the tree (a row) and the graph (a box):
 
 ``n`` name · ``p`` parent (None at the top) · ``l`` label · ``g`` kind · ``c`` classes (the
 fill: the node's own verdict, ``band-<state>``; marks: ``origin``, ``affected``, ``proxy``,
-``nan``, ``nomatch`` when a paired diff has no counterpart for it) · ``k`` has children · ``o``
+``nan``, ``nomatch`` when a paired diff has no counterpart for it; ``check-<verdict>`` on a call
+the API precision check flagged, ``check-in`` on a node holding some, whose label then ends in a
+badge: :mod:`visualizer.check_marks`) · ``k`` has children · ``o``
 open · ``h`` the worst state hidden inside a collapsed node · ``t`` its counterpart on the other
 side · ``a``/``an`` label and name of the node an affected one comes from · ``x``, ``y``,
 ``w``, ``hh`` its box (:mod:`visualizer.layout`, relative to its parent).
@@ -32,6 +34,7 @@ from __future__ import annotations
 from typing import Any, Collection
 
 from visualizer import bands as B
+from visualizer.check_marks import CheckMarks
 from visualizer.diff import DiffGraph
 from visualizer.layout import Box, Layout
 
@@ -41,11 +44,13 @@ HINTS = (B.NAN, B.ERROR, B.WARNING)
 class SideView:
     """The entries, edges and deltas of one side of a diff graph (see the module docstring)."""
 
-    def __init__(self, diff: DiffGraph, side: str) -> None:
+    def __init__(self, diff: DiffGraph, side: str, checks: CheckMarks | None = None) -> None:
         self.diff = diff
         self.side = side
         self.graph = diff.graph(side)
-        self.layout = Layout(self.graph)
+        #: the API precision check's flagged calls of this side's dump (:mod:`visualizer.check_marks`)
+        self.checks = checks
+        self.layout = Layout(self.graph, (lambda n: checks.label(self.graph, n)) if checks else None)
         self._incident: dict[str, list[int]] | None = None
 
     # -- which nodes show -----------------------------------------------------------------
@@ -80,6 +85,8 @@ class SideView:
             cls += " nan"
         if d.paired and d.counterpart(side, name) is None:
             cls += " nomatch"
+        if self.checks:
+            cls += self.checks.classes(self.graph, name)
         return cls
 
     def entry(self, name: str, expanded: Collection[str], box: Box) -> dict[str, Any]:
@@ -88,7 +95,8 @@ class SideView:
         node = g.nodes[name]
         has_kids = g.has_children(name)
         open_ = has_kids and name in expanded
-        out = {"n": name, "p": node.parent, "l": node.label, "g": node.kind, "c": self.classes(name),
+        label = self.checks.label(g, name) if self.checks else node.label
+        out = {"n": name, "p": node.parent, "l": label, "g": node.kind, "c": self.classes(name),
                "k": int(has_kids), "o": int(open_), "h": self.hint(name, open_), "t": d.counterpart(self.side, name),
                "x": round(box.x, 1), "y": round(box.y, 1), "w": round(box.w, 1), "hh": round(box.h, 1)}
         _, source = d.impact(self.side, name)

@@ -37,7 +37,7 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
                store_dirs: tuple[str | os.PathLike, ...] | list = (),
                trace_file: str | os.PathLike | None = None, *, job: str | None = None,
                refresh_ms: int = 2000, monitor_token: str | None = None,
-               diff: DiffGraph | None = None) -> Dash:
+               diff: DiffGraph | None = None, check_dirs: tuple[str | os.PathLike, ...] | list = ()) -> Dash:
     """Build the dashboard.
 
     ``dump_a``/``dump_b``: msprobe-format dumps (two: a diff; one: a single graph);
@@ -46,7 +46,8 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
     ``store_dirs``: run directories whose record store the live, timeline and query pages read;
     ``trace_file``: a merged Chrome/Perfetto trace JSON for the timeline; ``job``: the job the
     live page follows (default: the latest the monitor knows); ``diff``: a diff graph already
-    built (instead of the dumps).
+    built (instead of the dumps); ``check_dirs``: ``probe check-api --out`` folders of dump A
+    (and B), whose flagged calls the graph marks (else a ``check/`` folder next to a dump is used).
     """
     if dump_a is None and dump_b is not None:
         dump_a, dump_b = dump_b, None
@@ -69,7 +70,7 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
                     for path, title in PAGES], className="topnav"),
         html.Div(id="page"),
     ])
-    graph = graph_diff.GraphDiffPage(diff, dump_a, dump_b, compare_dir)
+    graph = graph_diff.GraphDiffPage(diff, dump_a, dump_b, compare_dir, check_dirs)
     pages = {
         "/": graph.layout,
         "/live": lambda: live.layout(source, refresh_ms),

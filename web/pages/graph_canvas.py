@@ -5,7 +5,9 @@ The canvas starts empty: ``web/assets/graph.js`` hands it the boxes in view from
 model (``web/assets/view_model.js``), laid out by :mod:`visualizer.layout`, so no cytoscape layout
 runs in the page (``preset``). A box's fill is the node's own verdict
 (:data:`visualizer.bands.COLOURS`, the colours of the tree and the legend); its outline says the
-rest: origin (thick), affected (dashed), NaN/Inf (purple), no counterpart (dotted, faded), the
+rest: origin (thick), affected (dashed), NaN/Inf (purple), no counterpart (dotted, faded), a call
+the API precision check flagged (double, red for error, amber for warning; its label starts with
+``✗ <verdict>``) and a node holding such calls (red, label ``✗N``), the
 selection (blue), the path from the top (blue glow) and the chain of data flow between the first
 divergence and the first NaN (orange glow).
 """
@@ -58,6 +60,13 @@ def stylesheet() -> list[dict]:
                                               "underlay-padding": 6}},
         {"selector": "node.box.onpath, node.box.chain", "style": {"underlay-opacity": 0, "border-color": "#2563eb",
                                                                   "border-width": 2}},
+        {"selector": "node.check-in", "style": {"border-color": B.COLOURS[B.ERROR], "border-width": 2}},
+        {"selector": "node.check-warning", "style": {"border-color": "#e09f00", "border-width": 4,
+                                                     "border-style": "double"}},
+        {"selector": "node.check-error", "style": {"border-color": "#c1121f", "border-width": 5,
+                                                   "border-style": "double"}},
+        {"selector": "node.check-nan", "style": {"border-color": B.COLOURS[B.NAN], "border-width": 5,
+                                                 "border-style": "double"}},
         {"selector": "node.sel", "style": {"border-color": "#2563eb", "border-width": 4, "border-style": "solid"}},
         {"selector": "edge.chain", "style": {"line-color": "#f97316", "target-arrow-color": "#f97316", "width": 3}},
         {"selector": "edge.followed", "style": {"line-color": "#2563eb", "target-arrow-color": "#2563eb",

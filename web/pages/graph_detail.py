@@ -1,5 +1,6 @@
 """The detail panel of the graph-diff page: what :mod:`visualizer.detail` says of the selected
-node, as tables and links, and the node's verdict on every rank side by side
+node, as tables and links (with the API precision check's verdict of a flagged call, or the list
+of flagged calls inside a module), and the node's verdict on every rank side by side
 (:meth:`visualizer.catalog.Catalog.rank_states`). It renders only; the numbers come from
 :mod:`visualizer`.
 """
@@ -11,6 +12,7 @@ from typing import Any
 from dash import html
 
 from visualizer import bands as B
+from visualizer.check_marks import CheckMarks
 from visualizer.detail import Detail, detail
 from visualizer.diff import DiffGraph
 
@@ -75,11 +77,42 @@ def _metrics_table(rows: list[dict]) -> list:
     return [table, html.Ul(reasons, className="reasons")] if reasons else [table]
 
 
-def render_detail(diff: DiffGraph, side: str, name: str, ranks: bool = False) -> list:
+#: the check row's measures shown in the detail panel, in this order
+CHECK_COLUMNS = ("dtype", "shape", "k", "max_ulp", "rel_err", "cosine", "balance", "budget_max", "budget_mean",
+                 "over")
+
+
+def _check_section(d: Detail, side: str) -> list:
+    """What the API precision check said of the call (its verdict, reason and measures), or of
+    the flagged calls inside the node (each a link that selects it)."""
+    if d.check:
+        r = d.check
+        cols = [c for c in CHECK_COLUMNS if r.get(c) is not None]
+        return [html.H4("API precision check"),
+                html.Div([html.Span(f"✗ {r['verdict']}", className=f"chip band-{r['verdict']}", id="g-detail-check"),
+                          html.Span(f"{r.get('op') or ''} · graded against {r.get('golden') or 'a float64 golden'}")],
+                         className="verdict"),
+                html.P(r.get("reason") or "", className="reason check-reason"),
+                html.Table([html.Thead(html.Tr([html.Th(c) for c in cols])),
+                            html.Tbody(html.Tr([html.Td(_fmt(r[c])) for c in cols]))], className="stats")]
+    if d.check_inside:
+        items = [html.Li([html.Span(f"✗ {verdict}", className=f"chip band-{verdict}"), " ",
+                          html.Span(label, className="flow-link", title=n,
+                                    **{"data-act": "select", "data-side": side, "data-node": n}),
+                          html.Span(f": {reason}", className="check-reason")])
+                 for n, label, verdict, reason in d.check_inside]
+        return [html.H4(f"API precision check: {len(items)} flagged call(s) inside"),
+                html.Ul(items, className="reasons", id="g-detail-check-inside")]
+    return []
+
+
+def render_detail(diff: DiffGraph, side: str, name: str, ranks: bool = False,
+                  checks: CheckMarks | None = None) -> list:
     """The detail panel of a node: names, own verdict and marks, where its divergence comes from,
-    data flow (each link selects the node it names), statistics, compare metrics, stacks; with
-    ``ranks``, a button that lays the node's verdict on every rank side by side."""
-    d = detail(diff, side, name)
+    the API precision check's verdict (``checks``: the side's marks), data flow (each link
+    selects the node it names), statistics, compare metrics, stacks; with ``ranks``, a button
+    that lays the node's verdict on every rank side by side."""
+    d = detail(diff, side, name, checks)
     head = [html.Div([html.B("A: "), d.node_a or "—"]), ]
     if diff.paired:
         head.append(html.Div([html.B("B: "), d.node_b or "—"]))
@@ -118,6 +151,7 @@ def render_detail(diff: DiffGraph, side: str, name: str, ranks: bool = False) ->
     if ranks and diff.paired:
         out += [html.Button("Verdict on every rank", id="g-ranks", n_clicks=0),
                 html.Div(id="g-ranks-table", className="ranks")]
+    out += _check_section(d, side)
     out += [html.H4("Data flow (fed by → this → feeds)"), *flow, html.H4("Statistics"), _stats_table(d)]
     metrics = _metrics_table(d.metrics)
     if metrics:

@@ -6,9 +6,11 @@ or Enter) draws its children inside it, laid out in layers along the data flow
 its counterpart on the other; a node with no counterpart is dotted. A node's fill is its own
 verdict (the compare's node verdict: pass, warning, error, nan, unmatched); the marks say whether
 its divergence starts there (◆ origin) or comes from an earlier node (↳ affected), whether it
-holds NaN/Inf, and what a closed box hides. "Path to first divergence" and "Path to first NaN"
-select those nodes, open the way down to them and light the path from the top and the chain of
-data flow from the divergence to the NaN. A tap on an edge follows it to its consumer. ↑/↓ walk
+holds NaN/Inf, and what a closed box hides; with an API precision check result of a dump
+(``probe check-api``, given with ``probe web --check DIR`` or found in ``RUN/check/``), the calls
+it flagged wear a double outline and a ``✗ <verdict>`` badge, the modules holding them ``✗N``.
+"Path to first divergence" and "Path to first NaN" select those nodes, open the way down to
+them and light the path from the top and the chain of data flow from the divergence to the NaN. A tap on an edge follows it to its consumer. ↑/↓ walk
 the nodes, ←/→ close and open. The selection and the dumps shown are kept in the URL.
 
 The page holds what it shows (``web/assets/view_model.js``): the server sends only what changes
@@ -51,6 +53,7 @@ def legend() -> html.Div:
              ("proxy", "hatched: no counterpart of its own, its ancestor's verdict"),
              ("nomatch", "dotted: nothing faces it on the other side"),
              ("hint", "● glow: what a closed box hides"),
+             ("check", "✗ double outline: a call probe check-api flagged (✗N: N inside)"),
              ("onpath", "blue: path from the top"), ("chain", "orange: data flow divergence → NaN")]
     return html.Div([html.Span("fill = own verdict:", className="legend-head")]
                     + [html.Span(text, className=f"chip band-{b}") for b, text in fills]
@@ -62,9 +65,10 @@ class GraphDiffPage:
     """The page for the diff the dashboard was started on, and those opened from it."""
 
     def __init__(self, diff: DiffGraph | None, dump_a: str | os.PathLike | None = None,
-                 dump_b: str | os.PathLike | None = None, compare_dir: str | os.PathLike | None = None) -> None:
+                 dump_b: str | os.PathLike | None = None, compare_dir: str | os.PathLike | None = None,
+                 check_dirs: tuple[str | os.PathLike, ...] | list = ()) -> None:
         given = [p for p in (dump_a, dump_b, compare_dir) if p is not None]
-        self.catalog = Catalog(run_folder(p).parent for p in given)
+        self.catalog = Catalog((run_folder(p).parent for p in given), checks=_checks_given(diff, check_dirs))
         self.first: Opened | None = None
         if diff is not None:
             folder = (lambda p: str(run_folder(p)) if p is not None else None)
@@ -285,7 +289,9 @@ class GraphDiffPage:
             if not sel or opened is None:
                 return html.P("Select a node to see its statistics.", className="empty"), key
             both = bool(opened.choice.a and opened.choice.b)
-            return graph_detail.render_detail(opened.diff, *sel, ranks=both), key
+            view = opened.views.get(sel[0])
+            return graph_detail.render_detail(opened.diff, *sel, ranks=both,
+                                              checks=view.checks if view else None), key
 
         @app.callback(Output("g-ranks-table", "children"), Input("g-ranks", "n_clicks"),
                       State("g-state", "data"), prevent_initial_call=True)
@@ -327,6 +333,8 @@ class GraphDiffPage:
                 parts.append(f"first divergence: {first[1] if first else 'none'}")
             nan = first_nan(diff)
             parts.append(f"first NaN: {nan[1] if nan else 'none'}")
+            parts += [f"{SIDE_TITLE[s]}: {len(v.checks)} call(s) flagged by the API precision check"
+                      for s, v in opened.views.items() if v.checks is not None]
             return (" · ".join(parts + diff.summary.get("notes", [])), self._title(opened, "a"),
                     self._title(opened, "b"), self._pane_style(opened, "b"), not diff.paired)
 
@@ -351,6 +359,23 @@ class GraphDiffPage:
             exp[side].add(name)
             if twin:
                 exp[other] |= set(diff.graph(other).ancestors(twin)) | {twin}
+
+
+def _checks_given(diff: DiffGraph | None, check_dirs: tuple | list) -> dict:
+    """The API precision check results given (``probe web --check``): the first for dump A,
+    the second for dump B."""
+    if not check_dirs:
+        return {}
+    if diff is None or diff.refusal:
+        raise ProbeError("--check marks a dump's failing calls: give the dump too (--dump A [B])")
+    if len(check_dirs) > (2 if diff.paired else 1):
+        raise ProbeError(f"{check_dirs[-1]}: one --check per dump (the first for A, the second for B)")
+    out = {}
+    for side, folder in zip(("a", "b"), check_dirs):
+        source = diff.graph(side).source
+        if source is not None:
+            out[str(run_folder(source))] = str(folder)
+    return out
 
 
 def _warm(opened: Opened) -> None:

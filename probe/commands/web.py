@@ -18,6 +18,9 @@ from ground.errors import ProbeError
                    "for a diff.")
 @click.argument("more_dumps", nargs=-1, type=click.Path())
 @click.option("--compare", "compare_dir", type=click.Path(), help="A `probe compare --out` directory.")
+@click.option("--check", "check_dirs", multiple=True, type=click.Path(), metavar="DIR",
+              help="A `probe check-api --out` directory: the graph marks the calls it flagged. Give it "
+                   "once per dump (A, then B); default: DUMP/check when there is one.")
 @click.option("--monitor", "monitor_addr", metavar="HOST:PORT", help="The `probe monitor serve` address.")
 @click.option("--monitor-token", envvar="PROBE_MONITOR_TOKEN",
               help="The monitor's token (or PROBE_MONITOR_TOKEN).")
@@ -35,7 +38,8 @@ from ground.errors import ProbeError
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="PEM certificate: serve HTTPS.")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM private key of --tls-cert.")
 def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: str | None,
-            monitor_addr: str | None, monitor_token: str | None, job: str | None, stores: tuple[str, ...],
+            check_dirs: tuple[str, ...], monitor_addr: str | None, monitor_token: str | None, job: str | None,
+            stores: tuple[str, ...],
             trace_file: str | None, host: str, port: int, token: str | None,
             allow_hosts: tuple[str, ...], tls_cert: str | None, tls_key: str | None) -> int:
     """Serve the dashboard at http://HOST:PORT/.
@@ -45,6 +49,8 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
         probe web --dump runs/demo/dump-reference runs/demo/dump-fused --compare runs/demo/compare
 
         probe web --compare runs/demo/compare          (opens the dumps the result names)
+
+        probe web --dump runs/d --check runs/d/check   (marks the calls probe check-api flagged)
 
         probe web --store runs/demo/demo-train --trace runs/demo/profile/trace.json
 
@@ -59,6 +65,6 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
 
     app = create_app(dump_a=paths[0] if paths else None, dump_b=paths[1] if len(paths) > 1 else None,
                      compare_dir=compare_dir, monitor_addr=monitor_addr, store_dirs=stores,
-                     trace_file=trace_file, job=job, monitor_token=monitor_token)
+                     trace_file=trace_file, job=job, monitor_token=monitor_token, check_dirs=check_dirs)
     serve(app, host, port, token=token, allow_hosts=allow_hosts, tls_cert=tls_cert, tls_key=tls_key)
     return 0

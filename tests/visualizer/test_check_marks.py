@@ -106,3 +106,17 @@ def test_only_flagged_rows_of_the_dumps_step_and_rank_mark():
             {"step": 0, "rank": 0, "name": "Torch.exp.4.forward", "verdict": "skipped"}]
     marks = CheckMarks(rows, step=0, rank=0)
     assert list(marks.rows) == ["Torch.exp.3.forward"] and len(CheckMarks(rows)) == 3
+
+
+def test_probe_web_check_refuses_in_one_line_what_it_cannot_mark(run, tmp_path, monkeypatch):
+    import web.app
+    from tests.checker.conftest import probe_here
+
+    monkeypatch.setattr(web.app, "serve", lambda *a, **k: pytest.fail("served despite a bad --check"))
+    for args, needle in ((("--dump", str(run), "--check", str(tmp_path)), "no check_api.parquet"),
+                         (("--check", str(run / "check")), "give the dump too"),
+                         (("--dump", str(run), "--check", str(run / "check"), "--check", str(run / "check")),
+                          "one --check per dump")):
+        r = probe_here("web", "--port", "0", *args)
+        assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -1,10 +1,27 @@
-"""OpenTelemetry sink: profiler events as spans, exported by an exporter the user configures.
+"""OpenTelemetry sink: profiler events as spans, streamed to an exporter while the run goes.
 
-Ranges become spans (parent = the range that encloses them on the same thread), marks become
-zero-length spans, timestamps are Unix-epoch ns. A range is finished after the ranges inside it,
-so the sink keeps a session's events and builds the span tree when the session closes (a
-session records a bounded number of steps). Attributes: ``probe.domain``, ``probe.kind``,
-``probe.rank``, ``probe.step`` and the event payload (``probe.op``, ``probe.bytes``, ...).
+Each batch of finished events the session drains (every ~50 ms) becomes spans at once and goes
+to a ``BatchSpanProcessor`` (its own background thread), so a collector sees a step's spans a
+few seconds after the step, not when the session closes. Any ``SpanExporter`` works: OTLP
+(:mod:`collectors.otlp`), console, in-memory.
+
+Nesting: a span's parent is the innermost range that encloses it on the same thread; an event
+with none there hangs under the ``step`` span of its step (domain ``step``: the bundled
+engine's ``step N`` ranges, a script's optimizer steps); else it is the root of a trace of its
+own. A range ends after the ranges inside it, so when a child is exported its parent is often
+still open: the session tells the sink which ranges are open now (``meta.open_ranges()``, a
+list of events whose ``end_ns`` is -1), the sink gives such a parent its trace and span ids
+then, and uses them when it ends. A range still open when the session closes is exported with
+the end of the last event seen and ``probe.unclosed`` set, so no child points at a span that
+never comes. Every recorded event is exported (sampling would cut traces apart: select steps
+with the session instead); nothing is dropped: when the processor's queue would overflow, the
+sink waits for an export (on the drain thread, never the hot path).
+
+Resource: ``service.name`` (``OTEL_SERVICE_NAME``, else ``probe``; ``OTEL_RESOURCE_ATTRIBUTES``
+are merged), ``probe.run``, ``probe.job`` (the same name), ``probe.rank``,
+``probe.world_size``. Span attributes: ``probe.domain``, ``probe.kind``, ``probe.rank``,
+``probe.step``, ``thread.id``, ``thread.name`` and the event payload (``probe.op``,
+``probe.bytes``, ...). Timestamps are Unix-epoch ns.
 
 >>> from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 >>> from types import SimpleNamespace as E
@@ -20,76 +37,279 @@ session records a bounded number of steps). Attributes: ``probe.domain``, ``prob
 
 from __future__ import annotations
 
+import os
+import random
+import threading
+from collections import OrderedDict
 from typing import Any, Sequence
+
+#: Spans waiting in the batch processor at most (``OTEL_BSP_MAX_QUEUE_SIZE`` overrides it).
+DEFAULT_QUEUE = 16384
+#: Step spans remembered as parents of events that arrive after their step was exported.
+STEPS_KEPT = 256
+_INF = float("inf")
+
+
+#: What ``otel=`` (``--otel``) may name.
+EXPORTERS = ("console", "otlp")
+
+
+def span_exporter_from(otel: Any) -> Any:
+    """The span exporter an ``otel`` option names: ``"otlp"`` (the OTLP exporter the
+    ``OTEL_EXPORTER_OTLP_*`` variables configure, :mod:`collectors.otlp`), ``"console"``
+    (print spans); an exporter object passes through; None (or False) stays None.
+
+    >>> span_exporter_from(None) is None, type(span_exporter_from("console")).__name__
+    (True, 'ConsoleSpanExporter')
+    """
+    if otel is None or otel is False:
+        return None
+    if otel == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if otel == "otlp":
+        from collectors import otlp
+
+        exporter = otlp.span_exporter()
+        exporter.probe_endpoint = f"{otlp.endpoint('traces')} ({otlp.protocol('traces')})"
+        return exporter
+    if isinstance(otel, str):
+        from ground.errors import ProbeError
+
+        raise ProbeError(f"--otel {otel!r}: use {' or '.join(EXPORTERS)} "
+                         "(or pass an exporter object in Python)")
+    return otel
+
+
+class _Item:
+    """One event in the parent search: finished (``open`` False) or still open."""
+
+    __slots__ = ("ev", "start", "end", "open", "thread", "key", "can_parent", "parent", "ids",
+                 "parent_ids")
+
+    def __init__(self, ev: Any, is_open: bool) -> None:
+        self.ev = ev
+        self.open = is_open
+        self.start = ev.start_ns
+        self.end = _INF if is_open else ev.end_ns
+        self.thread = ev.thread
+        self.key = (ev.thread, ev.domain, ev.start_ns)
+        self.can_parent = ev.kind != "mark" and (is_open or ev.end_thread == ev.thread)
+        self.parent: _Item | None = None
+        self.ids: tuple[int, int] | None = None           # (trace id, span id)
+        self.parent_ids: tuple[int, int] | None = None
+
+
+class _Counting:
+    """Wraps a span exporter and counts the spans it exported and failed to export."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.exported = 0
+        self.failed = 0
+        self.error = ""
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            result = self.inner.export(spans)
+        except Exception as e:  # noqa: BLE001 - counted, reported when the session closes
+            self.failed += len(spans)
+            self.error = f"{type(e).__name__}: {e}"[:200]
+            return SpanExportResult.FAILURE
+        if result == SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            self.failed += len(spans)
+        return result
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        flush = getattr(self.inner, "force_flush", None)
+        return flush(timeout_millis) if flush is not None else True
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
 
 
 class OTelSink:
-    """Sends events to ``exporter`` (any ``SpanExporter``) through its own tracer provider.
+    """Streams events as spans to ``exporter`` (any ``SpanExporter``) through its own tracer provider.
 
-    ``processor``: ``"batch"`` (a background thread with a bounded queue; the default) or
-    ``"simple"`` (export as each span ends; for tests and debugging).
+    ``processor``: ``"batch"`` (a ``BatchSpanProcessor``: its thread exports every
+    ``OTEL_BSP_SCHEDULE_DELAY`` ms, 5000 by default, or as soon as 512 spans wait; the default)
+    or ``"simple"`` (export as each span ends; for tests and debugging). ``service_name``:
+    default ``OTEL_SERVICE_NAME`` or ``probe``. ``describe``: where the spans go, for messages.
     """
 
-    def __init__(self, exporter: Any, processor: str = "batch", service_name: str = "probe") -> None:
+    def __init__(self, exporter: Any, processor: str = "batch", service_name: str | None = None,
+                 describe: str = "") -> None:
         self.exporter = exporter
         self.processor = processor
         self.service_name = service_name
+        self.describe = describe
         self.provider: Any = None
         self.tracer: Any = None
         self.meta: Any = None
-        self.events: list[Any] = []
+        self.spans = 0                    # spans handed to the processor
+        self._counting = _Counting(exporter)
+        self._span_processor: Any = None
+        self._queue = DEFAULT_QUEUE
+        self._lock = threading.Lock()
+        self._next: tuple[int, int] = (0, 0)                    # ids the next span gets
+        self._assigned: dict[tuple, _Item] = {}                 # open ranges given ids, by key
+        self._steps: OrderedDict[int, tuple[int, int]] = OrderedDict()   # step -> its span's ids
+        self._last_end = 0
 
+    # --- the sink interface ------------------------------------------------------------------
     def open(self, meta: Any) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.id_generator import IdGenerator
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+        sink = self
+
+        class ChosenIds(IdGenerator):     # the sink picks every id (a parent's, before it ends)
+            def generate_span_id(self) -> int:
+                return sink._next[1]
+
+            def generate_trace_id(self) -> int:
+                return sink._next[0]
+
         self.meta = meta
-        resource = Resource.create({"service.name": self.service_name, "probe.run": str(meta.run),
-                                    "probe.rank": int(meta.rank),
-                                    "probe.world_size": int(meta.world_size)})
-        self.provider = TracerProvider(resource=resource)
+        attrs: dict[str, Any] = {"probe.run": str(meta.run), "probe.job": str(meta.run),
+                                 "probe.rank": int(meta.rank), "probe.world_size": int(meta.world_size)}
+        name = self.service_name or os.environ.get("OTEL_SERVICE_NAME")
+        if name or "service.name" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+            attrs["service.name"] = name or "probe"
+        self.provider = TracerProvider(resource=Resource.create(attrs), sampler=ALWAYS_ON,
+                                       id_generator=ChosenIds(), shutdown_on_exit=False)
         self.tracer = self.provider.get_tracer("probe.profiler")
+        if self.processor == "simple":
+            self._span_processor = SimpleSpanProcessor(self._counting)
+        else:
+            self._queue = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or DEFAULT_QUEUE)
+            self._span_processor = BatchSpanProcessor(self._counting, max_queue_size=self._queue)
+        self.provider.add_span_processor(self._span_processor)
 
     def write(self, events: Sequence[Any]) -> None:
-        self.events.extend(events)
-
-    def close(self) -> None:
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
         if self.provider is None:
             return
-        if self.processor == "simple":
-            self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        else:   # every span is made here at once: the queue holds them all, none is dropped
-            self.provider.add_span_processor(BatchSpanProcessor(
-                self.exporter, max_queue_size=max(2048, len(self.events) + 1), max_export_batch_size=512))
-        self._export(sorted(self.events, key=lambda e: (e.start_ns, -(e.end_ns - e.start_ns))))
-        self.events = []
-        self.provider.force_flush()
-        self.provider.shutdown()
-        self.provider = None
+        opened = getattr(self.meta, "open_ranges", None)
+        with self._lock:
+            self._export(list(events), list(opened()) if callable(opened) else [])
 
-    def _export(self, events: list[Any]) -> None:
+    def close(self) -> None:
+        if self.provider is None:
+            return
+        with self._lock:
+            for item in sorted(self._assigned.values(), key=lambda i: i.start):   # never ended
+                self._emit(item, max(self._last_end, item.start), unclosed=True)
+            self._assigned.clear()
+            self.provider.force_flush()
+            self.provider.shutdown()
+            self.provider = None
+        c = self._counting
+        if c.failed:
+            where = f" to {self.describe}" if self.describe else ""
+            raise RuntimeError(f"{c.failed} of {c.failed + c.exported} spans failed to export{where}"
+                               + (f" ({c.error})" if c.error else ""))
+
+    @property
+    def exported(self) -> int:
+        """Spans the exporter took."""
+        return self._counting.exported
+
+    # --- parents ---------------------------------------------------------------------------------
+    def _export(self, events: list[Any], opened: list[Any]) -> None:
+        items = [_Item(e, False) for e in events]
+        ended = {it.key for it in items}
+        items += [it for it in map(_Item, opened, [True] * len(opened)) if it.key not in ended]
+        by_thread: dict[int, list[_Item]] = {}
+        for it in items:
+            by_thread.setdefault(it.thread, []).append(it)
+        for group in by_thread.values():            # the innermost enclosing range on the thread
+            group.sort(key=lambda i: (i.start, -i.end))
+            stack: list[_Item] = []
+            for it in group:
+                while stack and stack[-1].end <= it.start and not stack[-1].open:
+                    stack.pop()
+                if stack and it.end <= stack[-1].end:
+                    it.parent = stack[-1]
+                if it.can_parent:
+                    stack.append(it)
+        step_items = {it.ev.step: it for it in items if it.ev.domain == "step" and it.can_parent}
+        for it in items:
+            self._ids(it, step_items)
+        n = len(events)
+        chunk = max(1, self._queue // 2)
+        for lo in range(0, n, chunk):
+            part = [it for it in items[lo:min(lo + chunk, n)]]
+            if self.processor != "simple":
+                waiting = self.spans - self._counting.exported - self._counting.failed
+                if waiting + len(part) > self._queue:
+                    self._span_processor.force_flush()   # wait rather than drop
+            for it in part:
+                self._assigned.pop(it.key, None)
+                self._emit(it, it.ev.end_ns)
+        for it in items[n:]:
+            self._assigned.setdefault(it.key, it)
+
+    def _ids(self, it: _Item, step_items: dict[Any, _Item]) -> tuple[int, int]:
+        if it.ids is not None:
+            return it.ids
+        known = self._assigned.get(it.key)
+        if known is not None:
+            it.ids, it.parent_ids = known.ids, known.parent_ids
+            return it.ids
+        parent_ids = None
+        if it.parent is not None:
+            parent_ids = self._ids(it.parent, step_items)
+        elif it.ev.domain != "step":
+            step = step_items.get(it.ev.step)
+            if step is not None and step is not it:
+                parent_ids = self._ids(step, step_items)
+            else:
+                parent_ids = self._steps.get(it.ev.step)
+        trace_id = parent_ids[0] if parent_ids else random.getrandbits(128) or 1
+        it.ids, it.parent_ids = (trace_id, random.getrandbits(64) or 1), parent_ids
+        if it.ev.domain == "step" and it.can_parent and it.ev.step is not None:
+            self._steps[it.ev.step] = it.ids
+            while len(self._steps) > STEPS_KEPT:
+                self._steps.popitem(last=False)
+        return it.ids
+
+    def _emit(self, it: _Item, end_ns: int, unclosed: bool = False) -> None:
         from opentelemetry import trace
+        from opentelemetry.context import Context
 
+        e = it.ev
         epoch = int(getattr(self.meta, "epoch_offset_ns", 0))
         rank = int(self.meta.rank)
-        stacks: dict[int, list[tuple[int, Any]]] = {}   # thread -> open (end_ns, span)
-        for e in events:
-            stack = stacks.setdefault(e.thread, [])
-            while stack and stack[-1][0] <= e.start_ns:
-                stack.pop()
-            parent = stack[-1][1] if stack and e.end_ns <= stack[-1][0] else None
-            ctx = trace.set_span_in_context(parent) if parent is not None else None
-            attrs: dict[str, Any] = {"probe.domain": e.domain, "probe.kind": e.kind, "probe.rank": rank}
-            if e.step is not None:
-                attrs["probe.step"] = int(e.step)
-            if e.device_start_ns is not None and e.device_end_ns is not None:
-                attrs["probe.device_start_ns"] = int(e.device_start_ns + epoch)
-                attrs["probe.device_end_ns"] = int(e.device_end_ns + epoch)
-            for k, v in (e.payload or {}).items():
-                attrs[f"probe.{k}"] = v if isinstance(v, (str, bool, int, float)) else str(v)
-            span = self.tracer.start_span(e.name, context=ctx, start_time=int(e.start_ns + epoch),
-                                          attributes=attrs)
-            span.end(end_time=int(e.end_ns + epoch))
-            if e.kind != "mark" and e.end_thread == e.thread:
-                stack.append((e.end_ns, span))
+        ctx = Context()
+        if it.parent_ids is not None:
+            ctx = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
+                it.parent_ids[0], it.parent_ids[1], is_remote=False,
+                trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))), ctx)
+        attrs: dict[str, Any] = {"probe.domain": e.domain, "probe.kind": e.kind, "probe.rank": rank,
+                                 "thread.id": int(e.thread)}
+        thread_name = getattr(self.meta, "thread_names", {}).get(e.thread)
+        if thread_name:
+            attrs["thread.name"] = thread_name
+        if e.step is not None:
+            attrs["probe.step"] = int(e.step)
+        if unclosed:
+            attrs["probe.unclosed"] = True
+        if e.device_start_ns is not None and e.device_end_ns is not None:
+            attrs["probe.device_start_ns"] = int(e.device_start_ns + epoch)
+            attrs["probe.device_end_ns"] = int(e.device_end_ns + epoch)
+        for k, v in (e.payload or {}).items():
+            attrs[f"probe.{k}"] = v if isinstance(v, (str, bool, int, float)) else str(v)
+        self._next = it.ids
+        span = self.tracer.start_span(str(e.name), context=ctx, start_time=int(e.start_ns + epoch),
+                                      attributes=attrs)
+        span.end(end_time=int(end_ns + epoch))
+        self.spans += 1
+        self._last_end = max(self._last_end, end_ns)

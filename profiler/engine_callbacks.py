@@ -121,8 +121,9 @@ class ProfileCallback(TrainCallback):
 
     ``steps``: step numbers to record (None: all); ``ranks``: ranks to record (None: all; every
     rank still takes part in the clock-offset exchange); ``schedule``: (wait, warmup, active, repeat)
-    instead; ``trace``: write ``OUT/trace/rank<R>.json``; ``otel``: ``"console"`` to print
-    spans (an exporter object can be given in-process); ``torch_ops``: add torch.profiler's op
+    instead; ``trace``: write ``OUT/trace/rank<R>.json``; ``otel``: ``"otlp"`` to stream spans
+    over OTLP (configured by the ``OTEL_EXPORTER_OTLP_*`` variables), ``"console"`` to print
+    them (an exporter object can be given in-process); ``torch_ops``: add torch.profiler's op
     activity; ``flops``: add FLOPs/MFU/HFU to step metrics (``peak_tflops`` as FlopsCallback);
     ``step_ranges``: record each step as a ``step N`` range in domain ``step`` (for a loop that
     marks none, such as a script's optimizer steps; the payload names the context's
@@ -152,6 +153,7 @@ class ProfileCallback(TrainCallback):
         self.session: Any = None
         self.report: Any = None
         self._step_start_ns = 0
+        self._step_token: int | None = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
         from profiler.clock import group_is_up, measure_offset
@@ -175,6 +177,8 @@ class ProfileCallback(TrainCallback):
             self.flops.on_step_start(ctx, step)
         if self.step_ranges:
             self._step_start_ns = time.perf_counter_ns()
+            if self.session is not None:         # open meanwhile, for spans streamed nested in it
+                self._step_token = self.session.announce(f"step {step}", "step", self._step_start_ns)
 
     def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
         if self.flops is not None:
@@ -183,6 +187,8 @@ class ProfileCallback(TrainCallback):
             if self.step_ranges:
                 emit_complete(f"step {step}", "step", self._step_start_ns, time.perf_counter_ns(),
                               {"step": step, "source": ctx.extra.get("step_source")})
+                self.session.retire(self._step_token)     # after the emit: never unseen between
+                self._step_token = None
             for name in COUNTERS:
                 if isinstance(metrics.get(name), (int, float)):
                     self.session.counter(name, metrics[name])
@@ -198,21 +204,15 @@ class ProfileCallback(TrainCallback):
 
 
 def otel_exporter_from(otel: Any) -> Any:
-    """The span exporter an ``otel`` option names.
-
-    ``"console"`` gives a ConsoleSpanExporter; an exporter object passes through; None stays None.
+    """The span exporter an ``otel`` option names (:func:`collectors.otel.span_exporter_from`):
+    ``"otlp"`` (configured by the ``OTEL_EXPORTER_OTLP_*`` variables), ``"console"``; an
+    exporter object passes through; None stays None.
 
     >>> otel_exporter_from(None) is None
     True
     """
     if otel is None or otel is False:
         return None
-    if otel == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+    from collectors.otel import span_exporter_from
 
-        return ConsoleSpanExporter()
-    if isinstance(otel, str):
-        from ground.errors import ProbeError
-
-        raise ProbeError(f"--otel {otel!r}: use 'console' (or pass an exporter object in Python)")
-    return otel
+    return span_exporter_from(otel)

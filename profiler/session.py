@@ -5,7 +5,9 @@ A :class:`Session` switches :mod:`profiler.mstx` on (through an
 :mod:`profiler.builtin_ranges` (collectives and point-to-point calls, dataloader fetches,
 checkpoint saves), optionally torch.profiler's op activity (:mod:`profiler.torch_ops`), and
 sends finished events to its sinks: the Arrow record store, a Chrome/Perfetto trace fragment
-``OUT/trace/rank<R>.json``, OpenTelemetry spans, or any object with ``open/write/close``.
+``OUT/trace/rank<R>.json``, OpenTelemetry spans (streamed while the run goes, nested, to any
+span exporter: ``otel_exporter=`` an exporter object, or ``"otlp"`` / ``"console"``), or any
+object with ``open/write/close``.
 
 Which steps are kept, either:
 
@@ -56,7 +58,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +68,7 @@ from typing import Any, Iterable, Sequence
 
 from profiler.builtin_ranges import BuiltinRanges
 from profiler.event_recorder import EventRecorder
-from profiler.events import EventBatch, describe_problems
+from profiler.events import DOMAIN_KINDS, Event, EventBatch, describe_problems
 from profiler.sinks import StoreSink, TraceMeta, recording_label
 from profiler.torch_ops import TorchOps
 
@@ -150,6 +154,7 @@ class Session:
                                        after_init=self._align_after_init if align_on_init else None)
         self._torch_ops = TorchOps() if torch_ops else None
         self._counters: list[tuple[int, str, float]] = []
+        self._announced: dict[int, tuple[int, str, str, int]] = {}   # open complete ranges
         self._steps_seen: set[int] = set()
         self._started = False
 
@@ -171,7 +176,8 @@ class Session:
         self.meta = TraceMeta(rank=self.rank, world_size=self.world_size, run=self.run,
                               clock_offset_ns=self.clock_offset_ns,
                               epoch_offset_ns=epoch_offset_ns() - self.clock_offset_ns,
-                              thread_names=self._recorder.thread_names)
+                              thread_names=self._recorder.thread_names,
+                              open_ranges=self._open_ranges)
         self._recorder.start()          # raises first if another session records
         for sink in self._sinks:
             self._guard(sink, "open", self.meta)
@@ -201,6 +207,23 @@ class Session:
             except (TypeError, ValueError):
                 pass
 
+    def announce(self, name: str, domain: str, start_ns: int) -> int | None:
+        """Say that a range a built-in wrapper measures itself (it will hand it over with
+        :func:`profiler.events.emit_complete` when it ends) started at ``start_ns``
+        (``time.perf_counter_ns``, this thread), so a sink that streams nested spans sees it
+        open meanwhile; :meth:`retire` the token it returns right after the emit.
+        """
+        if not self._started or self.state_of(self.current_step) == OFF:
+            return None
+        token = id(object()) ^ time.perf_counter_ns()
+        self._announced[token] = (int(start_ns), str(name), str(domain), threading.get_ident())
+        return token
+
+    def retire(self, token: int | None) -> None:
+        """The announced range was handed over (see :meth:`announce`)."""
+        if token is not None:
+            self._announced.pop(token, None)
+
     def stop(self) -> SessionReport:
         """Stop recording, flush every sink, and return the :class:`SessionReport`."""
         if not self._started:
@@ -211,6 +234,7 @@ class Session:
             self._torch_ops.stop(self.meta)
             torch_events = self._torch_ops.events
         self._builtins.remove()
+        self._announced.clear()
         recorder = self._recorder
         problems = Counter(recorder.stop())
         dropped = problems.pop("dropped_records", 0)
@@ -281,6 +305,30 @@ class Session:
     def _step_windows(self) -> tuple[list[int], list[int | None]]:
         return self._win_starts, self._win_steps
 
+    def _open_ranges(self) -> list[Event]:
+        """The ranges open now that will be kept (their step recorded, their domain wanted), as
+        events with ``end_ns`` -1; read by the drain thread (which alone changes the pairer)."""
+        recorder = self._recorder
+        raw = list(recorder.pairer.open_ranges.values()) + list(self._announced.values())
+        if not raw:
+            return []
+        starts = self._win_starts
+        k = len(starts)
+        steps = self._win_steps
+        off = recorder.offset_ns
+        out = []
+        for t0, message, domain, tid in raw:
+            if type(message) is not str or type(domain) is not str:
+                continue
+            if recorder.domains is not None and domain not in recorder.domains:
+                continue
+            i = bisect_right(starts, t0, 0, k) - 1
+            step = steps[i] if i >= 0 else None
+            if step is not None:
+                out.append(Event(domain, message, DOMAIN_KINDS.get(domain, "range"), t0 + off, -1,
+                                 tid, tid, None, None, None, step))
+        return out
+
     # --- sinks -----------------------------------------------------------------------------
     def _build_sinks(self, store: Any, trace: bool, otel_exporter: Any, otel_processor: str,
                      extra: Sequence[Any]) -> list[Any]:
@@ -299,7 +347,12 @@ class Session:
         if otel_exporter is not None:
             from collectors.otel import OTelSink
 
-            sinks.append(OTelSink(otel_exporter, processor=otel_processor))
+            if isinstance(otel_exporter, str):
+                from collectors.otel import span_exporter_from
+
+                otel_exporter = span_exporter_from(otel_exporter)
+            sinks.append(OTelSink(otel_exporter, processor=otel_processor,
+                                  describe=getattr(otel_exporter, "probe_endpoint", "")))
         sinks.extend(extra)
         return sinks
 

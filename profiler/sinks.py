@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import json
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from profiler.events import EventBatch, payload_json
 
@@ -41,6 +41,9 @@ class TraceMeta:
     clock_offset_ns: int = 0          # added to this rank's clock to get rank 0's
     epoch_offset_ns: int = 0          # added to a (rank-0-aligned) timestamp to get Unix-epoch ns
     thread_names: dict[int, str] = field(default_factory=dict)
+    #: The ranges open now, as events whose ``end_ns`` is -1 (for a sink that streams nested
+    #: spans, :mod:`collectors.otel`); called from the drain thread, during ``write``.
+    open_ranges: Callable[[], list] | None = None
 
 
 #: The store metrics :meth:`StoreSink.add_recording` writes, by the recording figure they hold.

@@ -50,8 +50,6 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
 
         probe web --compare runs/demo/compare          (opens the dumps the result names)
 
-        probe web --dump runs/d --check runs/d/check   (marks the calls probe check-api flagged)
-
         probe web --store runs/demo/demo-train --trace runs/demo/profile/trace.json
 
         probe web --monitor 127.0.0.1:50051 --store runs/live        (a live job; see probe monitor)

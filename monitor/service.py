@@ -18,7 +18,9 @@ does the work:
   (:mod:`monitor.watchers`); a configured alert kind can trigger a deep trace on the rank it
   names, and a hang (``stacks_on_hang``) every rank's Python stacks;
 - :mod:`monitor.trace_transfer`: trace files uploaded by ranks and fetched by operators;
-- :mod:`monitor.status`: the status document.
+- :mod:`monitor.status`: the status document;
+- :mod:`monitor.otlp_metrics` (``otlp=True``): each stored batch also becomes OpenTelemetry
+  metrics, exported over OTLP every few seconds.
 
 >>> svc = MonitorService(store_path="/tmp/doc-monitor.duckdb", port=0)   # doctest: +SKIP
 >>> port = svc.start(); svc.wait()                                          # doctest: +SKIP
@@ -86,7 +88,7 @@ class MonitorService(pb_grpc.MonitorServicer):
                  tls_key: str | None = None, trace_on_alert: dict[str, int] | None = None,
                  detect_interval_s: float = 0.25, max_workers: int = 4096,
                  lost_after_s: float = LOST_AFTER_S, stacks_on_hang: bool = False,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, otlp: Any = None) -> None:
         auth.check_bind(host, token)
         self.host, self.port, self.token = host, port, token
         self._creds = auth.server_credentials(tls_cert, tls_key)
@@ -107,6 +109,15 @@ class MonitorService(pb_grpc.MonitorServicer):
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
         self.started = time.time()
+        # otlp: True exports stored metrics over OTLP (OTEL_EXPORTER_OTLP_*); or an OtlpMetrics
+        self.otlp = None
+        self.otlp_errors = 0
+        if otlp is True:
+            from monitor.otlp_metrics import OtlpMetrics
+
+            self.otlp = OtlpMetrics(address=f"{host}:{port}")
+        elif otlp:
+            self.otlp = otlp
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -149,6 +160,8 @@ class MonitorService(pb_grpc.MonitorServicer):
         self.writer.close(timeout=10)
         self.detection.stop(timeout=10)
         self.store.close()
+        if self.otlp is not None:
+            self.otlp.close()
 
     @property
     def address(self) -> str:
@@ -209,6 +222,13 @@ class MonitorService(pb_grpc.MonitorServicer):
         self._seen(st, request, last)
         if item.fresh:
             self.detection.mark(request.job)
+            if self.otlp is not None:
+                try:
+                    self.otlp.record(table)
+                except Exception as e:  # noqa: BLE001 - the store has it; OTLP is a copy
+                    self.otlp_errors += 1
+                    if self.otlp_errors == 1:
+                        self._log(f"OTLP metrics: {type(e).__name__}: {e}")
         return pb.PushAck(seq=request.seq, duplicate=not item.fresh,
                           stored=table.num_rows if item.fresh else 0)
 

@@ -39,6 +39,29 @@ class RunResult:
     def final_loss(self) -> float | None:
         return self.steps[-1]["loss"] if self.steps else None
 
+    @property
+    def first_nonfinite(self) -> dict[str, Any] | None:
+        """The first step whose loss (any rank's) or gradient norm is NaN/Inf, or None."""
+        import math
+
+        for row in self.steps:
+            if any(v is not None and not math.isfinite(v) for v in (row["loss"], row.get("grad_norm"))):
+                return row
+        return None
+
+    def check_finite(self, allow_nan: bool) -> None:
+        """Raise the one-line error of a run whose loss turned NaN/Inf (exit code
+        :data:`~ground.errors.EXIT_NONFINITE`), unless ``allow_nan``."""
+        from ground.errors import EXIT_NONFINITE
+
+        row = self.first_nonfinite
+        if row is None or allow_nan:
+            return
+        raise ProbeError(f"the loss or gradient norm is not finite at step {row['step']} (loss "
+                         f"{row['loss']}, gradient norm {row.get('grad_norm')}); training stopped "
+                         "there, its records are written; --allow-nan trains on",
+                         exit_code=EXIT_NONFINITE)
+
 
 def validate(spec: RunSpec) -> None:
     """Check the spec before any process starts; a ProbeError names the bad value."""
@@ -93,10 +116,10 @@ def step_table(out_dir: str) -> list[dict[str, Any]]:
                sum(tokens_per_s) AS tokens_per_s,
                arg_max(rank, coalesce(compute_time_ms, step_time_ms)) AS slowest_rank,
                max(coalesce(compute_time_ms, step_time_ms)) AS slowest_compute_ms,
-               count(*) AS ranks
+               count(*) AS ranks, max(grad_norm) AS grad_norm
         FROM steps GROUP BY step ORDER BY step""").fetchall()
     cols = ["step", "loss", "step_time_ms", "tokens_per_s", "slowest_rank", "slowest_compute_ms",
-            "ranks"]
+            "ranks", "grad_norm"]
     return [dict(zip(cols, r)) for r in rows]
 
 

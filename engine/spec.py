@@ -32,7 +32,9 @@ class RunSpec:
     global_batch: int | None = None    # override the preset's global batch (sequences per step)
     seq_len: int | None = None         # override the preset's sequence length
     lr: float = 3e-3
-    quiet: bool = False
+    quiet: bool = False                # no progress from rank 0 (engine.progress)
+    log_every: int = 10                # progress: a line every this many steps (in a pipe)
+    allow_nan: bool = False            # train on after a NaN/Inf loss or gradient norm (else stop there)
     owner: str = "train"               # the verb whose run directory this is (ground.outdir.claim)
     fsync: str = "step"                # store durability: "step" | "never" (collectors.store)
     force: bool = False                # replace entries of the run directory probe cannot prove it wrote

@@ -5,14 +5,23 @@ gradients (one flat bucket through ``torch.distributed.all_reduce``), AdamW. The
 its phases with ``mstx`` ranges (domain ``step``: ``step N``; ``engine``: forward, backward,
 optimizer; ``dataloader``: fetch), writes per-step metric points to the rank's store (each
 step durable when it ends), and calls the training callbacks (:mod:`engine_adapter.callbacks`).
+
+Rank 0 shows progress (:mod:`engine.progress`, unless ``spec.quiet``). Every rank's loss rides
+in the gradients' all-reduce, so after it every rank knows them all: a NaN or Inf loss (or
+gradient norm) is reported by rank 0 in one line on stderr at the step it happens (``probe:
+rank 1 step 3: loss = nan; ...``), and unless ``spec.allow_nan`` every rank stops after that
+step (its records are written); the command then exits with
+:data:`ground.errors.EXIT_NONFINITE`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +35,7 @@ from engine.data import make_batch
 from engine.faults import FaultPlanter, check_faults, parse_faults
 from engine.models import build_model, init_reference_state, load_weights_file
 from engine.spec import RunSpec
+from ground.errors import EXIT_NONFINITE
 from profiler import mstx
 
 MONITOR_ENV = "PROBE_MONITOR"
@@ -121,17 +131,18 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
     tokens_per_step = (spec.global_batch or cfg.global_batch) // world_size * cfg.seq_len
     progress = None
     if rank == 0 and not spec.quiet:
-        from tqdm import tqdm
-        progress = tqdm(total=spec.max_steps, desc=f"{spec.engine}/{spec.preset} x{world_size}",
-                        unit="step", file=sys.stderr, disable=None, leave=False)
+        from engine.progress import Progress
+        progress = Progress(spec.max_steps, f"{spec.engine}/{spec.preset} x{world_size}",
+                            every=spec.log_every)
     metrics: dict[str, Any] = {}
     error: BaseException | None = None
+    reported = False
     callbacks.call("on_train_start", ctx)
     try:
         for step in range(spec.max_steps):
             planter.step = step
             callbacks.call("on_step_start", ctx, step)
-            metrics = _train_step(ctx, step, params, planter, tokens_per_step, spec)
+            metrics, health = _train_step(ctx, step, params, planter, tokens_per_step, spec)
             callbacks.call("on_step_end", ctx, step, metrics)
             now = time.time_ns()
             store.write_rows("metric", [
@@ -139,8 +150,19 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
                 for k, v in metrics.items() if isinstance(v, (int, float))])
             store.end_step(step)
             if progress is not None:
-                progress.set_postfix(loss=f"{metrics['loss']:.4f}")
-                progress.update(1)
+                progress.update(step, health.mean_loss, metrics["step_time_ms"])
+            if health.problem is not None:
+                if rank == 0 and not reported:
+                    line = f"probe: {health.problem}; " + (
+                        "--allow-nan: training goes on" if spec.allow_nan else
+                        f"training stops at this step (exit code {EXIT_NONFINITE}; --allow-nan trains on)")
+                    if progress is not None:
+                        progress.note(line)
+                    else:
+                        print(line, file=sys.stderr, flush=True)
+                reported = True
+                if not spec.allow_nan:
+                    break       # every rank: the problem is read from the all-reduced values
     except BaseException as e:
         error = e
         raise
@@ -153,6 +175,55 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
         if dist.is_available() and dist.is_initialized() and error is None:
             dist.barrier()
     return metrics
+
+
+@dataclass
+class StepHealth:
+    """What rank 0 shows of a step: the mean loss over the ranks, and what was not finite
+    (None when the losses and the gradient norm are)."""
+
+    mean_loss: float
+    problem: str | None = None
+
+
+def _number(v: float) -> str:
+    return f"{v:.4f}" if math.isfinite(v) else str(v)
+
+
+def _health(step: int, losses: list[float], grad_norm: float, bad_grad_ranks: list[int] | None) -> StepHealth:
+    """The step's :class:`StepHealth` from every rank's loss and the all-reduced gradient norm.
+
+    >>> _health(3, [2.5, float("nan")], float("nan"), None).problem
+    'rank 1 step 3: loss = nan (gradient norm nan)'
+    >>> _health(3, [float("inf")], 1.5, None).problem
+    'rank 0 step 3: loss = inf'
+    >>> _health(2, [2.5, 2.0], float("inf"), [0]).problem
+    'rank 0 step 2: gradient norm = inf (loss 2.5000)'
+    >>> _health(2, [2.5, 2.0], 1.0, None).problem is None
+    True
+    """
+    finite = [v for v in losses if math.isfinite(v)]
+    mean = sum(losses) / len(losses)
+    health = StepHealth(mean_loss=mean)
+    bad = [r for r, v in enumerate(losses) if not math.isfinite(v)]
+    if bad:
+        values = sorted({str(losses[r]) for r in bad})
+        who = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {','.join(map(str, bad))}"
+        health.problem = f"{who} step {step}: loss = {', '.join(values)}"
+        if not math.isfinite(grad_norm):
+            health.problem += f" (gradient norm {grad_norm})"
+    elif not math.isfinite(grad_norm):
+        loss = _number(finite[0]) if len(finite) == 1 else f"mean {_number(mean)}"
+        if bad_grad_ranks and len(bad_grad_ranks) == 1:
+            loss = _number(losses[bad_grad_ranks[0]])
+        if bad_grad_ranks:
+            who = (f"rank {bad_grad_ranks[0]}" if len(bad_grad_ranks) == 1
+                   else f"ranks {','.join(map(str, bad_grad_ranks))}")
+            health.problem = f"{who} step {step}: gradient norm = {grad_norm} (loss {loss})"
+        else:
+            health.problem = (f"step {step}: gradient norm = {grad_norm} after the all-reduce "
+                              f"(each rank's own gradients are finite; loss {loss})")
+    return health
 
 
 def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlanter,
@@ -184,24 +255,35 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     planter.hang_before_collective(step)
     t2b = time.perf_counter()
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    if ctx.world_size > 1:
+    # every rank's loss rides in the gradients' all-reduce (one slot per rank, zero elsewhere):
+    # after it, each rank has every loss, so a non-finite one stops all ranks at the same step
+    world = ctx.world_size
+    slots = torch.zeros(world, dtype=grads[0].dtype, device=device)
+    slots[ctx.rank] = loss.detach().to(slots.dtype)
+    flat = torch.cat([g.reshape(-1) for g in grads] + [slots])
+    n = flat.numel() - world
+    if world > 1:
         dist.all_reduce(flat)
-        flat.div_(ctx.world_size)
+        flat[:n].div_(world)
         offset = 0
         for p, g in zip(params, grads):
-            n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(g)
-            offset += n
+            size = g.numel()
+            p.grad = flat[offset:offset + size].view_as(g)
+            offset += size
     if cuda:
         torch.cuda.synchronize(device)
     t3 = time.perf_counter()
-    stats = torch.stack([torch.linalg.vector_norm(flat), (~torch.isfinite(flat)).sum().to(flat.dtype)])
+    grad_flat = flat[:n]
+    stats = torch.cat([torch.stack([torch.linalg.vector_norm(grad_flat),
+                                    (~torch.isfinite(grad_flat)).sum().to(flat.dtype)]), flat[n:]])
     r = mstx.range_start("optimizer", domain="engine")
     optimizer.step()
     mstx.range_end(r, domain="engine")
     loss_value = loss.item()
-    grad_norm, nonfinite = stats.tolist()
+    grad_norm, nonfinite, *losses = stats.tolist()
+    bad_grad_ranks = None
+    if not math.isfinite(grad_norm) and all(math.isfinite(v) for v in losses):
+        bad_grad_ranks = _ranks_with_bad_gradients(grads, ctx.rank, world, device)
     t4 = time.perf_counter()
     mstx.range_end(step_range, domain="step")
     step_time = t4 - t0
@@ -216,4 +298,19 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
         "grad_norm": grad_norm,
         "nonfinite_grads": nonfinite,
         "lr": optimizer.param_groups[0]["lr"],
-    }
+    }, _health(step, losses, grad_norm, bad_grad_ranks)
+
+
+def _ranks_with_bad_gradients(grads: list, rank: int, world: int, device: torch.device) -> list[int]:
+    """The ranks whose own gradients (before the all-reduce) hold a NaN or Inf.
+
+    Called only on a step whose all-reduced gradient norm is not finite; that norm is the same
+    on every rank, so every rank calls it and its one collective is matched.
+    """
+    mine = any(not bool(torch.isfinite(g).all()) for g in grads)
+    if world == 1:
+        return [0] if mine else []
+    flags = torch.zeros(world, device=device)
+    flags[rank] = float(mine)
+    torch.distributed.all_reduce(flags)
+    return [r for r, v in enumerate(flags.tolist()) if v > 0]

@@ -2,7 +2,8 @@
 
 ``probe dump -- train.py ...`` and ``probe profile -- train.py ...`` attach their hooks first,
 then call :func:`run_script`; the script sees its own ``sys.argv`` and its folder on
-``sys.path``, both restored afterwards. Its exceptions become one line and exit code 1.
+``sys.path``, both restored afterwards. Its exceptions become one line naming the script's
+``file:line`` and exit code 1; with ``PROBE_DEBUG=1`` the script's full traceback is printed too.
 
 >>> import tempfile, pathlib
 >>> p = pathlib.Path(tempfile.mkdtemp()) / "s.py"; _ = p.write_text("import sys; sys.exit(3)")
@@ -12,6 +13,7 @@ then call :func:`run_script`; the script sees its own ``sys.argv`` and its folde
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -46,12 +48,29 @@ def run_script(argv: list[str], what_is_kept: str) -> int:
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - the user's error, reported as one line
+        if os.environ.get("PROBE_DEBUG"):
+            import traceback
+
+            click.echo("".join(traceback.format_exception(type(e), e, _from_script(e.__traceback__))),
+                       err=True, nl=False)
         click.echo(f"probe: error: {path} raised {type(e).__name__}: {_first_line(e)}"
-                   f"{_where(e, path)}; {what_is_kept}", err=True)
+                   f"{_where(e, path)}; {what_is_kept}"
+                   + ("" if os.environ.get("PROBE_DEBUG") else " (PROBE_DEBUG=1 shows the traceback)"),
+                   err=True)
         return 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return 0
+
+
+def _from_script(tb):
+    """The traceback from the script's first frame on (runpy's frames above it are ours)."""
+    start = tb
+    while tb is not None:
+        if "runpy" not in tb.tb_frame.f_code.co_filename and tb.tb_frame.f_code.co_filename != __file__:
+            return tb
+        tb = tb.tb_next
+    return start
 
 
 def _first_line(e: BaseException) -> str:

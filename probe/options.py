@@ -3,8 +3,7 @@
 ``--steps`` and ``--ranks`` always *select* (``0,2-4``, as msprobe's step and rank lists);
 counts are ``--nproc`` and ``--max-steps``.
 
->>> from engine.config import PRESETS
-from ground.selection import parse_selection
+>>> from ground.selection import parse_selection
 >>> parse_selection("0,2-4")
 [0, 2, 3, 4]
 """
@@ -16,7 +15,12 @@ from typing import Callable
 import click
 
 from engine.config import PRESETS
+from ground.errors import EXIT_NONFINITE, ProbeError
 from ground.selection import parse_selection
+
+#: the options of :func:`engine_options` (click parameter names), none of which apply to a SCRIPT
+ENGINE_PARAMS = ("engine", "preset", "nproc", "max_steps", "seed", "faults", "device", "log_every",
+                 "quiet", "allow_nan")
 
 
 def selection_option(name: str, what: str, help_text: str) -> Callable:
@@ -45,6 +49,16 @@ def engine_options(func: Callable) -> Callable:
                           "slow:<rank>:<factor>. Repeatable."),
         click.option("--device", default="cpu", show_default=True,
                      help="Device for the bundled engine (cpu, cuda)."),
+        click.option("--log-every", "log_every", default=10, show_default=True,
+                     type=click.IntRange(min=1), metavar="N",
+                     help="Progress on stderr: a line every N steps (and at least every 10 s, and "
+                          "the last step) when stderr is not a terminal; a bar when it is."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress while training (the "
+                     "summary and errors are still printed)."),
+        click.option("--allow-nan", "allow_nan", is_flag=True,
+                     help=f"Train on when the loss or gradient norm turns NaN/Inf (reported at "
+                          f"its step either way); without it training stops at that step and the "
+                          f"command exits {EXIT_NONFINITE}."),
     ]
     for opt in reversed(opts):
         func = opt(func)
@@ -65,3 +79,52 @@ def force_option(func: Callable) -> Callable:
     return click.option("--force", is_flag=True,
                         help="Replace what is in --out even where probe cannot prove it wrote it "
                              "(by default only a verb's own earlier output is replaced).")(func)
+
+
+def refuse_engine_options(ctx: click.Context, script: tuple[str, ...] | list[str]) -> None:
+    """A ProbeError when a bundled-engine option is given together with a SCRIPT (the script
+    sets its own model, steps and ranks; such an option would silently do nothing)."""
+    if not script:
+        return
+    given = []
+    for param in ctx.command.params:
+        if param.name in ENGINE_PARAMS:
+            source = ctx.get_parameter_source(param.name)
+            if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+                given.append(param.opts[0])
+    if given:
+        verb = ctx.info_name or "probe"
+        raise ProbeError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the "
+                         f"bundled engine, not to a SCRIPT (the script sets its own model, steps "
+                         f"and ranks); drop {'it' if len(given) == 1 else 'them'} or drop the "
+                         f"script: probe {verb} ... -- SCRIPT")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A ProbeError (exit code 2) when ``host:port`` cannot be listened on, before any work.
+
+    Port 0 (the system picks a free port) is always free.
+
+    >>> import socket
+    >>> with socket.socket() as s:
+    ...     s.bind(("127.0.0.1", 0)); s.listen()
+    ...     try:
+    ...         check_port_free("127.0.0.1", s.getsockname()[1])
+    ...     except ProbeError as e:
+    ...         print(str(e).split(";")[0].split(" is ")[1])
+    in use
+    """
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the servers bind it
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            why = "in use" if e.errno == errno.EADDRINUSE else f"not available ({e.strerror})"
+            raise ProbeError(f"port {port} on {host} is {why}; pass --port 0 (a free port) or "
+                             f"another --port") from None

@@ -17,7 +17,7 @@ def test_demo_finds_the_slow_rank_and_the_planted_weight_fault(tmp_path):
     result = run_probe("demo", "--no-serve", "--max-steps", "14", "--out", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (out / "notes.txt").read_text() == "not the demo's"
-    assert "straggler rank(s): 1" in result.stdout
+    assert "straggler: rank 1" in result.stdout
     assert "slowest by own work: rank 1" in result.stdout
     table = [ln.split() for ln in result.stdout.splitlines() if ln.strip()[:1].isdigit() and "rank" in ln]
     named = [row[row.index("rank") + 1] for row in table]

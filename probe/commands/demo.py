@@ -26,7 +26,7 @@ from pathlib import Path
 import click
 
 from ground.errors import ProbeError
-from probe.options import force_option
+from probe.options import check_port_free, force_option
 
 DEFAULT_OUT = os.path.join("runs", "demo")
 #: what the demo writes in --out, and replaces on the next run (nothing else there is touched)
@@ -72,17 +72,6 @@ def _start_monitor(out: Path, port: int, trace_steps: int) -> subprocess.Popen:
             time.sleep(0.3)
     proc.terminate()
     raise ProbeError(f"the monitor service did not answer in 60 s; see {out / 'monitor.log'}", exit_code=1)
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """Fail before any work when the dashboard's port is taken (not after the whole demo)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the server binds it
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ProbeError(f"--port {port} on {host} is not free ({e.strerror}); stop what uses "
-                             "it or pass another --port (or --no-serve)") from None
 
 
 def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -131,7 +120,7 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
                          callbacks=(CallbackSpec(FlopsCallback),))
     validate(train_spec)
     if serve:
-        _check_port_free(host, port)
+        check_port_free(host, port)
     from ground.outdir import claim
 
     claim(root, "demo", DEMO_ENTRIES, force=force)
@@ -154,10 +143,13 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
         alerts = _monitor_findings(addr, job)
 
         _stage("3/5 dumps: reference engine, and fused engine with " + fault)
+        click.echo("(--allow-nan: a NaN/Inf loss the planted fault may cause is expected, and dumped)")
         dump_ref, dump_fused = root / "dump-reference", root / "dump-fused"
-        common = ["--level", "module", "--preset", preset, "--seed", str(seed), "--steps", "0"]
+        common = ["--level", "module", "--preset", preset, "--seed", str(seed), "--steps", "0",
+                  "--quiet"]
         _cli("dump", *common, "--engine", "reference", "--out", str(dump_ref))
-        _cli("dump", *common, "--engine", "fused", "--fault", fault, "--out", str(dump_fused))
+        _cli("dump", *common, "--engine", "fused", "--fault", fault, "--allow-nan",
+             "--out", str(dump_fused))
 
         _stage("4/5 compare reference vs fused (no mapping file)")
         cmp_dir = root / "compare"
@@ -167,7 +159,7 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
         _stage("5/5 profile 2 ranks, steps 1-3, one merged trace")
         prof = root / "profile"
         _cli("profile", "--preset", preset, "--nproc", "2", "--steps", "1-3", "--max-steps", "4",
-             "--out", str(prof))
+             "--quiet", "--out", str(prof))
 
         _stage("summary")
         _summary(root, result, alerts, cmp_dir, prof)
@@ -207,16 +199,19 @@ def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) 
     from engine.launch import STRAGGLER_QUERY, rank_table
 
     stragglers = sorted({a["rank"] for a in alerts if a["kind"] == "straggler"})
-    click.echo(f"training: {len(result.steps)} steps on {result.nproc} ranks, final loss "
-               f"{result.final_loss:.4f}")
+    from probe.commands.train import plural
+
+    click.echo(f"training: {plural(len(result.steps), 'step')} on {plural(result.nproc, 'rank')}, "
+               f"final loss {result.final_loss:.4f}")
     ranks = rank_table(result.out_dir)
     if ranks:
         click.echo(f"          slowest by own work: rank {ranks[0]['rank']} "
                    f"(compute {ranks[0]['compute_ms']:.1f} ms/step vs "
                    + ", ".join(f"rank {r['rank']} {r['compute_ms']:.1f}" for r in ranks[1:])
                    + "; step time is the same on every rank of a synchronous job)")
-    click.echo(f"monitor:  {len(alerts)} alert(s); straggler rank(s): "
-               f"{', '.join(map(str, stragglers)) or 'none'}")
+    who = (f"rank {stragglers[0]}" if len(stragglers) == 1
+           else f"ranks {', '.join(map(str, stragglers))}" if stragglers else "none")
+    click.echo(f"monitor:  {plural(len(alerts), 'alert')}; straggler: {who}")
     for a in alerts[:5]:
         click.echo(f"          [{a['kind']}] step {a['step']}: {a['message']}")
     summary = json.loads((cmp_dir / "summary.json").read_text())

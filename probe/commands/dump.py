@@ -10,7 +10,9 @@ record store under ``OUT/store`` (``probe query OUT "select * from tensors limit
 ``OUT/dump_summary.json`` and the run's setup, ``OUT/config/rank{R}.json`` (``probe config-check``).
 
 Exit codes: 0 done; 1 the script or a rank failed (the finished steps are still written);
-2 bad input.
+2 bad input; 4 the bundled engine's loss or gradient norm turned NaN/Inf (training stops at that
+step, which is dumped; ``--allow-nan`` trains on; ``--task overflow`` looks for NaN/Inf and so
+allows it).
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from typing import Any
 
 import click
 
-from ground.errors import ProbeError
-from probe.options import engine_options, force_option, fsync_option, selection_option
+from ground.errors import EXIT_NONFINITE, ProbeError
+from probe.options import (engine_options, force_option, fsync_option, refuse_engine_options,
+                           selection_option)
 
 DEFAULT_OUT = os.path.join("runs", "dump")
 
 
-@click.command("dump", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("dump", context_settings={"help_option_names": ["-h", "--help"]},
+               epilog=f"Exit codes: 0 done; 1 the script or a rank failed (the finished steps are "
+                      f"written); 2 bad input; {EXIT_NONFINITE} the bundled engine's loss or "
+                      f"gradient norm turned NaN/Inf (training stops at that step, which is "
+                      f"dumped; --allow-nan trains on; --task overflow allows it).")
 @click.option("--level", type=click.Choice(["module", "api", "mix"]), default="module",
               show_default=True, help="module: every nn.Module (msprobe L0); api: torch/functional/"
                                       "Tensor/distributed calls (L1); mix: both.")
@@ -62,8 +69,10 @@ def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
             steps: list[int] | None, ranks: list[int] | None,
             scope: str | None, names: str | None, framework: str, out: str, no_stack: bool,
             force: bool, fsync: str, engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
-            faults: tuple[str, ...], device: str, script: tuple[str, ...]) -> int:
+            faults: tuple[str, ...], device: str, log_every: int, quiet: bool, allow_nan: bool,
+            script: tuple[str, ...]) -> int:
     """Dump statistics, tensors or hashes of every module/API of a run."""
+    refuse_engine_options(click.get_current_context(), script)
     if scope:
         try:
             re.compile(scope)
@@ -81,9 +90,14 @@ def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
         if framework != "torch":
             raise ProbeError("--framework mindspore needs a SCRIPT (probe dump --framework mindspore "
                              "-- train.py); the bundled engine is PyTorch")
-        code = _run_engine(out, options, engine=engine, preset=preset, nproc=nproc,
-                           max_steps=max_steps, seed=seed, faults=faults, device=device, force=force,
-                           fsync=fsync, dtype=dtype)
+        allow = allow_nan or task == "overflow"     # overflow looks for NaN/Inf: finding one is its job
+        result = _run_engine(out, options, engine=engine, preset=preset, nproc=nproc,
+                             max_steps=max_steps, seed=seed, faults=faults, device=device, force=force,
+                             fsync=fsync, dtype=dtype, quiet=quiet, log_every=log_every,
+                             allow_nan=allow)
+        _summarise(out, options, 0)
+        result.check_finite(allow)
+        return 0
     _summarise(out, options, code)
     return code
 
@@ -101,7 +115,8 @@ def _check_task(out: str, level: str, task: str, max_hits: int, golden: str) -> 
 
 def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, nproc: int,
                 max_steps: int | None, seed: int, faults: tuple[str, ...], device: str,
-                force: bool, fsync: str, dtype: str = "fp32") -> int:
+                force: bool, fsync: str, dtype: str = "fp32", quiet: bool = False,
+                log_every: int = 10, allow_nan: bool = False):
     from engine_adapter.callbacks import CallbackSpec
     from engine.launch import run_training
     from engine.spec import RunSpec
@@ -116,14 +131,20 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
     dump = CallbackSpec(DumpCallback, {**options, "out": out, "fsync": fsync})
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc, max_steps=max(max_steps or 0, needed),
                    seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(dump,),
-                   owner="dump", force=force, fsync=fsync, dtype=dtype)
+                   owner="dump", force=force, fsync=fsync, dtype=dtype, quiet=quiet,
+                   log_every=log_every, allow_nan=allow_nan)
     _claim(out, force)
-    run_training(spec)
-    return 0
+    return run_training(spec)
 
 
 def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any],
                 force: bool, fsync: str) -> int:
+    """Dump a script's run. Steps are its optimizer steps: step 0 starts when it constructs its
+    first optimizer (what runs before, imports and model construction, is set-up and is not
+    dumped, as msprobe's debugger, started in the training loop, does not see it; MindSpore: step
+    0 starts with the script), each ``optimizer.step()`` ends one, and after the last one a step
+    is written only if something ran in it (an evaluation after training, say)."""
+    from engine_adapter.steps import watch_first_optimizer
     from probe.session import DumpSession
     from probe.script import check_script, run_script
 
@@ -131,6 +152,7 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     _claim(out, force)
     session = DumpSession(None, out=out, framework=framework, auto_step=True, fsync=fsync, **options)
     session.start()
+    unwatch = watch_first_optimizer(framework, lambda: _setup_done(session, out))
     setup = None
     if framework == "torch":
         from engine_adapter.run_config import watch_config
@@ -138,10 +160,35 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     try:
         code = run_script(argv, "finished steps are written")
     finally:
+        if unwatch is not None:
+            unwatch()
+        _drop_empty_last_step(session)
         session.stop()
         if setup is not None:
             setup.close()
     return code
+
+
+def _setup_done(session: Any, out: str) -> None:
+    """The script constructed its first optimizer: what was recorded so far is set-up, not step
+    0; step 0 starts afresh (tensor files the set-up wrote are removed)."""
+    import shutil
+
+    rec = session.recorder
+    if rec is None or rec.step != 0:
+        return
+    session.begin_step(0)
+    from collectors.msprobe_writer import step_dir
+
+    shutil.rmtree(step_dir(out, 0, rec.rank) / "dump_tensor_data", ignore_errors=True)
+
+
+def _drop_empty_last_step(session: Any) -> None:
+    """After the script's last optimizer step the next step is open; nothing ran in it: it is
+    not a step (a 4-step script has 4)."""
+    rec = session.recorder
+    if rec is not None and rec.step > 0 and rec.active and not rec.data and not rec.open_entries:
+        rec.active = False
 
 
 def _claim(out: str, force: bool) -> None:
@@ -178,8 +225,12 @@ def _summarise(out: str, options: dict[str, Any], code: int) -> None:
     if not found:
         click.echo(f"probe dump: no step was dumped to {out}", err=True)
         return
-    click.echo(f"probe dump: {options['level']}/{options['task']}: {len(found)} step(s) "
-               f"{_ranges(sorted(found))} x {len(summary['ranks'])} rank(s), {entries} entries -> "
+    from probe.commands.train import plural
+
+    steps = (f"{plural(len(found), 'step')} ({_ranges(sorted(found))})" if len(found) > 1
+             else f"step {next(iter(found))}")
+    click.echo(f"probe dump: {options['level']}/{options['task']}: {steps} on "
+               f"{plural(len(summary['ranks']), 'rank')}, {plural(entries, 'entry', 'entries')} -> "
                f"{out}/step{{N}}/rank{{R}}/dump.json")
     click.echo(f"  query: probe query {out} \"select node, slot, max, min, mean, l2norm "
                "from tensors limit 10\"")

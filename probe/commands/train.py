@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ground.errors import EXIT_NONFINITE
 from probe.options import engine_options, force_option, fsync_option
 
 
@@ -18,6 +19,22 @@ def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps:
                    faults=tuple(faults), out_dir=out, device=device, **kw)
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 step``, ``2 steps``.
+
+    >>> plural(1, "rank"), plural(3, "step"), plural(0, "entry", "entries")
+    ('1 rank', '3 steps', '0 entries')
+    """
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def trained_text(engine: str, preset: str, nproc: int, result) -> str:
+    """``trained reference/tiny on 2 ranks for 10 steps (0-9)``: what the run did."""
+    steps = [row["step"] for row in result.steps]
+    span = f" ({steps[0]}-{steps[-1]})" if len(steps) > 1 else ""
+    return f"trained {engine}/{preset} on {plural(nproc, 'rank')} for {plural(len(steps), 'step')}{span}"
+
+
 def print_step_table(result, echo=click.echo) -> None:
     """The human summary of a run: one line per step; "slowest" is the rank with the most own
     work (compute) in that step, which the synchronised step time cannot show."""
@@ -28,7 +45,9 @@ def print_step_table(result, echo=click.echo) -> None:
              f"{row['tokens_per_s']:>10.0f} {slowest:>21}")
 
 
-@click.command("train")
+@click.command("train", epilog=f"Exit codes: 0 done; 1 a rank failed; 2 bad input; "
+               f"{EXIT_NONFINITE} the loss or gradient norm turned NaN/Inf (reported at its step, "
+               f"training stopped there; --allow-nan trains on and exits 0).")
 @engine_options
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="torch.compile the fused engine's blocks (default: on CUDA only).")
@@ -36,19 +55,24 @@ def print_step_table(result, echo=click.echo) -> None:
 @click.option("--out", default="runs/train", show_default=True, help="Run directory.")
 @force_option
 @fsync_option
-def command(engine, preset, nproc, max_steps, seed, faults, device, compile_, weights, out,
-            force, fsync) -> int:
+def command(engine, preset, nproc, max_steps, seed, faults, device, log_every, quiet, allow_nan,
+            compile_, weights, out, force, fsync) -> int:
     """Train the bundled Llama-style engine on synthetic tokens and print a step table.
+
+    Progress goes to stderr while it trains (--quiet: none); the step table and the summary
+    to stdout at the end.
 
     Example: probe train --engine fused --preset tiny --nproc 2 --max-steps 5 --out runs/t
     """
     from engine.launch import run_training
 
     spec = spec_from_options(out, engine, preset, nproc, max_steps, seed, faults, device,
-                             compile=compile_, weights=weights, force=force, fsync=fsync)
+                             compile=compile_, weights=weights, force=force, fsync=fsync,
+                             quiet=quiet, log_every=log_every, allow_nan=allow_nan)
     result = run_training(spec)
     print_step_table(result)
-    click.echo(f"trained {engine}/{preset} on {nproc} rank(s) for {len(result.steps)} steps; "
-               f"final loss {result.final_loss:.4f}; records in {out}/store "
-               f"(probe query {out} \"select * from steps\")")
+    final = f"{result.final_loss:.4f}" if result.final_loss is not None else "none"
+    click.echo(f"{trained_text(engine, preset, nproc, result)}; final loss {final}; records in "
+               f"{out}/store (probe query {out} \"select * from steps\")")
+    result.check_finite(allow_nan)
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from ground.errors import ProbeError
+from probe.options import check_port_free
 
 
 @click.command("web")
@@ -29,7 +30,8 @@ from ground.errors import ProbeError
               help="A run directory whose record store the live, timeline and query pages read.")
 @click.option("--trace", "trace_file", type=click.Path(), help="A merged Chrome/Perfetto trace JSON.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8050, show_default=True, type=int, help="Port to listen on.")
+@click.option("--port", default=8050, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: a free port; the printed URL names it).")
 @click.option("--token", envvar="PROBE_WEB_TOKEN",
               help="The dashboard's token (or PROBE_WEB_TOKEN; default: a fresh random one, in the "
                    "printed URL).")
@@ -59,6 +61,7 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
         raise ProbeError(f"{more_dumps[0]}: give dumps with --dump A [B]")
     if len(paths) > 2:
         raise ProbeError(f"{paths[2]}: --dump takes one or two dumps")
+    check_port_free(host, port)         # before the dumps are read: a busy port fails at once
     from web.app import create_app, serve
 
     app = create_app(dump_a=paths[0] if paths else None, dump_b=paths[1] if len(paths) > 1 else None,

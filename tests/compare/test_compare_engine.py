@@ -19,7 +19,7 @@ def dumps(tmp_path_factory):
         "ref": ["--engine", "reference"],
         "fused": ["--engine", "fused"],
         "ref_scale": ["--engine", "reference", "--fault", "scale:layers.1.attn.o_proj.weight:1.5"],
-        "ref_nan": ["--engine", "reference", "--fault", "nan:layers.1.mlp.down_proj:0"],
+        "ref_nan": ["--engine", "reference", "--fault", "nan:layers.1.mlp.down_proj:0", "--allow-nan"],
     }
     for name, extra in runs.items():
         p = run_probe("dump", "--level", "module", "--preset", "tiny", "--max-steps", "1",

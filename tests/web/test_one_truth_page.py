@@ -34,7 +34,8 @@ def runs(tmp_path_factory):
     common = ["dump", "--level", "module", "--preset", "tiny", "--seed", "0", "--steps", "0", "--max-steps", "1"]
     for name, extra in {"ref": ["--engine", "reference"],
                         "fused": ["--engine", "fused", "--fault", "scale:decoder.layers.1.mlp.linear_fc2.weight:3"],
-                        "nan": ["--engine", "reference", "--fault", "nan:layers.1.mlp.down_proj:0"]}.items():
+                        "nan": ["--engine", "reference", "--fault", "nan:layers.1.mlp.down_proj:0",
+                                "--allow-nan"]}.items():
         r = run_probe(*common, *extra, "--out", str(root / name))
         assert r.returncode == 0, r.stderr
     return root

@@ -1,0 +1,54 @@
+"""``probe train`` while it runs: progress lines in a pipe, --quiet, and a NaN/Inf loss reported
+at its step with its rank, stopping the run with exit code 4 unless --allow-nan."""
+
+from __future__ import annotations
+
+import re
+
+from ground.errors import EXIT_NONFINITE
+from tests.conftest import run_probe
+
+PROGRESS = re.compile(r"^step (\d+) \((\d+)/(\d+)\): loss \d+\.\d{4}, \d+\.\d ms/step \[reference/tiny x1\]$")
+
+
+def test_train_prints_plain_progress_lines_in_a_pipe_and_quiet_silences_them(tmp_path):
+    r = run_probe("train", "--max-steps", "12", "--log-every", "5", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stderr and "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("step ")]
+    assert all(PROGRESS.match(ln) for ln in lines), lines
+    assert [int(PROGRESS.match(ln).group(1)) for ln in lines] == [0, 4, 9, 11]   # first, every 5, last
+    assert "trained reference/tiny on 1 rank for 12 steps (0-11); final loss" in r.stdout
+    q = run_probe("train", "--max-steps", "2", "--quiet", "--out", str(tmp_path / "q"))
+    assert q.returncode == 0 and q.stderr == "", q.stderr
+    assert "for 2 steps (0-1)" in q.stdout
+
+
+def test_a_nan_loss_is_reported_at_its_step_and_rank_and_stops_with_exit_code_4(tmp_path):
+    r = run_probe("train", "--nproc", "2", "--max-steps", "6", "--fault", "nan:layers.0.attn:2",
+                  "--quiet", "--out", str(tmp_path / "n"))
+    assert r.returncode == EXIT_NONFINITE == 4, r.stderr
+    assert "Traceback" not in r.stderr
+    nan_lines = [ln for ln in r.stderr.splitlines() if "step 2: loss = nan" in ln]
+    assert nan_lines == ["probe: ranks 0,1 step 2: loss = nan (gradient norm nan); training stops at "
+                         "this step (exit code 4; --allow-nan trains on)"], r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("probe: error: the loss or gradient norm is "
+                                                        "not finite at step 2")
+    table = [ln.split()[0] for ln in r.stdout.splitlines() if ln.strip()[:1].isdigit()]
+    assert table == ["0", "1", "2"]                     # stopped at the NaN step, which is recorded
+    assert "for 3 steps (0-2); final loss nan" in r.stdout
+
+
+def test_allow_nan_trains_on_to_the_end_and_exits_0(tmp_path):
+    r = run_probe("train", "--max-steps", "4", "--fault", "nan:layers.0.attn:1", "--allow-nan",
+                  "--quiet", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == "probe: rank 0 step 1: loss = nan (gradient norm nan); --allow-nan: training goes on"
+    assert "for 4 steps (0-3); final loss nan" in r.stdout
+
+
+def test_help_documents_the_exit_code_and_the_flags():
+    r = run_probe("train", "--help")
+    text = " ".join(r.stdout.split())
+    assert "--allow-nan" in text and "--quiet" in text and "--log-every" in text
+    assert "4 the loss or gradient norm turned NaN/Inf" in text

@@ -100,7 +100,8 @@ def check_faults(faults: list[Fault], model: nn.Module, world_size: int) -> None
             raise ProbeError(f"fault {f}: no API {f.target!r}; name one as a dump does: "
                              "Functional.linear, Torch.matmul, Tensor.__matmul__")
         if f.kind in ("slow", "hang") and int(f.target) >= world_size:
-            raise ProbeError(f"fault {f}: rank {f.target} does not exist with {world_size} rank(s)")
+            raise ProbeError(f"fault {f}: rank {f.target} does not exist with {world_size} "
+                             f"rank{'' if world_size == 1 else 's'}")
 
 
 class FaultPlanter:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from collectors.msprobe_layout import step_rank
+from collectors.store import STORE_DIRNAME
 from ground.errors import ProbeError
 
 #: what ``probe check-api`` writes (the Parquet table is read; the CSV when it is alone)
@@ -70,10 +71,11 @@ def find_check(dump: str | os.PathLike | None, given: str | os.PathLike | None =
 
 
 def _run_folder(p: Path) -> Path:
+    """The run folder above a dump.json, its rank and step folders, or its record store."""
     p = p.resolve()
     if p.is_file():
         p = p.parent
-    while p.parent != p and step_rank(Path(p.name)) != (None, None):
+    while p.parent != p and (step_rank(Path(p.name)) != (None, None) or p.name == STORE_DIRNAME):
         p = p.parent
     return p
 
@@ -118,7 +120,8 @@ class CheckMarks:
     @classmethod
     def for_graph(cls, graph: Any, given: str | os.PathLike | None = None) -> "CheckMarks | None":
         """The marks of the check found for ``graph`` (:func:`find_check` of its source), at
-        the step and rank of its dump; None when there is no check result."""
+        the step and rank of its dump (``step{N}/rank{R}/dump.json``; a record store's graph
+        names neither: every row marks); None when there is no check result."""
         source = getattr(graph, "source", None)
         step, rank = step_rank(Path(source)) if source is not None else (None, None)
         table = find_check(source, given, rank)

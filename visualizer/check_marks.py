@@ -31,9 +31,6 @@ CHECK_FILES = ("check_api.parquet", "check_api.csv")
 #: verdicts that mark a node, worst first
 FLAGGED = ("nan", "error", "warning")
 _RANK = {v: i for i, v in enumerate(FLAGGED)}
-#: the row fields the detail panel shows
-FIELDS = ("name", "api", "op", "dtype", "shape", "k", "verdict", "reason", "max_abs_err", "max_rel_err",
-          "max_ulp", "rel_err", "cosine", "balance", "budget_max", "budget_mean", "over")
 
 
 def table_of(folder: Path) -> Path | None:

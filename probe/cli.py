@@ -5,7 +5,8 @@ Each verb lives in ``probe/commands/<verb>.py`` and is imported only when it run
 
 Exit codes: 0 success; 1 a check failed (``compare --fail-on``, a failed run); 2 bad input or
 usage (one line on stderr); 3 an internal error (one line; ``PROBE_DEBUG=1`` shows the
-traceback); 130 interrupted.
+traceback); 4 the bundled engine's loss or gradient norm turned NaN/Inf (``--allow-nan`` trains
+on; see ``ground.errors``); 130 interrupted.
 """
 
 from __future__ import annotations

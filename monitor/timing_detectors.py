@@ -29,6 +29,9 @@ JOB_WINDOWS = (5, 10, 20, 50)
 BASELINE = 50
 #: ...and of at least this many.
 MIN_BASELINE = 10
+#: A phase judged on its own scale must have cost the step at least this fraction of its
+#: median (a 1 ms phase tripled is no slowdown).
+PHASE_MIN_COST = 0.05
 
 
 # -- straggler ---------------------------------------------------------------------------------
@@ -154,30 +157,40 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
     for row in m.rows_of(steps):
         if np.isnan(step[row]):
             continue
-        best: tuple[Verdict, float, int, str] | None = None
-        names = ("step", "compute", "data loading", "communication")
+        best: tuple[Verdict, float, int, str, bool] | None = None
+        names = ("step", "compute", "data loading", "communication", "compute",
+                 "data loading", "communication")
         for w in JOB_WINDOWS:
             lo = row - w + 1
             first = max(0, lo - BASELINE)
             ref = _nanmedian(step[first:max(0, lo)])
             if lo < 0 or (~np.isnan(step[first:lo])).sum() < MIN_BASELINE or not ref > 0:
                 continue
-            # each series as the step time the job would have if only it had changed
-            series = js[first:row + 1, :4].copy()
-            base = row_median(series[:lo - first].T)
-            series[:, 1:] = ref + (series[:, 1:] - base[None, 1:])
+            # each series as the step time the job would have if only it had changed, and each
+            # phase on its own scale (a link 3x slower is news even where transfers are a tenth
+            # of the step: its own noise is small), when it costs the step PHASE_MIN_COST
+            phases = js[first:row + 1, :4]
+            base = row_median(phases[:lo - first].T)
+            series = np.empty((len(phases), 7))
+            series[:, :4] = phases
+            series[:, 1:4] = ref + (phases[:, 1:] - base[None, 1:])
             with np.errstate(all="ignore"):
+                series[:, 4:] = ref * phases[:, 1:] / np.where(base[1:] > 0, base[1:], np.nan)
                 bins = level_bins(np.log(np.maximum(series, 1e-12) / ref), JOB_LEVELS)
             noise = bins.copy()
             noise[-w:] = -1                              # the window is judged, not noise
             for col, v in persistent(bins, len(bins) - 1, JOB_LEVELS, leave_out=False,
                                      history=len(bins), noise=noise, windows=(w,)).items():
+                if col >= 4:
+                    cost = _nanmedian(phases[-w:, col - 3] - base[col - 3])
+                    if not cost >= PHASE_MIN_COST * ref:
+                        continue
                 if best is None or v.chance < best[0].chance:
                     v.hits = v.hits + first
-                    best = (v, ref, lo, names[col])
+                    best = (v, ref, lo, names[col], col >= 4)
         if best is None:
             continue
-        v, ref, lo, series_name = best
+        v, ref, lo, series_name, own_scale = best
         window, before = slice(lo, row + 1), slice(max(0, lo - BASELINE), lo)
         growth = {name: _nanmedian(js[window, i]) - _nanmedian(js[before, i])
                   for i, name in enumerate(JOB_SERIES) if i}
@@ -194,12 +207,21 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
             "message": (f"the job's steps are slower: {now:.1f} ms, {now / ref:.2f}x its "
                         f"median of {ref:.1f} ms before"
                         + (f", {phase} {growth.get(phase, math.nan):+.1f} ms" if phase else "")
-                        + f"; above {v.level:g}x in {v.k} of the last {v.n} steps, chance "
-                        f"{v.chance:.0e} by its own noise"),
+                        + (f" ({phase} {_phase_ratio(js, names.index(phase), window, before):.2f}x "
+                           "its own median)" if own_scale else "")
+                        + f"; {'that phase ' if own_scale else ''}above {v.level:g}x in {v.k} "
+                        f"of the last {v.n} steps, chance {v.chance:.0e} by its own noise"),
             "evidence": {"step_time_ms": now, "median_ms": ref, "ratio": now / ref,
                          "level": v.level, "k": v.k, "n": v.n, "noise_rate": v.p,
                          "run_rate": v.p11, "chance": v.chance, "phase": phase,
-                         "series": series_name, "growth_ms": dict(growth, waiting=waiting),
+                         "series": series_name, "own_scale": own_scale,
+                         "growth_ms": dict(growth, waiting=waiting),
                          "slow_steps": [int(m.steps[i]) for i in v.hits]},
         })
     return alerts
+
+
+def _phase_ratio(js: np.ndarray, col: int, window: slice, before: slice) -> float:
+    """The median of job series ``col`` over ``window`` over its median ``before``."""
+    was = _nanmedian(js[before, col])
+    return _nanmedian(js[window, col]) / was if was > 0 else math.nan

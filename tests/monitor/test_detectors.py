@@ -172,6 +172,23 @@ def test_slow_links_slow_every_rank_and_are_a_slow_step_in_communication():
     assert not [a for a in alerts if a["kind"] == "straggler"]
 
 
+
+def test_a_slower_link_in_a_big_noisy_job_is_found_on_the_transfers_own_scale():
+    """512 ranks: each step waits for the slowest rank's hiccup (steps of ~300 ms), so
+    transfers going 20 -> 60 ms add only ~15% to the step, within the step's own noise; on
+    their own scale they tripled, far above theirs."""
+    healthy = noisy_job(n_ranks=512, n_steps=120, seed=8)
+    assert not [a for a in detect(healthy) if a["kind"] in ("slow_step", "straggler")]
+    slow = noisy_job(n_ranks=512, n_steps=120, seed=8)
+    extra = np.where(np.arange(120) >= 80, 40.0, 0.0)[:, None]
+    slow.cols["comm_time_ms"] = slow.cols["comm_time_ms"] + extra
+    slow.cols["step_time_ms"] = slow.cols["step_time_ms"] + extra
+    alerts = [a for a in detect(slow) if a["kind"] in ("slow_step", "straggler")]
+    assert alerts and {a["kind"] for a in alerts} == {"slow_step"}
+    first = alerts[0]
+    assert first["evidence"]["phase"] == "communication" and first["evidence"]["own_scale"]
+    assert 80 <= first["step"] <= 90 and "communication" in first["message"]
+
 def test_a_job_slowed_by_a_new_straggler_is_not_a_slow_step():
     rows = sync_job(n_steps=60, slow_rank=3, factor=2.0, onset=40)
     kinds = {(a["kind"], a["rank"]) for a in detect(rows)}

@@ -115,6 +115,8 @@ def _stats_array(items: list[dict], nodes: list[str], path: Path) -> pa.StructAr
                     v = _dims(v)
                 elif f.name == "requires_grad":
                     v = v if isinstance(v, bool) else None
+                elif f.name == "tensor_id":
+                    v = v if type(v) is int and -MAX_DIM - 1 <= v <= MAX_DIM else None
                 elif v is not None and not isinstance(v, str):
                     v = str(v)
                 out[f.name] = v

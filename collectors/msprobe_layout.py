@@ -42,11 +42,13 @@ __all__ = ["MODULE_PREFIXES", "STAT_TYPE", "SLOTS", "loads", "position_names", "
 #: The first part of a module entry's name (PyTorch, MindSpore).
 MODULE_PREFIXES = ("Module", "Cell")
 
-#: The fields of one tensor of an entry, as msprobe writes them.
+#: The fields of one tensor of an entry, as msprobe writes them, and the ``tensor_id`` our dumps
+#: add (the data's id in the step; msprobe's tools ignore it, and its own dumps have none).
 STAT_TYPE = pa.struct([
     ("type", pa.string()), ("dtype", pa.string()), ("shape", pa.list_(pa.int64())),
     ("Max", pa.float64()), ("Min", pa.float64()), ("Mean", pa.float64()), ("Norm", pa.float64()),
     ("md5", pa.string()), ("data_name", pa.string()), ("requires_grad", pa.bool_()),
+    ("tensor_id", pa.int64()),
 ])
 
 #: An entry's keys, in the order an entry holds them, and the slot of the tensor records each

@@ -236,6 +236,7 @@ def _tensor_table(path: Path, meta: dict, names: pa.Array, info: pa.Table, flat:
         "mean": lambda: stats.field("Mean"), "l2norm": lambda: stats.field("Norm"),
         "hash": lambda: stats.field("md5"), "tensor_file": files,
         "requires_grad": lambda: stats.field("requires_grad"),
+        "tensor_id": lambda: stats.field("tensor_id"),
         "value": lambda: flat.column("value"), "nan_count": lambda: pa.nulls(n, pa.int64()),
         "inf_count": lambda: pa.nulls(n, pa.int64()), "host_ts_ns": lambda: pa.nulls(n, pa.int64()),
     }

@@ -3,8 +3,10 @@
  * Compiled once per machine by collectors/msprobe_scan.py and loaded with ctypes. It reads the
  * common layout only: {"...": ..., "data": {NAME: ENTRY, ...}} where a forward/backward ENTRY
  * is an object whose "input_args", "output" and "input" are arrays and whose "input_kwargs" and
- * "parameters" are objects, each holding tensor-statistics objects or null, and a
- * "*.parameters_grad*" ENTRY maps each parameter to an array of one tensor object. Anything
+ * "parameters" are objects, each holding tensor-statistics objects or null (members read:
+ * type, dtype, shape, Max, Min, Mean, Norm, md5, data_name, requires_grad and the tensor_id our
+ * dumps add; others are skipped), and a "*.parameters_grad*" ENTRY maps each parameter to an
+ * array of one tensor object. Anything
  * else (nested outputs, non-tensor arguments, strings with escapes, odd value types, truncated
  * or malformed text) makes it return a negative code, and the caller reads the file the general
  * way (orjson and a Python walk), which also words the error for malformed input.
@@ -55,6 +57,8 @@ typedef struct {
     int64_t *meta_ranges; /* 4 per member: key start, key end, value start, value end */
     int64_t err_pos;
     int64_t release;      /* buf is a file mapping: hand back the pages read (see release_read) */
+    int64_t *tensor_id;   /* our dumps' "tensor_id" (an integer), per tensor */
+    uint8_t *tensor_id_valid;
 } scan_t;
 
 enum { E_SYNTAX = -1, E_LAYOUT = -2, E_CAPACITY = -3, E_ESCAPE = -4, E_LOCALE = -5 };
@@ -268,6 +272,8 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
     str_null(&s->type, r); str_null(&s->dtype, r); str_null(&s->md5, r); str_null(&s->data_name, r);
     for (int k = 0; k < 4; k++) { s->stats[4 * r + k] = 0; s->stat_valid[4 * r + k] = 0; }
     s->requires_grad[r] = -1;
+    s->tensor_id[r] = 0;
+    s->tensor_id_valid[r] = 0;
     s->shape_off[r + 1] = (int32_t)s->n_s;
     s->shape_valid[r] = 0;
     /* a member seen twice keeps its last value, as a JSON parser would; strings appended twice
@@ -303,6 +309,27 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
             else if (lit(s, i, "false", 5)) { s->requires_grad[r] = 0; i += 5; }
             else if (lit(s, i, "null", 4)) { s->requires_grad[r] = -1; i += 4; }
             else return E_LAYOUT;
+        } else if (KEY_IS("tensor_id")) {
+            /* an integer in int64's range or null; anything else is read the general way */
+            if (lit(s, i, "null", 4)) {
+                s->tensor_id_valid[r] = 0;
+                i += 4;
+            } else {
+                int64_t j = i, v = 0;
+                int neg = 0;
+                if (j < s->len && s->buf[j] == '-') { neg = 1; j++; }
+                int64_t d0 = j;
+                while (j < s->len && s->buf[j] >= '0' && s->buf[j] <= '9') {
+                    if (v > (INT64_MAX - 9) / 10) return E_LAYOUT;
+                    v = v * 10 + (s->buf[j] - '0');
+                    j++;
+                }
+                if (j == d0 || (j < s->len && (s->buf[j] == '.' || s->buf[j] == 'e' || s->buf[j] == 'E')))
+                    return E_LAYOUT;
+                s->tensor_id[r] = neg ? -v : v;
+                s->tensor_id_valid[r] = 1;
+                i = j;
+            }
         } else if (KEY_IS("shape")) {
             if (seen & 16u) return E_LAYOUT;
             seen |= 16u;

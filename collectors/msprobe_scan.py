@@ -56,7 +56,8 @@ class _Scan(ctypes.Structure):
                 ("shape_vals", ctypes.c_void_p),
                 ("meta_cap", ctypes.c_int64), ("n_meta", ctypes.c_int64),
                 ("meta_ranges", ctypes.c_void_p), ("err_pos", ctypes.c_int64),
-                ("release", ctypes.c_int64)]
+                ("release", ctypes.c_int64), ("tensor_id", ctypes.c_void_p),
+                ("tensor_id_valid", ctypes.c_void_p)]
 
 
 _fn: Any = None
@@ -175,6 +176,8 @@ def _scan(fn: Any, raw: bytes | mmap.mmap, t_cap: int, s_cap: int, mapped: bool)
     stats = np.empty(4 * t_cap, dtype=np.float64)
     stat_valid = np.empty(4 * t_cap, dtype=np.uint8)
     grad = np.empty(t_cap, dtype=np.int8)
+    tensor_id = np.empty(t_cap, dtype=np.int64)
+    tensor_id_valid = np.empty(t_cap, dtype=np.uint8)
     shape_off = np.empty(t_cap + 1, dtype=np.int32)
     shape_valid = np.empty(t_cap, dtype=np.uint8)
     shape_vals = np.empty(s_cap, dtype=np.int64)
@@ -184,7 +187,8 @@ def _scan(fn: Any, raw: bytes | mmap.mmap, t_cap: int, s_cap: int, mapped: bool)
               keys.struct(), cols["type"].struct(), cols["dtype"].struct(), cols["md5"].struct(),
               cols["data_name"].struct(), stats.ctypes.data, stat_valid.ctypes.data,
               grad.ctypes.data, shape_off.ctypes.data, shape_valid.ctypes.data, s_cap, 0,
-              shape_vals.ctypes.data, _META_CAP, 0, meta.ctypes.data, 0, 1 if mapped else 0)
+              shape_vals.ctypes.data, _META_CAP, 0, meta.ctypes.data, 0, 1 if mapped else 0,
+              tensor_id.ctypes.data, tensor_id_valid.ctypes.data)
     code = fn(ctypes.byref(s))
     del buf
     if code == _E_CAPACITY:
@@ -193,14 +197,14 @@ def _scan(fn: Any, raw: bytes | mmap.mmap, t_cap: int, s_cap: int, mapped: bool)
         return None
     try:
         return _assemble(raw, s, names, keys, cols, seq, slot, pos, stats, stat_valid, grad,
-                         shape_off, shape_valid, shape_vals, meta)
+                         shape_off, shape_valid, shape_vals, meta, tensor_id, tensor_id_valid)
     except (pa.ArrowException, ValueError, TypeError, UnicodeDecodeError):
         return None                   # e.g. an older pyarrow without a call used here
 
 
 def _assemble(raw: bytes | mmap.mmap, s: _Scan, names: _Col, keys: _Col, cols: dict, seq: Any, slot: Any,
               pos: Any, stats: Any, stat_valid: Any, grad: Any, shape_off: Any, shape_valid: Any,
-              shape_vals: Any, meta: Any) -> ScanResult | None:
+              shape_vals: Any, meta: Any, tensor_id: Any, tensor_id_valid: Any) -> ScanResult | None:
     """The scanner's buffers as the reader's tables (None: a layout the general path reads)."""
     import numpy as np
     import pyarrow.compute as pc
@@ -225,7 +229,8 @@ def _assemble(raw: bytes | mmap.mmap, s: _Scan, names: _Col, keys: _Col, cols: d
                    "Max": pa.array(st[:, 0], mask=~sv[:, 0]), "Min": pa.array(st[:, 1], mask=~sv[:, 1]),
                    "Mean": pa.array(st[:, 2], mask=~sv[:, 2]), "Norm": pa.array(st[:, 3], mask=~sv[:, 3]),
                    "md5": strs["md5"], "data_name": strs["data_name"],
-                   "requires_grad": pa.array(g == 1, mask=g < 0)}
+                   "requires_grad": pa.array(g == 1, mask=g < 0),
+                   "tensor_id": pa.array(tensor_id[:n], mask=tensor_id_valid[:n] == 0)}
     struct = pa.StructArray.from_arrays([stat_arrays[f.name] for f in STAT_TYPE], fields=list(STAT_TYPE))
     p = pos[:n]
     index = pc.if_else(pa.array(p >= 0),

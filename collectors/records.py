@@ -1,6 +1,9 @@
 """The four record kinds, defined once as Arrow schemas and used by every writer and reader.
 
-- ``tensor``: one tensor (or scalar) seen at a module/API boundary, with its statistics;
+- ``tensor``: one tensor (or scalar) seen at a module/API boundary, with its statistics and,
+  when the dump knew it, ``tensor_id``: an id per step and rank shared by every row that saw
+  the same unchanged data (a module's output and the next one's input), null where unknown
+  (msprobe's own dumps, older dumps, scalars, a tensor without storage);
 - ``node``: one node of the module/API tree (msprobe's construct.json);
 - ``event``: a profiler event (mark, range, comm, step, kernel);
 - ``metric``: one metric point (time, job, rank, step, name, value).
@@ -42,6 +45,7 @@ TENSOR = pa.schema([
     ("host_ts_ns", pa.int64()),
     ("requires_grad", pa.bool_()),
     ("value", pa.string()),         # JSON text of a non-tensor argument (int, float, str, None)
+    ("tensor_id", pa.int64()),      # the dump's per-step id of the data (equal: the same tensor); null: unknown
 ])
 
 NODE = pa.schema([

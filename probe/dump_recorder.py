@@ -52,7 +52,8 @@ class DumpRecorder:
         self._filtered = self._scope is not None or self._names is not None
         self._rank_selected = config.ranks is None or self.rank in set(config.ranks)
         self._values = RowBuilder(adapter.stats, want_hash=config.task == "md5",
-                                  save=self._save_tensor if config.task == "tensor" else None)
+                                  save=self._save_tensor if config.task == "tensor" else None,
+                                  tensor_ids=True)
         self._value = self._values.value
         self._errors_reported: set[str] = set()
         self._include_cache: dict[str, bool] = {}

@@ -10,6 +10,15 @@ columns a call sets (:data:`ROW_COLUMNS`, in the schema's order); the step's col
 The ``tensor`` task names each tensor's file with :func:`tensor_file_name`: distinct dump names
 get distinct file names, and one name gets the same file name in every run and rank.
 
+With ``tensor_ids`` each tensor also gets the data's id in the step (the ``tensor_id`` column and
+the entry's ``"tensor_id"``): 0, 1, 2, ... in the order the step first reads each distinct
+:meth:`~engine_adapter.base.StatsBackend.identity`, the same id while that key holds (the first
+tensor read under it is alive: the key its statistics are reused under), so a module's output
+and the input of the module that takes it share one id, as do a tensor and its dense views
+(reshape, transpose); an in-place change (a new version) or memory reused by another tensor
+gets a new id. A tensor without an identity (no storage; every MindSpore tensor for now) has
+none (null): an id of its own would claim that no other row holds its data, which nobody knows.
+
 >>> ROW_COLUMNS[:3], STAT_COLUMNS[0]
 (('seq', 'node', 'node_kind'), 'max')
 """
@@ -103,23 +112,28 @@ class RowBuilder:
     """Turns the values of one step into JSON entries and rows; :meth:`start_step` begins a step.
 
     ``save(t, name)`` writes a tensor file named from ``name`` (a :func:`tensor_file_name`) and
-    returns its name (the ``tensor`` task), or is None.
+    returns its name (the ``tensor`` task), or is None. ``tensor_ids``: record each tensor's id
+    in the step (see the module docstring; off: the ``tensor_id`` column is null and entries
+    have no ``"tensor_id"``, for a builder that sees single calls rather than a whole step).
     """
 
     def __init__(self, stats: StatsBackend, *, want_hash: bool,
-                 save: Callable[[Any, str], str] | None) -> None:
+                 save: Callable[[Any, str], str] | None, tensor_ids: bool = False) -> None:
         self.stats = stats
         self._tensor_type = stats.tensor_type
         self._want_hash = want_hash
         self._save = save
+        self._tensor_ids = tensor_ids
         self.start_step()
 
     def start_step(self) -> None:
-        """New lists for a new step (the last step's are the writer's now)."""
+        """New lists for a new step (the last step's are the writer's now); ids start at 0."""
         self.rows: list[list] = []
         self.leaves: list[Leaf] = []
         self.handles: list[Any] = []
+        #: identity -> (the tensor first read, weakly; its handle index; digest; tensor id)
         self._seen: dict[Any, tuple] = {}
+        self._next_id = 0
 
     def value(self, x: Any, seq: int, node: str, kind: str, direction: str, slot: str, index: str) -> Any:
         """The JSON entry of ``x`` (a tensor, a scalar or a container of them), its rows recorded."""
@@ -172,7 +186,7 @@ class RowBuilder:
             elif tv is list:          # a slice's bounds may be floats
                 v = [msprobe_writer.json_float(x) if type(x) is float else x for x in v]
         self.rows.append([seq, node, kind, direction, slot, index, type_name, None, None,
-                          None, None, None, text])
+                          None, None, None, text, None])
         return {"type": type_name, "value": v}
 
     def _tensor(self, t: Any, seq: int, node: str, kind: str, direction: str, slot: str,
@@ -186,11 +200,11 @@ class RowBuilder:
         if requires_grad is not None:
             entry["requires_grad"] = requires_grad
         handle_index = -1
-        digest = file_name = None
+        digest = file_name = tensor_id = None
         key = stats.identity(t)
         seen = self._seen.get(key) if key is not None else None
         if seen is not None and seen[0]() is not None:
-            handle_index, digest = seen[1], seen[2]
+            _, handle_index, digest, tensor_id = seen
         else:
             stat_kind = meta.kind
             if stat_kind != OPAQUE:
@@ -200,16 +214,21 @@ class RowBuilder:
             if self._want_hash:
                 digest = stats.digest(t)
             if key is not None:
-                self._seen[key] = (weakref.ref(t), handle_index, digest)
+                if self._tensor_ids:
+                    tensor_id = self._next_id
+                    self._next_id = tensor_id + 1
+                self._seen[key] = (weakref.ref(t), handle_index, digest, tensor_id)
         if digest is not None:
             entry["md5"] = digest
         if self._save is not None:
             file_name = self._save(t, tensor_file_name(node, slot, index))
             entry["data_name"] = file_name
+        if tensor_id is not None:
+            entry["tensor_id"] = tensor_id
         rows = self.rows
         self.leaves.append(Leaf(entry, handle_index, len(rows), meta.numel, meta.kind))
         rows.append([seq, node, kind, direction, slot, index, meta.dtype, shape, meta.numel,
-                     digest, file_name, requires_grad, None])
+                     digest, file_name, requires_grad, None, tensor_id])
         return entry
 
 

@@ -2,12 +2,15 @@
 
 An edge is only drawn where the two ends are known to hold the same tensor:
 
-1. **Identity of a tensor row.** A ``tensor_id`` column, when the records carry one (the
-   recorder's key of the data it read, equal for every row that saw the same unchanged bytes in
-   a step), is the identity. Without it, the statistics are: dtype, element count, max, min,
-   mean, L2 norm and hash, all equal. A tensor whose statistics cannot tell it apart from
-   another is given no identity: a constant one (max equal to min, as zeros, masks and ones
-   are), an integer one without mean or norm, one whose statistics are not finite.
+1. **Identity of a tensor row.** The ``tensor_id`` column, where the dump recorded one (``probe
+   dump`` does: the id it gave the data when it first read it in the step, from the tensor's
+   memory, dtype, extent and version, shared by every row that saw the same unchanged bytes,
+   views included; see :mod:`probe.dump_rows`), is the identity. A row without one (msprobe's
+   own dumps, older dumps, a tensor without storage) falls back on its statistics: dtype,
+   element count, max, min, mean, L2 norm and hash, all equal, matched only with other rows
+   without an id. A tensor whose statistics cannot tell it apart from another is given no
+   identity: a constant one (max equal to min, as zeros, masks and ones are), an integer one
+   without mean or norm, one whose statistics are not finite.
 2. **Producers and consumers.** A node produces the data of its output rows and consumes that
    of its input and keyword rows. A module that hands on its child's output is no producer of
    its own, and a module whose child takes its input is no consumer of its own: the edge goes to
@@ -47,7 +50,7 @@ CONSUMING = ("input", "kwarg")
 @dataclass(frozen=True)
 class Edge:
     """Data flows from node ``src`` (an output) to node ``dst`` (an input); ``via`` says how the
-    shared tensor was recognised: ``tensor_id`` or ``statistics``."""
+    shared tensor was recognised: ``tensor_id`` (recorded by the dump) or ``statistics``."""
 
     src: str
     dst: str
@@ -63,12 +66,25 @@ def _stat_identity(dtype, shape, mx, mn, mean, norm, digest) -> tuple | None:
     return (dtype, numel, mx, mn, mean, norm, digest)
 
 
-def _identities(tensors: pa.Table) -> tuple[list, str]:
-    """One identity (or None) per row, and how it was known."""
-    if TENSOR_ID in tensors.column_names and tensors.column(TENSOR_ID).null_count < tensors.num_rows:
-        return [None if v is None else ("id", v) for v in tensors.column(TENSOR_ID).to_pylist()], TENSOR_ID
+#: how an identity was known, by its first element
+_VIA = {"id": TENSOR_ID, "stats": "statistics"}
+
+
+def _identities(tensors: pa.Table) -> list:
+    """One identity (or None) per row: ``("id", tensor_id)`` where the row has a recorded id,
+    else ``("stats", ...)`` from its statistics (see the module docstring)."""
+    ids = tensors.column(TENSOR_ID).to_pylist() if TENSOR_ID in tensors.column_names else None
+    if ids is not None and None not in ids:
+        return [("id", v) for v in ids]
     cols = [tensors.column(c).to_pylist() for c in ("dtype", "shape", "max", "min", "mean", "l2norm", "hash")]
-    return [_stat_identity(*v) for v in zip(*cols)], "statistics"
+    if ids is None:
+        return [_stat_key(v) for v in zip(*cols)]
+    return [("id", i) if i is not None else _stat_key(v) for i, v in zip(ids, zip(*cols))]
+
+
+def _stat_key(values: tuple) -> tuple | None:
+    key = _stat_identity(*values)
+    return None if key is None else ("stats", key)
 
 
 def flow_edges(tensors: pa.Table, parent: Mapping[str, str | None]) -> list[Edge]:
@@ -77,7 +93,7 @@ def flow_edges(tensors: pa.Table, parent: Mapping[str, str | None]) -> list[Edge
     (see the module docstring); ``parent`` maps every node to its parent (None at the top)."""
     if tensors.num_rows == 0:
         return []
-    ids, via = _identities(tensors)
+    ids = _identities(tensors)
     nodes = tensors.column("node").to_pylist()
     slots = tensors.column("slot").to_pylist()
     seqs = tensors.column("seq").to_pylist()
@@ -114,7 +130,7 @@ def flow_edges(tensors: pa.Table, parent: Mapping[str, str | None]) -> list[Edge
                 i -= 1
                 p = made[i][1]
                 if p != c and not _related(p, c, parent):
-                    edges.setdefault((p, c), Edge(p, c, via))
+                    edges.setdefault((p, c), Edge(p, c, _VIA[key[0]]))
                     break
     return sorted(edges.values(), key=lambda e: (start[e.dst], end[e.src], e.src, e.dst))
 

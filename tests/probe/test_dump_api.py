@@ -71,7 +71,7 @@ def test_module_level_writes_msprobe_keys_layout_and_header(tmp_path):
     fwd = data["Module.block.attn.q.Linear.forward.0"]
     assert list(fwd) == ["input_args", "input_kwargs", "output", "parameters"]
     assert list(fwd["input_args"][0]) == ["type", "dtype", "shape", "Max", "Min", "Mean", "Norm",
-                                          "requires_grad"]
+                                          "requires_grad", "tensor_id"]   # msprobe's keys, then ours
     assert fwd["input_args"][0]["shape"] == [4, 6, 32] and fwd["input_args"][0]["dtype"] == "torch.float32"
     assert set(fwd["parameters"]) == {"weight", "bias"}
     bwd = data["Module.block.attn.q.Linear.backward.0"]

@@ -21,7 +21,7 @@ def test_rows_and_statistics_land_in_the_tensor_record_columns_they_are_named_fo
                           "direction": "forward", "slot": "input", "index": "0",
                           "dtype": "torch.float32", "shape": [2, 2], "numel": 4,
                           "hash": entry["md5"], "tensor_file": None, "requires_grad": True,
-                          "value": None}
+                          "value": None, "tensor_id": None}
     assert (scalar_row["slot"], scalar_row["index"], scalar_row["dtype"], scalar_row["value"]) == (
         "kwarg", "alpha", "float", "2.5")
 

@@ -47,6 +47,6 @@ def test_edges_join_the_deepest_nodes_and_skip_a_module_handing_on_its_childs_te
 
 def test_a_recorded_tensor_id_is_the_identity_when_present():
     t = rows(("a", "output", 0, X), ("b", "input", 1, Y), ("c", "input", 2, X))
-    t = t.append_column("tensor_id", pa.array([7, 7, None], pa.int64()))
+    t = t.set_column(t.schema.get_field_index("tensor_id"), "tensor_id", pa.array([7, 7, None], pa.int64()))
     edges = flow_edges(t, dict.fromkeys("abc"))
     assert pairs(edges) == [("a", "b")] and edges[0].via == "tensor_id"

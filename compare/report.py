@@ -1,4 +1,4 @@
-"""Reports: summary.json contents, the output files and the terminal summary.
+r"""Reports: summary.json contents, the output files and the terminal summary.
 
 Every count is labelled with what it counts (:func:`compare.verdict.counts`): tensors (rows of
 compare.csv), nodes (rows of nodes.parquet), unmatched nodes per side.

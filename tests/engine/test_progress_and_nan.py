@@ -52,3 +52,35 @@ def test_help_documents_the_exit_code_and_the_flags():
     text = " ".join(r.stdout.split())
     assert "--allow-nan" in text and "--quiet" in text and "--log-every" in text
     assert "4 the loss or gradient norm turned NaN/Inf" in text
+
+
+class _NanGradientAt:
+    """A callback that turns one parameter's gradient NaN at one step (the loss stays finite)."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.handle = step, None
+
+    def on_step_start(self, ctx, step):
+        if step == self.step:
+            param = next(ctx.model.parameters())
+            self.handle = param.register_hook(lambda g: g * float("nan"))
+
+    def on_step_end(self, ctx, step, metrics):
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+def test_a_nan_gradient_with_a_finite_loss_names_the_rank_and_stops(tmp_path, capsys):
+    from engine.launch import run_training
+    from engine.spec import RunSpec
+    from engine_adapter.callbacks import CallbackSpec, TrainCallback
+
+    cls = type("NanGradientAt", (_NanGradientAt, TrainCallback), {})
+    result = run_training(RunSpec(max_steps=4, out_dir=str(tmp_path), quiet=True,
+                                  callbacks=(CallbackSpec(cls, {"step": 1}),)))
+    err = capsys.readouterr().err
+    assert [r["step"] for r in result.steps] == [0, 1]
+    assert re.search(r"^probe: rank 0 step 1: gradient norm = nan \(loss \d+\.\d{4}\); training stops", err, re.M), err
+    row = result.first_nonfinite
+    assert row["step"] == 1 and row["loss"] == row["loss"]        # the loss itself is finite

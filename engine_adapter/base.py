@@ -62,12 +62,21 @@ class StatsBackend(ABC):
     def identity(self, t: Any) -> Any:
         """A key equal for two references to the same unchanged data (None: no reuse).
 
-        Within a step the recorder reuses the statistics of data it has already read under the
-        same key while the tensor it first read is still alive (so the memory cannot have been
-        reused): a module's output that is the next module's input is reduced once, also when
-        it reaches that module as another tensor object (a view of the same bytes).
+        Within a step the recorder reuses the statistics (and the tensor id) of data it has
+        already read under the same key while the key's :meth:`owner` is still alive (so the
+        memory cannot have been reused): a module's output that is the next module's input is
+        reduced once, also when it reaches that module as another tensor object (a view of the
+        same bytes).
         """
         return None
+
+    def owner(self, t: Any) -> Any:
+        """The object whose life bounds ``t``'s :meth:`identity` key (weakly referenced): while
+        it lives, the memory under the key cannot have been given to other data. The tensor
+        itself by default; a backend whose memory block outlives the first tensor object read
+        (the other views of it) may give the block.
+        """
+        return t
 
     @abstractmethod
     def reduce(self, t: Any, kind: str) -> Any:

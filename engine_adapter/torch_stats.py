@@ -14,8 +14,9 @@ computed where the tensor lives:
   numbers come from a zero-copy NumPy view (SIMD ``max``/``min``, BLAS dot, one ``torch.sum``;
   NaN/Inf counted only when the sum is not finite). The handle is then the finished list.
 
-:meth:`TorchStats.identity` keys a tensor by its bytes (address, dtype, extent, version), so
-the recorder reads the same data once a step however many tensor objects and views show it.
+:meth:`TorchStats.identity` keys a tensor by its bytes (address, dtype, extent, version), valid
+while its storage lives (:meth:`TorchStats.owner`), so the recorder reads the same data once a
+step however many tensor objects and views show it.
 
 >>> import torch
 >>> s = TorchStats()
@@ -82,6 +83,15 @@ class TorchStats(StatsBackend):
             return t.data_ptr(), t.dtype, t.shape, t.stride(), t._version
         except RuntimeError:        # no storage (sparse, meta, some tensor subclasses)
             return None
+
+    def owner(self, t: torch.Tensor) -> Any:
+        # the storage: its Python object lives as long as the memory does (torch keeps it for
+        # every view), so a key stays valid after the first tensor object read is gone while
+        # another view still holds the bytes (a gradient handed on as a new view object)
+        try:
+            return t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return t
 
     def reduce(self, t: torch.Tensor, kind: str) -> torch.Tensor | list[float] | None:
         if kind == OPAQUE:

@@ -12,11 +12,11 @@ get distinct file names, and one name gets the same file name in every run and r
 
 With ``tensor_ids`` each tensor also gets the data's id in the step (the ``tensor_id`` column and
 the entry's ``"tensor_id"``): 0, 1, 2, ... in the order the step first reads each distinct
-:meth:`~engine_adapter.base.StatsBackend.identity`, the same id while that key holds (the first
-tensor read under it is alive: the key its statistics are reused under), so a module's output
-and the input of the module that takes it share one id, as do a tensor and its dense views
-(reshape, transpose); an in-place change (a new version) or memory reused by another tensor
-gets a new id. A tensor without an identity (no storage; every MindSpore tensor for now) has
+:meth:`~engine_adapter.base.StatsBackend.identity`, the same id while that key holds (its
+:meth:`~engine_adapter.base.StatsBackend.owner`, for torch the storage, is alive: the key its
+statistics are reused under), so a module's output and the input of the module that takes it
+share one id, as do a tensor and its dense views (reshape, transpose); an in-place change (a
+new version) or memory given to other data gets a new id. A tensor without an identity (no storage; every MindSpore tensor for now) has
 none (null): an id of its own would claim that no other row holds its data, which nobody knows.
 
 >>> ROW_COLUMNS[:3], STAT_COLUMNS[0]
@@ -131,7 +131,7 @@ class RowBuilder:
         self.rows: list[list] = []
         self.leaves: list[Leaf] = []
         self.handles: list[Any] = []
-        #: identity -> (the tensor first read, weakly; its handle index; digest; tensor id)
+        #: identity -> (the key's owner, weakly; its handle index; digest; tensor id)
         self._seen: dict[Any, tuple] = {}
         self._next_id = 0
 
@@ -217,7 +217,7 @@ class RowBuilder:
                 if self._tensor_ids:
                     tensor_id = self._next_id
                     self._next_id = tensor_id + 1
-                self._seen[key] = (weakref.ref(t), handle_index, digest, tensor_id)
+                self._seen[key] = (weakref.ref(stats.owner(t)), handle_index, digest, tensor_id)
         if digest is not None:
             entry["md5"] = digest
         if self._save is not None:

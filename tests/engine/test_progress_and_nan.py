@@ -84,3 +84,14 @@ def test_a_nan_gradient_with_a_finite_loss_names_the_rank_and_stops(tmp_path, ca
     assert re.search(r"^probe: rank 0 step 1: gradient norm = nan \(loss \d+\.\d{4}\); training stops", err, re.M), err
     row = result.first_nonfinite
     assert row["step"] == 1 and row["loss"] == row["loss"]        # the loss itself is finite
+
+
+def test_dump_and_profile_of_a_nan_run_exit_4_after_writing_unless_allow_nan(tmp_path):
+    d = run_probe("dump", "--fault", "nan:layers.0.attn:1", "--max-steps", "3", "-q", "--out", str(tmp_path / "d"))
+    assert d.returncode == 4, d.stderr
+    assert sorted(p.name for p in (tmp_path / "d").glob("step*")) == ["step0", "step1"]   # the NaN step is dumped
+    assert "probe dump: module/statistics: 2 steps (0-1) on 1 rank" in d.stdout
+    p = run_probe("profile", "--fault", "nan:layers.0.attn:1", "--max-steps", "3", "-q", "--allow-nan",
+                  "--out", str(tmp_path / "p"))
+    assert p.returncode == 0, p.stderr
+    assert "for 3 steps (0-2)" in p.stdout and "step 1: loss = nan" in p.stderr

@@ -14,8 +14,12 @@ list of events whose ``end_ns`` is -1), the sink gives such a parent its trace a
 then, and uses them when it ends. A range still open when the session closes is exported with
 the end of the last event seen and ``probe.unclosed`` set, so no child points at a span that
 never comes. Every recorded event is exported (sampling would cut traces apart: select steps
-with the session instead); nothing is dropped: when the processor's queue would overflow, the
-sink waits for an export (on the drain thread, never the hot path).
+with the session instead); nothing is dropped while the collector takes them: when the
+processor's queue would overflow, the sink waits for an export (on the drain thread, never the
+hot path). When an export fails (the collector is down), the next ones fail at once for
+:data:`PAUSE_AFTER_FAILURE_S` and the sink no longer waits, so recording is never held up by a
+collector that is away; what was lost is counted and raised by :meth:`OTelSink.close` (the
+session reports it as a sink error).
 
 Resource: ``service.name`` (``OTEL_SERVICE_NAME``, else ``probe``; ``OTEL_RESOURCE_ATTRIBUTES``
 are merged), ``probe.run``, ``probe.job`` (the same name), ``probe.rank``,
@@ -40,11 +44,14 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Sequence
 
 #: Spans waiting in the batch processor at most (``OTEL_BSP_MAX_QUEUE_SIZE`` overrides it).
 DEFAULT_QUEUE = 16384
+#: Seconds exports fail at once after one failed (the collector is down or refuses).
+PAUSE_AFTER_FAILURE_S = 30.0
 #: Step spans remembered as parents of events that arrive after their step was exported.
 STEPS_KEPT = 256
 _INF = float("inf")
@@ -102,27 +109,37 @@ class _Item:
 
 
 class _Counting:
-    """Wraps a span exporter and counts the spans it exported and failed to export."""
+    """Wraps a span exporter: counts the spans it exported and failed to export, and after a
+    failed export fails the next ones at once for :data:`PAUSE_AFTER_FAILURE_S` (a collector
+    that is down costs one exporter timeout, not one per batch)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.exported = 0
         self.failed = 0
         self.error = ""
+        self.paused_until = 0.0
+
+    @property
+    def failing(self) -> bool:
+        return time.monotonic() < self.paused_until
 
     def export(self, spans: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
+        if self.failing:
+            self.failed += len(spans)
+            return SpanExportResult.FAILURE
         try:
             result = self.inner.export(spans)
         except Exception as e:  # noqa: BLE001 - counted, reported when the session closes
-            self.failed += len(spans)
             self.error = f"{type(e).__name__}: {e}"[:200]
-            return SpanExportResult.FAILURE
+            result = SpanExportResult.FAILURE
         if result == SpanExportResult.SUCCESS:
             self.exported += len(spans)
         else:
             self.failed += len(spans)
+            self.paused_until = time.monotonic() + PAUSE_AFTER_FAILURE_S
         return result
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -191,7 +208,9 @@ class OTelSink:
             self._span_processor = SimpleSpanProcessor(self._counting)
         else:
             self._queue = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or DEFAULT_QUEUE)
-            self._span_processor = BatchSpanProcessor(self._counting, max_queue_size=self._queue)
+            batch = int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 512)
+            self._span_processor = BatchSpanProcessor(self._counting, max_queue_size=self._queue,
+                                                      max_export_batch_size=min(batch, self._queue))
         self.provider.add_span_processor(self._span_processor)
 
     def write(self, events: Sequence[Any]) -> None:
@@ -212,9 +231,10 @@ class OTelSink:
             self.provider.shutdown()
             self.provider = None
         c = self._counting
-        if c.failed:
+        lost = self.spans - c.exported          # failed, or dropped by a full queue meanwhile
+        if lost > 0:
             where = f" to {self.describe}" if self.describe else ""
-            raise RuntimeError(f"{c.failed} of {c.failed + c.exported} spans failed to export{where}"
+            raise RuntimeError(f"{lost} of {self.spans} spans failed to export{where}"
                                + (f" ({c.error})" if c.error else ""))
 
     @property
@@ -247,10 +267,10 @@ class OTelSink:
         chunk = max(1, self._queue // 2)
         for lo in range(0, n, chunk):
             part = [it for it in items[lo:min(lo + chunk, n)]]
-            if self.processor != "simple":
+            if self.processor != "simple" and not self._counting.failing:
                 waiting = self.spans - self._counting.exported - self._counting.failed
                 if waiting + len(part) > self._queue:
-                    self._span_processor.force_flush()   # wait rather than drop
+                    self._span_processor.force_flush()   # wait rather than drop (collector up)
             for it in part:
                 self._assigned.pop(it.key, None)
                 self._emit(it, it.ev.end_ns)

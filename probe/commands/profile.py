@@ -8,7 +8,9 @@ in-process, steps detected from ``optimizer.step()``. It writes:
   https://ui.perfetto.dev); the per-rank fragments stay in ``OUT/trace/``;
 - event records (and per-step ``flops``/``mfu``/``hfu`` metrics) in ``OUT/store``
   (``probe query OUT "select * from events"``);
-- with ``--otel console``, OpenTelemetry spans on stdout.
+- with ``--otel otlp``, OpenTelemetry spans streamed over OTLP while the run goes (to the
+  collector the standard ``OTEL_EXPORTER_OTLP_*`` variables name; needs the ``otlp`` extra);
+  with ``--otel console``, spans on stdout.
 
 Recording loses no event by default (``--overflow block``: a thread that records faster than
 the recorder drains waits for it; ``spool``: the excess goes to disk; ``drop``: it is dropped,
@@ -20,7 +22,8 @@ stops the command unless ``--force``. Under a launcher (torchrun: every rank run
 each rank replaces only its own part, see :func:`_claim`.
 
 Exit codes: 0 done; 1 the script or a rank failed (what was recorded is still written);
-2 bad input.
+2 bad input; 4 the bundled engine's loss or gradient norm turned NaN/Inf (training stops at that
+step; ``--allow-nan`` trains on).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from typing import Any, Iterator
 import click
 
 from ground.background import OVERFLOW_POLICIES
-from ground.errors import ProbeError
-from probe.options import engine_options, force_option, fsync_option, selection_option
+from ground.errors import EXIT_NONFINITE, ProbeError
+from probe.options import (engine_options, force_option, fsync_option, refuse_engine_options,
+                           selection_option)
 
 DEFAULT_OUT = os.path.join("runs", "profile")
 #: What ``probe profile`` writes at the top of ``OUT`` (claimed with ground.outdir.claim).
@@ -56,7 +60,11 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return parts if len(parts) == 4 else parts + (1,)
 
 
-@click.command("profile", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("profile", context_settings={"help_option_names": ["-h", "--help"]},
+               epilog=f"Exit codes: 0 done; 1 the script or a rank failed (what was recorded is "
+                      f"written); 2 bad input; {EXIT_NONFINITE} the bundled engine's loss or "
+                      f"gradient norm turned NaN/Inf (training stops at that step; --allow-nan "
+                      f"trains on).")
 @selection_option("--steps", "--steps", "Steps to record, e.g. 0-3 (default: every step run).")
 @selection_option("--ranks", "--ranks", "Ranks to record, e.g. 0,1 (default: all).")
 @click.option("--schedule", default=None, callback=_schedule, metavar="W,WU,A[,R]",
@@ -67,8 +75,10 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> 
                    "CPUs: give it, or MFU is not reported).")
 @click.option("--no-flops", is_flag=True, help="Do not count FLOPs (no MFU/HFU).")
 @click.option("--torch-ops", is_flag=True, help="Add torch.profiler's op-level activity to the trace.")
-@click.option("--otel", type=click.Choice(["console"]), default=None,
-              help="Also export OpenTelemetry spans (console: print them).")
+@click.option("--otel", type=click.Choice(["otlp", "console"]), default=None,
+              help="Also export OpenTelemetry spans, nested, while the run goes: otlp (to the "
+                   "collector OTEL_EXPORTER_OTLP_ENDPOINT/_PROTOCOL/_HEADERS name; pip install "
+                   "'probe-toolchain[otlp]'), console (print them).")
 @click.option("--overflow", type=click.Choice(list(OVERFLOW_POLICIES)), default="block",
               show_default=True,
               help="What a thread does when it records mstx events faster than they are drained "
@@ -84,7 +94,8 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
             peak_tflops: float | None, no_flops: bool, torch_ops: bool, otel: str | None,
             overflow: str, max_buffer: int, force: bool, fsync: str,
             engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
-            faults: tuple[str, ...], device: str, script: tuple[str, ...]) -> int:
+            faults: tuple[str, ...], device: str, log_every: int, quiet: bool, allow_nan: bool,
+            script: tuple[str, ...]) -> int:
     """Profile a run: user mstx ranges, steps, communication, FLOPs/MFU; one merged trace.
 
     Examples:
@@ -93,10 +104,15 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
 
         probe profile --steps 2-4 --peak-tflops 0.5 -- examples/train.py --steps 5
     """
+    refuse_engine_options(click.get_current_context(), script)
     if steps is not None and schedule is not None:
         raise ProbeError("give either --steps or --schedule, not both")
     if peak_tflops is not None and peak_tflops <= 0:
         raise ProbeError(f"--peak-tflops {peak_tflops}: give a positive number (TFLOP/s of one device)")
+    if otel == "otlp":
+        from collectors import otlp
+
+        otlp.require("traces")          # one line that says what to install, before any run
     if not script and _launched_rank() is not None:
         raise ProbeError("under a launcher (torchrun) give a SCRIPT: probe profile -- train.py; "
                          "the bundled engine launches its own ranks (probe profile --nproc N)")
@@ -106,16 +122,22 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
     if script:
         code = _run_script(list(script), out, options, force=force, fsync=fsync)
     else:
-        code = _run_engine(out, options, ranks=ranks, engine=engine, preset=preset, nproc=nproc,
-                           max_steps=max_steps, seed=seed, faults=faults, device=device,
-                           force=force, fsync=fsync)
+        code, result = _run_engine(out, options, ranks=ranks, engine=engine, preset=preset,
+                                   nproc=nproc, max_steps=max_steps, seed=seed, faults=faults,
+                                   device=device, force=force, fsync=fsync, quiet=quiet,
+                                   log_every=log_every, allow_nan=allow_nan)
+        _summarise(out, overflow)
+        if result is not None:
+            result.check_finite(allow_nan)
+        return code
     _summarise(out, overflow)
     return code
 
 
 def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, engine: str,
                 preset: str, nproc: int, max_steps: int | None, seed: int,
-                faults: tuple[str, ...], device: str, force: bool, fsync: str) -> int:
+                faults: tuple[str, ...], device: str, force: bool, fsync: str, quiet: bool = False,
+                log_every: int = 10, allow_nan: bool = False) -> tuple[int, Any]:
     from engine_adapter.callbacks import CallbackSpec
     from profiler.engine_callbacks import ProfileCallback
     from engine.launch import run_training
@@ -134,7 +156,8 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max(max_steps or 0, needed, 5 if max_steps is None else 0),
                    seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(profile,),
-                   owner="profile", force=force, fsync=fsync)
+                   owner="profile", force=force, fsync=fsync, quiet=quiet, log_every=log_every,
+                   allow_nan=allow_nan)
     _claim(out, force)
     try:
         result = run_training(spec)
@@ -142,9 +165,17 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
         if e.exit_code != 1:
             raise
         click.echo(f"probe: error: {e}; what was recorded is written", err=True)
-        return 1
-    click.echo(f"trained {engine}/{preset} on {nproc} rank(s) for {len(result.steps)} steps")
-    return 0
+        return 1, None
+    from probe.commands.train import trained_text
+
+    recorded = ""
+    if steps:
+        from probe.commands.dump import _ranges
+        recorded = f"; recording steps {_ranges(steps)}" + (f" of ranks {_ranges(ranks)}" if ranks else "")
+    elif schedule:
+        recorded = f"; recording by the schedule {','.join(map(str, schedule))}"
+    click.echo(trained_text(engine, preset, nproc, result) + recorded)
+    return 0, result
 
 
 def _run_script(argv: list[str], out: str, options: dict[str, Any], *, force: bool,
@@ -164,7 +195,7 @@ def _run_script(argv: list[str], out: str, options: dict[str, Any], *, force: bo
                               flops=options["flops"], peak_tflops=options["peak_tflops"],
                               step_ranges=True, overflow=options["overflow"],
                               max_buffer=options["max_buffer"])
-    source = StepSource(adapter, [profile], out, run=store.run, store=store).start()
+    source = StepSource(adapter, [profile], out, run=store.run, store=store, setup=True).start()
     try:
         code = run_script(argv, "what was recorded is written")
     finally:
@@ -265,7 +296,8 @@ def _fragments(out: str, wait_s: float) -> list[str]:
     if len(found) < world:
         have = {Path(f).stem for f in found}
         missing = [str(r) for r in range(world) if f"rank{r}" not in have]
-        click.echo(f"probe profile: no trace fragment of rank(s) {', '.join(missing)} after "
+        click.echo(f"probe profile: no trace fragment of rank{'s' if len(missing) > 1 else ''} "
+                   f"{', '.join(missing)} after "
                    f"{wait_s:.0f} s; merging the {len(found)} there are", err=True)
     return found
 

@@ -1,7 +1,7 @@
 """``probe monitor``: the live monitor service and its operator commands.
 
     probe monitor serve [--host 127.0.0.1] [--port 50051] [--store FILE] [--token T]
-                        [--trace-on-alert KIND:STEPS] [--stacks-on-hang]
+                        [--trace-on-alert KIND:STEPS] [--stacks-on-hang] [--otlp]
     probe monitor status [--addr HOST:PORT] [--job J] [--json]
     probe monitor alerts [--job J] [--kind K] [--json]
     probe monitor trace --job J [--ranks 0,3] (--steps 120-124 | --next N) [--wait] [--out DIR]
@@ -26,7 +26,7 @@ import sys
 
 import click
 
-from probe.options import selection_option
+from probe.options import check_port_free, selection_option
 
 addr_option = click.option("--addr", default=None, metavar="HOST:PORT",
                            help="Monitor service address (default: $PROBE_MONITOR or 127.0.0.1:50051).")
@@ -57,15 +57,26 @@ def command() -> None:
 @click.option("--stacks-on-hang", is_flag=True,
               help="On a hang alert, have every rank of the job dump its Python stacks into its "
                    "run folder (stacks/) and send them here (probe monitor trace-files).")
+@click.option("--otlp", is_flag=True,
+              help="Also export the metrics ranks push as OpenTelemetry metrics over OTLP, every "
+                   "OTEL_METRIC_EXPORT_INTERVAL ms (5000), to the collector "
+                   "OTEL_EXPORTER_OTLP_ENDPOINT/_PROTOCOL/_HEADERS name (pip install "
+                   "'probe-toolchain[otlp]').")
 def serve(host: str, port: int, store: str | None, token: str | None, tls_cert: str | None,
-          tls_key: str | None, trace_on_alert: tuple[str, ...], stacks_on_hang: bool) -> int:
+          tls_key: str | None, trace_on_alert: tuple[str, ...], stacks_on_hang: bool,
+          otlp: bool) -> int:
     """Run the monitor service in the foreground until Ctrl-C or SIGTERM."""
+    if otlp:
+        from collectors import otlp as otlp_export
+
+        otlp_export.require("metrics")     # one line that says what to install, before binding
+    check_port_free(host, port)       # before the store is opened: a busy port fails at once
     from monitor.service import MonitorService, parse_trace_on_alert, serve_path_default
 
     svc = MonitorService(store_path=store or serve_path_default(), host=host, port=port,
                          token=token, tls_cert=tls_cert, tls_key=tls_key,
                          trace_on_alert=parse_trace_on_alert(trace_on_alert),
-                         stacks_on_hang=stacks_on_hang, log=_log_line)
+                         stacks_on_hang=stacks_on_hang, log=_log_line, otlp=otlp or None)
     bound = svc.start()
 
     def stop(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -75,6 +86,9 @@ def serve(host: str, port: int, store: str | None, token: str | None, tls_cert: 
     click.echo(f"monitor listening on {host}:{bound} (store {svc.store.path}, "
                f"{'token required' if token else 'no token'}, {'TLS' if tls_cert else 'plaintext'})")
     click.echo(f"ranks stream to it with PROBE_MONITOR={host}:{bound}")
+    if svc.otlp is not None:
+        click.echo(f"metrics exported over OTLP to {svc.otlp.describe} every "
+                   f"{svc.otlp.interval_ms / 1e3:g} s")
     sys.stdout.flush()
     try:
         svc.wait()

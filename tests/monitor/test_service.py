@@ -246,8 +246,10 @@ def test_serve_refuses_a_store_in_use_a_corrupt_store_and_a_busy_port(tmp_path, 
     assert res.returncode == 2 and "cannot open the monitor store" in res.stderr
     res = run_probe("monitor", "serve", "--port", str(first.port), "--store",
                     str(tmp_path / "other.duckdb"))
-    assert res.returncode == 2 and "pick another with --port" in res.stderr
-    assert "Traceback" not in res.stderr
+    assert res.returncode == 2 and f"port {first.port} on 127.0.0.1 is in use" in res.stderr
+    assert "--port 0" in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1          # no gRPC log line before it
+    assert not (tmp_path / "other.duckdb").exists()           # refused before the store is made
 
 
 def test_after_a_restart_finished_ranks_stay_finished_and_alerts_are_not_repeated(tmp_path):

@@ -36,6 +36,7 @@ import math
 import os
 import re
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,8 @@ import pyarrow as pa
 
 #: Export interval when ``OTEL_METRIC_EXPORT_INTERVAL`` is not set (the SDK's own is 60 s).
 DEFAULT_INTERVAL_MS = 5000
+#: Seconds exports fail at once after one failed (the collector is down or refuses).
+PAUSE_AFTER_FAILURE_S = 30.0
 _BAD = re.compile(r"[^A-Za-z0-9_.\-/]")
 _UNITS = (("_ms", "ms"), ("_s", "s"), ("_bytes", "By"), ("_pct", "%"))
 
@@ -60,6 +63,54 @@ def _unit(name: str) -> str:
     return next((unit for suffix, unit in _UNITS if name.endswith(suffix)), "")
 
 
+def _pausing(inner: Any) -> Any:
+    """``inner`` (a metric exporter) wrapped: after a failed export the next ones fail at once
+    for :data:`PAUSE_AFTER_FAILURE_S`, and :attr:`failing` says so (the service's stop then
+    does not wait for a collector that is away)."""
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+    class Pausing(MetricExporter):
+        def __init__(self) -> None:
+            super().__init__(preferred_temporality=inner._preferred_temporality,
+                             preferred_aggregation=inner._preferred_aggregation)
+            self.inner = inner
+            self.exported = self.failed = 0
+            self.paused_until = 0.0
+            self.busy_since: float | None = None
+
+        @property
+        def failing(self) -> bool:
+            """The last export failed, or the one under way has taken over 0.5 s (retrying)."""
+            now, busy = time.monotonic(), self.busy_since
+            return now < self.paused_until or (busy is not None and now - busy > 0.5)
+
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            if time.monotonic() < self.paused_until:
+                self.failed += 1
+                return MetricExportResult.FAILURE
+            self.busy_since = time.monotonic()
+            try:
+                result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            except Exception:  # noqa: BLE001 - counted; the store has the points
+                result = MetricExportResult.FAILURE
+            finally:
+                self.busy_since = None
+            if result == MetricExportResult.SUCCESS:
+                self.exported += 1
+            else:
+                self.failed += 1
+                self.paused_until = time.monotonic() + PAUSE_AFTER_FAILURE_S
+            return result
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return self.inner.force_flush(timeout_millis=timeout_millis)
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    return Pausing()
+
+
 class OtlpMetrics:
     """Records stored metric batches as OpenTelemetry instruments and exports them periodically.
 
@@ -75,6 +126,7 @@ class OtlpMetrics:
         from opentelemetry.sdk.resources import Resource
 
         self.describe = ""
+        self.exporter: Any = None
         if reader is None:
             if exporter is None:
                 from collectors import otlp
@@ -83,7 +135,8 @@ class OtlpMetrics:
                 self.describe = f"{otlp.endpoint('metrics')} ({otlp.protocol('metrics')})"
             if interval_ms is None:
                 interval_ms = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") or DEFAULT_INTERVAL_MS)
-            reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms)
+            self.exporter = _pausing(exporter)
+            reader = PeriodicExportingMetricReader(self.exporter, export_interval_millis=interval_ms)
         self.interval_ms = interval_ms
         attrs: dict[str, Any] = {}
         if address:
@@ -153,7 +206,10 @@ class OtlpMetrics:
         return self.provider.force_flush(timeout_ms)
 
     def close(self) -> None:
-        """Export what is left and stop the reader."""
+        """Export what is left and stop the reader (at once when the collector is away: the
+        exporter is shut first, which ends its retries)."""
         if not self._closed:
             self._closed = True
+            if self.exporter is not None and self.exporter.failing:
+                self.exporter.inner.shutdown(timeout_millis=1000)
             self.provider.shutdown()

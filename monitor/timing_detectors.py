@@ -29,8 +29,9 @@ JOB_WINDOWS = (5, 10, 20, 50)
 BASELINE = 50
 #: ...and of at least this many.
 MIN_BASELINE = 10
-#: A phase judged on its own scale must have cost the step at least this fraction of its
-#: median (a 1 ms phase tripled is no slowdown).
+#: A phase must have grown, and the job's step with it, by at least this fraction of the
+#: step's median (a 1 ms phase tripled is no slowdown; a phase that grew while the step did not
+#: is no slower job).
 PHASE_MIN_COST = 0.05
 
 
@@ -181,9 +182,13 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
             noise[-w:] = -1                              # the window is judged, not noise
             for col, v in persistent(bins, len(bins) - 1, JOB_LEVELS, leave_out=False,
                                      history=len(bins), noise=noise, windows=(w,)).items():
-                if col >= 4:
-                    cost = _nanmedian(phases[-w:, col - 3] - base[col - 3])
-                    if not cost >= PHASE_MIN_COST * ref:
+                if col:
+                    # a phase's growth must show in the step (compute that grew while the
+                    # waiting shrank is the ranks' noise moving about, not a slower job)
+                    phase = (col - 1) % 3 + 1
+                    cost = _nanmedian(phases[-w:, phase] - base[phase])
+                    slower = _nanmedian(phases[-w:, 0]) - ref
+                    if not min(cost, slower) >= PHASE_MIN_COST * ref:
                         continue
                 if best is None or v.chance < best[0].chance:
                     v.hits = v.hits + first

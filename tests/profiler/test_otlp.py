@@ -224,21 +224,3 @@ def test_probe_profile_of_a_script_streams_its_step_spans_over_otlp_before_the_s
         assert root["parent_span_id"] == "" and compute["parent_span_id"] == root["span_id"]
         assert root["attributes"]["probe.source"] == "optimizer"
     assert spans[0]["resource"]["probe.run"] == "out"
-
-
-@pytest.mark.slow
-def test_probe_profile_of_the_bundled_engine_exports_its_ranges_nested_in_step_spans(
-        tmp_path, grpc_receiver):
-    res = run_probe("profile", "--otel", "otlp", "--nproc", "1", "--max-steps", "3", "--steps", "1-2",
-                    "--no-flops", "--out", str(tmp_path / "out"), env={"OTEL_SERVICE_NAME": "tiny"})
-    assert res.returncode == 0, res.stderr
-    spans = grpc_receiver.wait(lambda r: len(r.spans) >= 10 and r.spans, what="10 spans")
-    assert len(spans) == 10
-    for step in (1, 2):
-        root = _named(spans, f"step {step}", step)
-        children = sorted((s for s in spans if s["parent_span_id"] == root["span_id"]),
-                          key=lambda s: s["start"])
-        assert [c["name"] for c in children] == ["fetch", "forward", "backward", "optimizer"]
-        assert {c["trace_id"] for c in children} == {root["trace_id"]}
-    resource = spans[0]["resource"]
-    assert resource["service.name"] == "tiny" and resource["probe.rank"] == 0

@@ -18,15 +18,32 @@ PEAK_TFLOPS = 0.05
 
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory):
+    """The 2-rank run; its spans also go over OTLP to a real receiver (the ``otlp`` extra: when
+    it is installed, as in dev), kept in ``two_rank_run[2]`` (None without it)."""
     out = tmp_path_factory.mktemp("prof")
-    res = run_probe("profile", "--nproc", "2", "--max-steps", "3", "--steps", "1-2",
-                    "--engine", "fused", "--peak-tflops", str(PEAK_TFLOPS), "--out", str(out))
+    receiver = None
+    try:
+        from tests.profiler.otlp_receiver import GrpcReceiver
+        import opentelemetry.exporter.otlp.proto.grpc  # noqa: F401 - the exporter the run needs
+
+        receiver = GrpcReceiver()
+    except ImportError:
+        pass
+    otel = ["--otel", "otlp"] if receiver is not None else []
+    env = {**receiver.env(), "OTEL_SERVICE_NAME": "tiny"} if receiver is not None else {}
+    try:
+        res = run_probe("profile", "--nproc", "2", "--max-steps", "3", "--steps", "1-2",
+                        "--engine", "fused", "--peak-tflops", str(PEAK_TFLOPS), "--out", str(out),
+                        *otel, env=env)
+    finally:
+        if receiver is not None:
+            receiver.stop()         # each rank flushed its spans before it exited
     assert res.returncode == 0, res.stderr
-    return out, res
+    return out, res, receiver.spans if receiver is not None else None
 
 
 def test_two_rank_trace_is_one_valid_perfetto_json_with_a_track_per_rank(two_rank_run):
-    out, res = two_rank_run
+    out, res, _ = two_rank_run
     trace = json.loads((out / "trace.json").read_text())
     assert trace_problems(trace) == []
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
@@ -42,7 +59,7 @@ def test_two_rank_trace_is_one_valid_perfetto_json_with_a_track_per_rank(two_ran
 
 
 def test_each_rank_has_step_user_and_all_reduce_ranges_nested_and_in_order(two_rank_run):
-    out, _ = two_rank_run
+    out, _, _ = two_rank_run
     trace = json.loads((out / "trace.json").read_text())
     for rank in (0, 1):
         slices = slices_of(trace, rank)
@@ -59,7 +76,7 @@ def test_each_rank_has_step_user_and_all_reduce_ranges_nested_and_in_order(two_r
 
 
 def test_rank_clocks_are_aligned_so_the_same_all_reduce_overlaps_on_both_tracks(two_rank_run):
-    out, _ = two_rank_run
+    out, _, _ = two_rank_run
     trace = json.loads((out / "trace.json").read_text())
     offsets = trace["otherData"]["ranks"]
     assert set(offsets) == {"0", "1"} and offsets["0"]["clock_offset_ns"] == 0
@@ -71,8 +88,30 @@ def test_rank_clocks_are_aligned_so_the_same_all_reduce_overlaps_on_both_tracks(
         assert a["ts"] <= b["ts"] + b["dur"] + slack_us and b["ts"] <= a["ts"] + a["dur"] + slack_us
 
 
+def test_each_rank_streamed_its_spans_over_otlp_all_reduce_nested_in_its_step(two_rank_run):
+    _, _, spans = two_rank_run
+    if spans is None:
+        pytest.skip("the otlp extra is not installed")
+    assert len(spans) == 24                                     # 2 ranks x 2 steps x 6
+    for rank in (0, 1):
+        mine = [s for s in spans if s["resource"]["probe.rank"] == rank]
+        assert {s["attributes"]["probe.rank"] for s in mine} == {rank}
+        for step in (1, 2):
+            (root,) = [s for s in mine if s["name"] == f"step {step}"]
+            assert root["parent_span_id"] == "" and root["attributes"]["probe.step"] == step
+            children = sorted((s for s in mine if s["parent_span_id"] == root["span_id"]),
+                              key=lambda s: s["start"])
+            assert [c["name"] for c in children] == ["fetch", "forward", "backward", "all_reduce",
+                                                     "optimizer"]
+            comm = children[3]["attributes"]
+            assert (comm["probe.kind"], comm["probe.op"], comm["probe.group_size"]) == ("comm", "all_reduce", 2)
+            assert {c["trace_id"] for c in children} == {root["trace_id"]}
+        resource = mine[0]["resource"]
+        assert (resource["service.name"], resource["probe.world_size"]) == ("tiny", 2)
+
+
 def test_event_records_and_flops_metrics_are_in_the_store_and_match_the_hand_count(two_rank_run):
-    out, _ = two_rank_run
+    out, _, _ = two_rank_run
     con = open_store(out)
     kinds = dict(con.sql("select kind, count(*) from events group by kind").fetchall())
     assert kinds["step"] == 4 and kinds["comm"] == 4 and kinds["range"] == 16

@@ -66,6 +66,7 @@ class MonitorAgentCallback(TrainCallback):
                                   token=self.token, spool_path=self.spool_path,
                                   on_command=self._on_command, **self.agent_options).start()
         self.agent.stacks_dir = os.path.join(ctx.out_dir, "stacks")
+        ctx.extra["monitor_agent"] = self.agent     # other callbacks send through it (numerics)
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             from engine_adapter import torch_comm

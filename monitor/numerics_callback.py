@@ -1,0 +1,316 @@
+"""Per-module numerics every step, as a training callback: norms, update ratios, NaN/Inf counts.
+
+:class:`NumericsCallback` watches the modules of a model (every leaf module with parameters, or
+those whose path matches a regular expression) and, each step, sends for each of them the
+quantities of :mod:`monitor.numerics_names` (activation, weight, gradient and optimizer-state
+norms, the update ratio across the optimizer step, NaN/Inf counts) as metric points named
+``numerics:<module>:<quantity>``.
+
+Cheap by construction: every tensor is reduced where it lives by the dump's statistics backend
+(:class:`engine_adapter.torch_stats.TorchStats`: one stacked reduction per tensor on an
+accelerator, one native pass on the CPU), and the step's handles are read with **one**
+:meth:`~engine_adapter.base.StatsBackend.gather` at the step's end: no host-device
+synchronisation per tensor. The output of a module is reduced in its forward hook; the update
+is the difference between the weights just before and just after ``optimizer.step()`` (optimizer
+step hooks; one copy of the watched weights is kept for it, ``update_ratio=False`` spares it).
+
+The points go through the rank's monitor agent (:class:`monitor.agent.MonitorAgent`, which the
+:class:`~monitor.agent_callback.MonitorAgentCallback` puts in ``ctx.extra["monitor_agent"]``):
+bounded, acknowledged and spooled like the other points. Each module's points carry the time of
+its forward pass, so the service can tell the modules' execution order (which module showed a
+NaN first). Without a monitor agent the points are added to the step's metrics instead (the
+bundled engine writes those to the run's store).
+
+>>> import torch
+>>> from engine_adapter.callbacks import TrainContext
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+>>> opt = torch.optim.Adam(model.parameters(), lr=0.1)
+>>> ctx = TrainContext(0, 1, "doc", "/tmp", "script", "", None, model, opt, None, 1, None)
+>>> cb = NumericsCallback()
+>>> cb.on_train_start(ctx)
+>>> cb.modules
+['0', '2']
+>>> cb.on_step_start(ctx, 0)
+>>> model(torch.ones(5, 4)).sum().backward(); opt.step()
+>>> metrics = {}
+>>> cb.on_step_end(ctx, 0, metrics)
+>>> sorted(k for k in metrics if k.startswith("numerics:2:"))   # doctest: +NORMALIZE_WHITESPACE
+['numerics:2:activation_norm', 'numerics:2:grad_norm', 'numerics:2:nonfinite',
+ 'numerics:2:optimizer_state_norm', 'numerics:2:update_ratio', 'numerics:2:weight_norm']
+>>> round(metrics["numerics:0:weight_norm"], 6) == round(float(torch.cat(
+...     [p.detach().reshape(-1) for p in model[0].parameters()]).norm()), 6)
+True
+>>> cb.on_train_end(ctx)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from typing import Any
+
+from engine_adapter.callbacks import TrainCallback, TrainContext
+from monitor.numerics_names import metric_name
+
+#: ``ctx.extra`` key under which the monitor agent callback leaves its agent.
+AGENT_KEY = "monitor_agent"
+
+
+def _warn(message: str) -> None:
+    print(f"probe numerics: {message}", file=sys.stderr, flush=True)
+
+
+def select_modules(model: Any, pattern: str | None = None) -> list[tuple[str, Any]]:
+    """``(path, module)`` of the modules to watch, in registration order.
+
+    No ``pattern``: every leaf module with parameters (its own, none in a sub-module). With a
+    regular expression: every module (not the root) with parameters whose path it matches
+    (``re.search``; anchor it, ``^layers\\.\\d+$``, to pick whole blocks).
+
+    >>> import torch
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    >>> [p for p, _ in select_modules(m)], [p for p, _ in select_modules(m, "^1$")]
+    (['0', '1.0'], ['1'])
+    """
+    out = []
+    rx = re.compile(pattern) if pattern else None
+    for path, mod in model.named_modules():
+        if not path or next(mod.parameters(), None) is None:
+            continue
+        if rx is None:
+            own = next(mod.parameters(recurse=False), None) is not None
+            inner = any(next(c.parameters(), None) is not None for c in mod.children())
+            if own and not inner:
+                out.append((path, mod))
+        elif rx.search(path):
+            out.append((path, mod))
+    return out
+
+
+class NumericsCallback(TrainCallback):
+    """Per-module numerics every step; see the module docstring.
+
+    ``pattern``: a regular expression on module paths (None: every leaf module with
+    parameters). ``update_ratio``: measure the update across the optimizer step (keeps a copy of
+    the watched weights). ``every``: measure every N-th step only (1: every step).
+
+    >>> from engine_adapter.callbacks import CallbackSpec
+    >>> CallbackSpec(NumericsCallback, {"pattern": "mlp"}).build().pattern
+    'mlp'
+    """
+
+    def __init__(self, pattern: str | None = None, update_ratio: bool = True,
+                 every: int = 1) -> None:
+        if pattern:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"numerics pattern {pattern!r}: {e}") from None
+        self.pattern = pattern or None
+        self.update_ratio = update_ratio
+        self.every = max(1, int(every))
+        self.modules: list[str] = []
+        self._mods: list[Any] = []
+        self._params: list[Any] = []          # unique watched parameters
+        self._mod_params: list[list[int]] = []  # per module: indices into _params
+        self._hooks: list[Any] = []
+        self._opt: Any = None
+        self._stats: Any = None
+        self._act: list[list[Any]] = []       # per module: this step's output handles
+        self._act_time: list[int] = []        # per module: time of its first forward this step
+        self._before: list[Any] = []          # weights just before the optimizer step
+        self._delta: list[Any] = []           # handles of (before - after), per parameter
+        self._stepped = False
+        self._on = False
+        self._warned_agent = False
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        import torch
+
+        model = ctx.model
+        if not isinstance(model, torch.nn.Module):
+            _warn("no torch model in this run; numerics are off")
+            return
+        from engine_adapter.torch_stats import TorchStats
+
+        self._stats = TorchStats()
+        chosen = select_modules(model, self.pattern)
+        if not chosen:
+            _warn(f"no module with parameters matches {self.pattern!r}; numerics are off"
+                  if self.pattern else "the model has no module with parameters; numerics are off")
+            return
+        index: dict[int, int] = {}
+        for path, mod in chosen:
+            ids = []
+            for p in mod.parameters():
+                if id(p) not in index:
+                    index[id(p)] = len(self._params)
+                    self._params.append(p)
+                ids.append(index[id(p)])
+            self.modules.append(path)
+            self._mods.append(mod)
+            self._mod_params.append(ids)
+        self._act = [[] for _ in chosen]
+        self._act_time = [0] * len(chosen)
+        for i, mod in enumerate(self._mods):
+            self._hooks.append(mod.register_forward_hook(self._forward_hook(i)))
+        opt = self._opt = ctx.optimizer
+        if self.update_ratio and opt is not None and hasattr(opt, "register_step_pre_hook"):
+            self._hooks.append(opt.register_step_pre_hook(lambda *a: self._snapshot()))
+            self._hooks.append(opt.register_step_post_hook(lambda *a: self._measure_update()))
+        self._on = True
+
+    def _forward_hook(self, i: int):
+        acts, times, stats = self._act, self._act_time, self._stats
+
+        def hook(module, args, output):
+            t = output
+            if isinstance(t, (tuple, list)) and t:
+                t = t[0]
+            if getattr(t, "is_floating_point", None) is None or not t.is_floating_point():
+                return None
+            handle = stats.reduce(t, stats.describe(t).kind)
+            if handle is not None:
+                if not acts[i]:
+                    times[i] = time.time_ns()
+                acts[i].append(handle)
+            return None
+        return hook
+
+    # -- the optimizer step ---------------------------------------------------------------------
+
+    def _snapshot(self) -> None:
+        import torch
+
+        if not self._on:
+            return
+        with torch.no_grad():
+            if not self._before:
+                self._before = [torch.empty_like(p, memory_format=torch.contiguous_format)
+                                for p in self._params]
+            for buf, p in zip(self._before, self._params):
+                buf.copy_(p.detach())
+        self._stepped = True
+
+    def _measure_update(self) -> None:
+        import torch
+
+        if not self._stepped:
+            return
+        stats = self._stats
+        self._delta = []
+        with torch.no_grad():
+            for buf, p in zip(self._before, self._params):
+                buf.sub_(p.detach())
+                self._delta.append(stats.reduce(buf, stats.describe(buf).kind))
+        self._stepped = False
+
+    # -- per step -------------------------------------------------------------------------------
+
+    def on_step_start(self, ctx: TrainContext, step: int) -> None:
+        for a in self._act:
+            a.clear()
+        self._delta = []
+        self._stepped = False
+
+    def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
+        if not self._on or step % self.every:
+            return
+        points = self.measure()
+        agent = ctx.extra.get(AGENT_KEY)
+        if agent is None:
+            for values in points.values():
+                metrics.update(values)
+            return
+        end = time.time_ns()
+        order = sorted(range(len(self.modules)),
+                       key=lambda i: (self._act_time[i] if self._act[i] else end, i))
+        for i in order:
+            agent.record(step, points[self.modules[i]],
+                         time_ns=self._act_time[i] if self._act[i] else end)
+
+    def measure(self) -> dict[str, dict[str, float]]:
+        """This step's points per module (``{module: {metric name: value}}``), read with one
+        gather of every handle started this step."""
+        stats = self._stats
+        handles: list[Any] = []
+        weight_at, grad_at, state_at = [], [], []
+        for p in self._params:
+            weight_at.append(len(handles))
+            handles.append(stats.reduce(p, stats.describe(p).kind))
+            g = p.grad
+            grad_at.append(len(handles) if g is not None else -1)
+            if g is not None:
+                handles.append(stats.reduce(g, stats.describe(g).kind))
+            at = []
+            for value in _state_tensors(self._opt_state(p), p):
+                at.append(len(handles))
+                handles.append(stats.reduce(value, stats.describe(value).kind))
+            state_at.append(at)
+        delta_at = len(handles)
+        handles += self._delta
+        act_at = []
+        for acts in self._act:
+            act_at.append((len(handles), len(acts)))
+            handles += acts
+        values = stats.gather(handles)
+
+        def sumsq(i: int) -> float:
+            v = values[i]
+            return v[3] if v is not None and len(v) >= 6 else 0.0
+
+        def bad(i: int) -> float:
+            v = values[i]
+            return v[4] + v[5] if v is not None and len(v) >= 6 else 0.0
+
+        out: dict[str, dict[str, float]] = {}
+        have_delta = len(self._delta) == len(self._params)
+        for m, ids in enumerate(self._mod_params):
+            w = sum(sumsq(weight_at[j]) for j in ids)
+            g = sum(sumsq(grad_at[j]) for j in ids if grad_at[j] >= 0)
+            s = sum(sumsq(k) for j in ids for k in state_at[j])
+            first, n = act_at[m]
+            a = sum(sumsq(k) for k in range(first, first + n))
+            nonfinite = (sum(bad(weight_at[j]) for j in ids)
+                         + sum(bad(grad_at[j]) for j in ids if grad_at[j] >= 0)
+                         + sum(bad(k) for k in range(first, first + n)))
+            path = self.modules[m]
+            row = {}
+            if n:
+                row[metric_name(path, "activation_norm")] = math.sqrt(a)
+            row[metric_name(path, "weight_norm")] = math.sqrt(w)
+            if any(grad_at[j] >= 0 for j in ids):
+                row[metric_name(path, "grad_norm")] = math.sqrt(g)
+            if have_delta:
+                d = sum(sumsq(delta_at + j) for j in ids)
+                wn = math.sqrt(w)
+                row[metric_name(path, "update_ratio")] = (math.sqrt(d) / wn if wn > 0
+                                                          else (0.0 if d == 0 else math.inf))
+            if any(state_at[j] for j in ids):
+                row[metric_name(path, "optimizer_state_norm")] = math.sqrt(s)
+            row[metric_name(path, "nonfinite")] = nonfinite
+            out[path] = row
+        return out
+
+    def _opt_state(self, p: Any) -> Any:
+        return None if self._opt is None else self._opt.state.get(p)
+
+    def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        self._before = []
+        self._on = False
+
+
+def _state_tensors(state: Any, p: Any) -> list[Any]:
+    """The optimizer-state tensors of parameter ``p`` shaped like it (Adam's moments, a
+    momentum buffer; not the step count)."""
+    if not state:
+        return []
+    return [v for v in state.values()
+            if getattr(v, "shape", None) == p.shape and v.is_floating_point()]

@@ -4,6 +4,10 @@ Written ``KIND:TARGET:ARG``:
 
 - ``scale:<parameter name>:<factor>`` multiplies one weight (a parameter name, or a module name
   whose ``weight`` is meant) by ``factor`` before training;
+- ``grow:<parameter name>:<rate>`` multiplies one weight (a parameter name, or a module name
+  whose ``weight`` is meant) by ``1 + rate`` at the start of every step (before its module's
+  first forward of the step): the layer's weights, outputs and gradients grow step after step
+  until the loss turns NaN (a diverging layer, for the monitor's numerics to find);
 - ``nan:<module name>:<step>`` writes NaN into that module's forward output at that step;
 - ``slow:<rank>:<factor>`` makes that rank's compute take ``factor`` times as long;
 - ``perturb:<api name>:<call index>`` makes one API a wrong kernel at one call: the
@@ -15,8 +19,9 @@ Written ``KIND:TARGET:ARG``:
   it sleeps for :data:`HANG_SLEEP_S` while the other ranks wait in the all-reduce (a hang,
   for the monitor to diagnose); the launcher's SIGTERM or its death ends it.
 
->>> [f.kind for f in parse_faults(["scale:layers.0.attn.q_proj.weight:1.5", "slow:1:3"])]
-['scale', 'slow']
+>>> [f.kind for f in parse_faults(["scale:layers.0.attn.q_proj.weight:1.5", "slow:1:3",
+...                                "grow:layers.0.mlp.down_proj:0.2"])]
+['scale', 'slow', 'grow']
 >>> str(parse_fault("perturb:Functional.linear:3"))
 'perturb:Functional.linear:3'
 """
@@ -34,6 +39,7 @@ from ground.errors import ProbeError
 
 KINDS = {
     "scale": "scale:<parameter name>:<factor>",
+    "grow": "grow:<parameter name>:<rate>",
     "nan": "nan:<module name>:<step>",
     "slow": "slow:<rank>:<factor>",
     "perturb": "perturb:<api name>:<call index>",
@@ -75,6 +81,8 @@ def parse_fault(text: str) -> Fault:
         raise ProbeError(f"bad fault {text!r}: the target of {kind} is a rank number ({KINDS[kind]})")
     if kind == "hang" and (arg < 0 or arg != int(arg)):
         raise ProbeError(f"bad fault {text!r}: the step must be a non-negative integer")
+    if kind == "grow" and not arg > 0:
+        raise ProbeError(f"bad fault {text!r}: the growth rate must be > 0 (0.1: 10% a step)")
     if kind == "slow":
         if arg < 1:
             raise ProbeError(f"bad fault {text!r}: the slow-down factor must be >= 1")
@@ -90,7 +98,7 @@ def check_faults(faults: list[Fault], model: nn.Module, world_size: int) -> None
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     for f in faults:
-        if f.kind == "scale" and f.target not in params and f.target + ".weight" not in params:
+        if f.kind in ("scale", "grow") and f.target not in params and f.target + ".weight" not in params:
             near = [n for n in params if f.target.split(".")[-1] in n][:5] or list(params)[:5]
             raise ProbeError(f"fault {f}: no parameter {f.target!r} in this model; e.g. {', '.join(near)}")
         if f.kind == "nan" and f.target not in modules:
@@ -126,6 +134,11 @@ class FaultPlanter:
                 p = params[f.target] if f.target in params else params[f.target + ".weight"]
                 with torch.no_grad():
                     p.mul_(f.arg)
+            elif f.kind == "grow":
+                name = f.target if f.target in params else f.target + ".weight"
+                owner = modules[name.rpartition(".")[0]]
+                self._handles.append(owner.register_forward_pre_hook(
+                    self._grow_hook(params[name], 1.0 + f.arg)))
             elif f.kind == "nan":
                 self._handles.append(modules[f.target].register_forward_hook(self._nan_hook(int(f.arg))))
             elif f.kind == "perturb":
@@ -153,6 +166,17 @@ class FaultPlanter:
         wrong_kernel.__probe_fault_original__ = orig
         setattr(owner, attr, wrong_kernel)
         self._patched.append((owner, attr, orig))
+
+    def _grow_hook(self, param: nn.Parameter, factor: float):
+        grown = {"step": None}
+
+        def hook(module, args):
+            if grown["step"] != self.step:
+                grown["step"] = self.step
+                with torch.no_grad():
+                    param.mul_(factor)
+            return None
+        return hook
 
     def _nan_hook(self, at_step: int):
         def hook(module, args, output):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -113,3 +115,23 @@ def test_a_collector_that_is_down_costs_the_service_nothing_but_the_export(tmp_p
         started = time.monotonic()
         svc.stop(grace=0)
     assert time.monotonic() - started < 3           # no waiting out the exporter's retries
+
+
+def test_serve_otlp_without_the_exporter_is_one_line_that_says_what_to_install(tmp_path):
+    from tests.conftest import run_probe
+
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith('opentelemetry.exporter'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n")
+    root = Path(__file__).resolve().parents[2]
+    res = run_probe("monitor", "serve", "--otlp", "--port", "0", "--store", str(tmp_path / "m.duckdb"),
+                    env={"PYTHONPATH": f"{blocker}{os.pathsep}{root}"}, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "pip install 'probe-toolchain[otlp]'" in res.stderr
+    assert not (tmp_path / "m.duckdb").exists()

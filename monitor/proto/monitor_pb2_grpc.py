@@ -94,6 +94,21 @@ class MonitorStub:
                 request_serializer=monitor_dot_proto_dot_monitor__pb2.WatchRequest.SerializeToString,
                 response_deserializer=monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
                 _registered_method=True)
+        self.RequestDump = channel.unary_unary(
+                '/probe.monitor.v1.Monitor/RequestDump',
+                request_serializer=monitor_dot_proto_dot_monitor__pb2.DumpRequest.SerializeToString,
+                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+                _registered_method=True)
+        self.ReportDump = channel.unary_unary(
+                '/probe.monitor.v1.Monitor/ReportDump',
+                request_serializer=monitor_dot_proto_dot_monitor__pb2.DumpReport.SerializeToString,
+                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
+                _registered_method=True)
+        self.Dumps = channel.unary_unary(
+                '/probe.monitor.v1.Monitor/Dumps',
+                request_serializer=monitor_dot_proto_dot_monitor__pb2.DumpsRequest.SerializeToString,
+                response_deserializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+                _registered_method=True)
 
 
 class MonitorServicer:
@@ -178,6 +193,26 @@ class MonitorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RequestDump(self, request, context):
+        """Targeted dumps: ranks switch a dump of chosen modules on for chosen steps, with no restart;
+        each rank reports where it wrote it (its run folder) once the last step is written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportDump(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Dumps(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MonitorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -240,6 +275,21 @@ def add_MonitorServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=monitor_dot_proto_dot_monitor__pb2.WatchRequest.FromString,
                     response_serializer=monitor_dot_proto_dot_monitor__pb2.JsonDoc.SerializeToString,
+            ),
+            'RequestDump': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestDump,
+                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.DumpRequest.FromString,
+                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
+            ),
+            'ReportDump': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDump,
+                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.DumpReport.FromString,
+                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceAck.SerializeToString,
+            ),
+            'Dumps': grpc.unary_unary_rpc_method_handler(
+                    servicer.Dumps,
+                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.DumpsRequest.FromString,
+                    response_serializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -566,6 +616,87 @@ class Monitor:
             '/probe.monitor.v1.Monitor/Watch',
             monitor_dot_proto_dot_monitor__pb2.WatchRequest.SerializeToString,
             monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestDump(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/probe.monitor.v1.Monitor/RequestDump',
+            monitor_dot_proto_dot_monitor__pb2.DumpRequest.SerializeToString,
+            monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDump(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/probe.monitor.v1.Monitor/ReportDump',
+            monitor_dot_proto_dot_monitor__pb2.DumpReport.SerializeToString,
+            monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Dumps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/probe.monitor.v1.Monitor/Dumps',
+            monitor_dot_proto_dot_monitor__pb2.DumpsRequest.SerializeToString,
+            monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
             options,
             channel_credentials,
             insecure,

@@ -178,6 +178,7 @@ class OTelSink:
         self._assigned: dict[tuple, _Item] = {}                 # open ranges given ids, by key
         self._steps: OrderedDict[int, tuple[int, int]] = OrderedDict()   # step -> its span's ids
         self._last_end = 0
+        self._offset = 0                  # the rank's clock offset the keys were made with
 
     # --- the sink interface ------------------------------------------------------------------
     def open(self, meta: Any) -> None:
@@ -188,6 +189,7 @@ class OTelSink:
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.meta = meta
+        self._offset = int(getattr(meta, "clock_offset_ns", 0) or 0)
         attrs: dict[str, Any] = {"probe.run": str(meta.run), "probe.job": str(meta.run),
                                  "probe.rank": int(meta.rank), "probe.world_size": int(meta.world_size)}
         name = self.service_name or os.environ.get("OTEL_SERVICE_NAME")
@@ -210,7 +212,22 @@ class OTelSink:
             return
         opened = getattr(self.meta, "open_ranges", None)
         with self._lock:
+            self._follow_clock()
             self._export(list(events), list(opened()) if callable(opened) else [])
+
+    def _follow_clock(self) -> None:
+        """The rank's clock offset changed (measured after a script's ``init_process_group``):
+        an open range given ids before ends with its start moved by the change, so its key moves
+        too."""
+        offset = int(getattr(self.meta, "clock_offset_ns", 0) or 0)
+        delta, self._offset = offset - self._offset, offset
+        if delta and self._assigned:
+            moved = {}
+            for it in self._assigned.values():
+                it.start += delta
+                it.key = (it.key[0], it.key[1], it.key[2] + delta)
+                moved[it.key] = it
+            self._assigned = moved
 
     def close(self) -> None:
         if self.provider is None:

@@ -224,3 +224,22 @@ def test_probe_profile_of_a_script_streams_its_step_spans_over_otlp_before_the_s
         assert root["parent_span_id"] == "" and compute["parent_span_id"] == root["span_id"]
         assert root["attributes"]["probe.source"] == "optimizer"
     assert spans[0]["resource"]["probe.run"] == "out"
+
+
+def test_a_parent_open_across_a_clock_alignment_keeps_its_children():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    with Session(None, store=False, trace=False, otel_exporter=exporter, otel_processor="simple") as s:
+        outer = mstx.range_start("train", domain="user")
+        with mstx.range("setup", domain="user"):
+            pass
+        s._recorder.drain()                      # setup exported while train is open
+        assert [sp.name for sp in exporter.get_finished_spans()] == ["setup"]
+        # what Session._set_offset does after a script's init_process_group
+        s._recorder.offset_ns = s.meta.clock_offset_ns = 1_000_000
+        mstx.range_end(outer, domain="user")
+    spans = {sp.name: sp for sp in exporter.get_finished_spans()}
+    assert sorted(spans) == ["setup", "train"] and s.report.sink_errors == []
+    assert spans["setup"].parent.span_id == spans["train"].context.span_id
+    assert "probe.unclosed" not in spans["train"].attributes

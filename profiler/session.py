@@ -56,6 +56,7 @@ or with ``profile`` as a context manager (``torch.profiler`` style)::
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -155,6 +156,7 @@ class Session:
         self._torch_ops = TorchOps() if torch_ops else None
         self._counters: list[tuple[int, str, float]] = []
         self._announced: dict[int, tuple[int, str, str, int]] = {}   # open complete ranges
+        self._tokens = itertools.count(1)
         self._steps_seen: set[int] = set()
         self._started = False
 
@@ -215,7 +217,7 @@ class Session:
         """
         if not self._started or self.state_of(self.current_step) == OFF:
             return None
-        token = id(object()) ^ time.perf_counter_ns()
+        token = next(self._tokens)
         self._announced[token] = (int(start_ns), str(name), str(domain), threading.get_ident())
         return token
 

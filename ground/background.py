@@ -77,6 +77,7 @@ class BackgroundQueue(Generic[T]):
         self._items: deque[T] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._worker_waiting = False     # the worker sleeps on the condition: a put must wake it
+        self._wake_pending = False       # a wake() while the worker was busy: its next wait is skipped
         self._callers_waiting = 0        # callers blocked on a full queue: a take must wake them
         self._put_total = 0          # items accepted into the queue, ever
         self._done_total = 0         # of those, handed to ``handle`` and returned
@@ -132,8 +133,10 @@ class BackgroundQueue(Generic[T]):
         return False
 
     def wake(self) -> None:
-        """Make a worker that waits for its next tick take what is queued now."""
+        """Make a worker that waits for its next tick take what is queued now (a worker busy
+        at that moment does not wait for its next tick either: the wake is kept for it)."""
         with self._cond:
+            self._wake_pending = True
             self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -167,12 +170,13 @@ class BackgroundQueue(Generic[T]):
     # --- the worker ---------------------------------------------------------------------
     def _take(self) -> tuple[list[T], bool]:
         with self._cond:
-            if not self._items and not self._closing:
+            if not self._items and not self._closing and not self._wake_pending:
                 self._worker_waiting = True
                 try:
                     self._cond.wait(self.interval_s)
                 finally:
                     self._worker_waiting = False
+            self._wake_pending = False
             n = len(self._items) if self.max_batch is None else min(self.max_batch, len(self._items))
             batch = [self._items.popleft() for _ in range(n)]
             finished = self._closing and not self._items

@@ -108,6 +108,30 @@ def test_interval_wakes_the_worker_with_an_empty_batch():
     assert calls.count(0) >= 3
 
 
+
+def test_a_wake_while_the_worker_is_busy_is_not_lost():
+    """A ticking worker busy in its handle when wake() comes takes the next batch at once,
+    not a whole interval later."""
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def handle(batch):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            started.set()
+            release.wait(5)
+
+    q = BackgroundQueue(handle, name="t", interval_s=60.0)
+    q.wake()                                  # the first tick, now
+    assert started.wait(5)
+    q.wake()                                  # while the worker is busy in handle
+    woke = time.monotonic()
+    release.set()
+    deadline = time.monotonic() + 5
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    q.close(5)
+    assert len(calls) >= 2 and calls[1] - woke < 2.0
+
 def test_bad_policies_are_refused():
     with pytest.raises(ValueError, match="overflow"):
         BackgroundQueue(list, name="t", overflow="lose")          # type: ignore[arg-type]

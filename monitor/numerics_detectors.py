@@ -23,8 +23,10 @@ detectors' (``kind``, ``job``, ``rank``, ``step``, ``message`` with the evidence
   rank where it appears, naming the first module in execution order that has it.
 
 The first three judge like the timing detectors (:mod:`monitor.detectors`, rules 3 and 4): the
-noise is measured on the job (how often the *other* series of the same test exceed each level
-over the last :data:`HISTORY` steps, and how often an excess runs on into the next step) and an
+noise is measured on the job (how often the series of the *other* modules, on every rank,
+exceed each level over the last :data:`HISTORY` steps, and how often an excess runs on into
+the next step; the same module on another rank is no witness: data-parallel ranks hold the
+same weights) and an
 alert needs the excess in ``k`` of the last ``n`` steps (``n`` in :data:`WINDOWS`, ``k`` at
 least 3), with ``k`` so many that its chance under that noise is below
 :data:`~monitor.noise_model.ALPHA` shared by the series judged. A series is judged once it has
@@ -282,23 +284,24 @@ def _row_bins(m: ModuleMatrix, row: int, logs: dict[str, np.ndarray]) -> dict[st
 
 
 def _counts(bins: np.ndarray, prev: np.ndarray | None, L: int) -> np.ndarray:
-    """Sums over the series of one row: judged, reached each level, runs (this and the previous
-    row reached it), starts (the previous reached it and this one is judged): ``[1 + 3L]``."""
-    b = bins.reshape(-1)
-    p = prev.reshape(-1) if prev is not None else np.full(b.shape, -1, np.int8)
-    out = np.empty(1 + 3 * L, dtype=np.int64)
-    out[0] = int((b >= 0).sum())
-    judged = b >= 0
+    """Sums over the ranks of one row, per module: judged, reached each level, runs (this and
+    the previous row reached it), starts (the previous reached it and this one is judged):
+    ``[modules, 1 + 3L]``."""
+    p = prev if prev is not None else np.full(bins.shape, -1, np.int8)
+    out = np.empty((bins.shape[1], 1 + 3 * L), dtype=np.int64)
+    judged = bins >= 0
+    out[:, 0] = judged.sum(axis=0)
     for j in range(1, L + 1):
-        out[j] = int((b >= j).sum())
-        out[L + j] = int(((b >= j) & (p >= j)).sum())
-        out[2 * L + j] = int(((p >= j) & judged).sum())
+        hit, was = bins >= j, p >= j
+        out[:, j] = hit.sum(axis=0)
+        out[:, L + j] = (hit & was).sum(axis=0)
+        out[:, 2 * L + j] = (was & judged).sum(axis=0)
     return out
 
 
 def derive(m: ModuleMatrix, start: int = 0) -> dict[str, np.ndarray]:
     """The tests' level bins (``<test>``: ``[rows, ranks, modules]`` int8) and their sums over
-    the series (``<test>#``: ``[rows, 1 + 3 * levels]``) of the rows from ``start``; the rows
+    the ranks (``<test>#``: ``[rows, modules, 1 + 3 * levels]``) of the rows from ``start``; the rows
     before are history (and their bins, in ``m.derived``, the previous row's for the runs)."""
     S = len(m.steps)
     logs = {q: _log(m.values[q]) for q in set(OWN_QUANTITIES) | set(LAYER_QUANTITIES)}
@@ -317,7 +320,7 @@ def derive(m: ModuleMatrix, start: int = 0) -> dict[str, np.ndarray]:
             sums.append(_counts(b, prev, len(levels)))
             prev = b
         out[name] = rows
-        out[name + "#"] = np.array(sums, np.int64).reshape(-1, 1 + 3 * len(levels))
+        out[name + "#"] = np.array(sums, np.int64).reshape(-1, shape[1], 1 + 3 * len(levels))
     return out
 
 
@@ -359,20 +362,17 @@ def _persistent(m: ModuleMatrix, test: str, row: int, alpha: float) -> list[Find
     if cand.size == 0:
         return []
     lo = max(0, row - HISTORY + 1)
-    total = sums[lo:row + 1].sum(axis=0)
+    per_module = sums[lo:row + 1].sum(axis=0)                        # [modules, 1 + 3L]
+    # the noise of the other modules (every rank): the same module on another rank of a
+    # data-parallel job holds the same weights, so it is no independent witness
+    others = (per_module.sum(axis=0)[None] - per_module[cand[:, 1]]).T  # [1 + 3L, C]
     hist = bins[lo:row + 1]
     series = max(1, int((hist >= 0).any(axis=0).sum()))
     cols = hist[:, cand[:, 0], cand[:, 1]]                           # [H, C]
     judged = cols >= 0
     hit = cols[None] >= np.arange(1, L + 1)[:, None, None]           # [L, H, C]
-    own_v = judged.sum(axis=0)[None]                                 # [1, C]
-    own_e = hit.sum(axis=1)
-    own_11 = (hit[:, 1:] & hit[:, :-1]).sum(axis=1)
-    own_1 = (hit[:, :-1] & judged[None, 1:]).sum(axis=1)
-    V = total[0] - own_v
-    E = total[1:1 + L, None] - own_e
-    N11 = total[1 + L:1 + 2 * L, None] - own_11
-    N1 = total[1 + 2 * L:, None] - own_1
+    V, E = others[0][None], others[1:1 + L]
+    N11, N1 = others[1 + L:1 + 2 * L], others[1 + 2 * L:]
     p = np.minimum((E + 1.0) / (V + 2.0), 1.0)                       # [L, C]
     p11 = np.maximum((N11 + RUN_PRIOR * p) / (N1 + RUN_PRIOR), p)
     reached = cur[cand[:, 0], cand[:, 1]][None] >= np.arange(1, L + 1)[:, None]

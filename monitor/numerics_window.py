@@ -36,7 +36,7 @@ class NumericsWindow:
         self.modules: list[str] = []
         self._steps = np.zeros(self.cap, np.int64)
         self._bufs: dict[str, np.ndarray] = {}         # quantity / "times" / test -> [cap, R, M]
-        self._sums: dict[str, np.ndarray] = {}         # test# -> [cap, 1 + 3L]
+        self._sums: dict[str, np.ndarray] = {}         # test# -> [cap, M, 1 + 3L]
         self._lo = self._hi = 0
         self.matrix = self._view()
 
@@ -68,6 +68,10 @@ class NumericsWindow:
             new = np.full((self.cap, len(ranks), len(modules)), fill, dtype)
             new[np.ix_(np.arange(self.cap), r_at, m_at)] = old
             self._bufs[name] = new
+        for name, old in list(self._sums.items()):
+            new = np.zeros((self.cap, len(modules), old.shape[2]), np.int64)
+            new[:, m_at] = old
+            self._sums[name] = new
         self.ranks, self.modules = ranks, modules
 
     def _compact(self, room: int) -> None:
@@ -118,7 +122,7 @@ class NumericsWindow:
             if name.endswith("#"):
                 buf = self._sums.get(name)
                 if buf is None:
-                    buf = self._sums[name] = np.zeros((self.cap, rows.shape[1]), np.int64)
+                    buf = self._sums[name] = np.zeros((self.cap,) + rows.shape[1:], np.int64)
             else:
                 buf = self._bufs.get(name)
                 if buf is None:

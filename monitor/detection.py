@@ -9,15 +9,18 @@ Every ``interval_s`` the thread:
    from the last judged one up to it from the store (only those, as points), appends them to
    the job's :class:`JobWindow` (the last :data:`WINDOW_STEPS` steps, whose derived series are
    computed once per step) and runs the detectors of :mod:`monitor.detectors` on each new
-   step;
+   step; the same steps' per-module ``numerics:*`` points (:mod:`monitor.numerics_names`),
+   when the job sends them, join its :class:`~monitor.numerics_window.NumericsWindow` and the
+   detectors of :mod:`monitor.numerics_detectors` judge them;
 3. checks every running job for a hang: from each rank's last report of the collective it is
    in (:mod:`monitor.ranks`), with a threshold from the job's own step times
    (:func:`monitor.detectors.hang_threshold_s`); a hang alert names the rank(s) that never
    entered the collective the others wait in, and it is resolved when they move again;
 4. merges what it found into the open alerts (:class:`AlertBook`): one open alert per cause
-   (kind and rank; for a hang, the collective), whose ``count`` and ``last_step`` grow while
-   the cause recurs; a cause absent for :data:`CLOSE_AFTER_STEPS` judged steps is closed, and
-   a later recurrence opens a new alert. A new alert is stored, told to the watchers and, where
+   (kind and rank; for a hang, the collective; for numerics, also the module and quantity),
+   whose ``count`` and ``last_step`` grow while the cause recurs; a cause absent for
+   :data:`CLOSE_AFTER_STEPS` judged steps is closed, and a later recurrence opens a new
+   alert. A new alert is stored, told to the watchers and, where
    ``trace_on_alert`` names its kind, triggers a deep trace of its rank (once per job, rank and
    kind); an updated one is stored again and told as ``alert_update``. A new hang alert, with
    ``stacks_on_hang``, asks every rank of the job to dump its Python stacks.
@@ -36,6 +39,8 @@ import numpy as np
 
 from monitor import detectors
 from monitor.detectors import StepMatrix
+from monitor.numerics_detectors import ModuleMatrix
+from monitor.numerics_window import NumericsWindow
 from monitor.ranks import RankRegistry
 from monitor.storage import MonitorStore
 from monitor.watchers import Watchers
@@ -47,7 +52,12 @@ CLOSE_AFTER_STEPS = 50
 
 
 def alert_key(alert: dict[str, Any]) -> tuple:
-    """The cause an alert is about: its kind and rank; for a hang, the collective."""
+    """The cause an alert is about: its kind and rank; for a hang, the collective; for a
+    numerics alert also its module and quantity."""
+    if alert["kind"].startswith("numerics_"):
+        ev = alert.get("evidence") or {}
+        return (alert["job"], alert["kind"], alert.get("rank"),
+                alert.get("module") or ev.get("module"), alert.get("quantity") or ev.get("quantity"))
     if alert["kind"] == "hang":
         ev = alert.get("evidence") or {}
         return (alert["job"], "hang", f"{ev.get('group')}#{ev.get('seq')}")
@@ -252,6 +262,8 @@ class Detection:
         self.log = log
         self.book = AlertBook()
         self.windows: dict[str, JobWindow] = {}
+        self.numerics: dict[str, NumericsWindow] = {}
+        self.numerics_seconds = 0.0              # of detect_seconds: the numerics detectors'
         self.detect_seconds = 0.0                # time spent judging steps (not hangs)
         self.judged_steps = 0
         self._dirty: set[str] = set()
@@ -342,6 +354,7 @@ class Detection:
             since = max(0, done + 1 - WINDOW_STEPS)
         window.append(StepMatrix.from_points(self.store.step_points(job, since, complete), job))
         found = window.judge(range(done + 1, complete + 1))
+        found += self._judge_numerics(job, done, complete)
         self._evaluated[job] = complete
         self.detect_seconds += time.perf_counter() - t0
         self.judged_steps += complete - done
@@ -349,6 +362,25 @@ class Detection:
         for closed in self.book.expire(job, complete):
             self.store.update_alert(closed)
         return raised
+
+    def _judge_numerics(self, job: str, done: int, complete: int) -> list[dict[str, Any]]:
+        """The numerics detectors on the steps ``done+1..complete`` of ``job``: its
+        ``numerics:*`` points of those steps (at most a window's worth; a new window also reads
+        the window's history before them) join the job's :class:`NumericsWindow`."""
+        t0 = time.perf_counter()
+        window = self.numerics.get(job)
+        since = max(done + 1, complete - WINDOW_STEPS + 1)
+        if window is None:                        # a new job, or one met again after a restart
+            since = max(0, complete - WINDOW_STEPS + 1)
+        points = self.store.numerics_points(job, since, complete)
+        if not points.num_rows:
+            return []
+        if window is None:
+            window = self.numerics[job] = NumericsWindow(job)
+        window.append(ModuleMatrix.from_points(points, job))
+        found = window.judge(range(done + 1, complete + 1))
+        self.numerics_seconds += time.perf_counter() - t0
+        return found
 
     def _check_hang(self, job: str, states: list, now: float) -> list[dict[str, Any]]:
         if not any(s.pending for s in states) and self.open_hang(job) is None:

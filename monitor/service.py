@@ -18,6 +18,9 @@ does the work:
   (:mod:`monitor.watchers`); a configured alert kind can trigger a deep trace on the rank it
   names, and a hang (``stacks_on_hang``) every rank's Python stacks;
 - :mod:`monitor.trace_transfer`: trace files uploaded by ranks and fetched by operators;
+- :mod:`monitor.targeted_dump`: ``RequestDump`` queues a ``dump`` command for ranks (a dump of
+  chosen modules for chosen steps, no restart); each rank's ``ReportDump`` says where it wrote
+  it; with ``dump_on_alert=N`` a new numerics alert dumps its rank's module for the next N steps;
 - :mod:`monitor.status`: the status document;
 - :mod:`monitor.otlp_metrics` (``otlp=True``): each stored batch also becomes OpenTelemetry
   metrics, exported over OTLP every few seconds.
@@ -47,11 +50,13 @@ from monitor import auth
 from monitor.detection import Detection
 from monitor.ingest import IngestWriter, decode_batch
 from monitor.limits import MAX_BATCH_POINTS, MAX_MESSAGE_BYTES, MAX_NAME_LEN, check_name
+from monitor.numerics_detectors import KINDS as NUMERICS_KINDS
 from monitor.proto import monitor_pb2 as pb
 from monitor.proto import monitor_pb2_grpc as pb_grpc
 from monitor.ranks import RankRegistry, RankState
 from monitor.status import status_document
 from monitor.storage import BatchKey, MonitorStore
+from monitor.targeted_dump import check_order, module_scope
 from monitor.trace_transfer import file_chunks, receive_upload
 from monitor.watchers import Watchers
 
@@ -60,7 +65,8 @@ MAX_REPLY_BYTES = 60 * 1024 * 1024
 #: Seconds without a batch or heartbeat after which a rank is "lost" (and alerted).
 LOST_AFTER_S = 15.0
 #: The kinds of alert the service raises.
-ALERT_KINDS = ("straggler", "slow_step", "nonfinite", "memory_growth", "hang", "rank_lost")
+ALERT_KINDS = ("straggler", "slow_step", "nonfinite", "memory_growth", "hang", "rank_lost",
+               *NUMERICS_KINDS)
 
 
 def _ipc(table: pa.Table, context: grpc.ServicerContext) -> pb.ArrowTable:
@@ -88,7 +94,8 @@ class MonitorService(pb_grpc.MonitorServicer):
                  tls_key: str | None = None, trace_on_alert: dict[str, int] | None = None,
                  detect_interval_s: float = 0.25, max_workers: int = 4096,
                  lost_after_s: float = LOST_AFTER_S, stacks_on_hang: bool = False,
-                 log: Callable[[str], None] | None = None, otlp: Any = None) -> None:
+                 log: Callable[[str], None] | None = None, otlp: Any = None,
+                 dump_on_alert: int = 0, dump_on_alert_task: str = "statistics") -> None:
         auth.check_bind(host, token)
         self.host, self.port, self.token = host, port, token
         self._creds = auth.server_credentials(tls_cert, tls_key)
@@ -98,7 +105,9 @@ class MonitorService(pb_grpc.MonitorServicer):
         self.lost_after_s = lost_after_s
         self._log = log or (lambda line: None)
         self.ranks = RankRegistry()
-        self.watchers = Watchers()
+        self.watchers = _AlertHook(self._on_alert)
+        self.dump_on_alert, self.dump_on_alert_task = int(dump_on_alert or 0), dump_on_alert_task
+        self._dumped_for: set[tuple] = set()
         self.writer = IngestWriter(self.store, capacity=max_workers)
         # After a restart, detect on new steps only, and do not repeat alerts already raised.
         self.detection = Detection(self.store, self.ranks, self.watchers,
@@ -273,6 +282,21 @@ class MonitorService(pb_grpc.MonitorServicer):
         return receive_upload(request_iterator, context, self.store, log=self._log,
                               broadcast=self.watchers.broadcast)
 
+    def ReportDump(self, request: pb.DumpReport, context: grpc.ServicerContext) -> pb.TraceAck:
+        check_name(request.dump_id, "dump_id", context)
+        check_name(request.job, "job", context)
+        self.store.add_dump_report(request.dump_id, request.job, request.rank, request.start_step,
+                                   request.end_step, request.path[:4096], list(request.steps)[:100_000],
+                                   request.files, request.bytes, request.error[:2000])
+        what = (f"no dump: {request.error[:200]}" if request.error else
+                f"steps {','.join(map(str, request.steps))} in {request.path} "
+                f"({request.files} files, {request.bytes} bytes)")
+        self._log(f"dump {request.dump_id} job {request.job} rank {request.rank}: {what}")
+        self.watchers.broadcast({"type": "dump", "dump_id": request.dump_id, "job": request.job,
+                                 "rank": request.rank, "path": request.path,
+                                 "steps": list(request.steps), "error": request.error})
+        return pb.TraceAck(ok=True, bytes=request.bytes, message="recorded")
+
     # -- operator side -------------------------------------------------------------------------
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.JsonDoc:
@@ -333,6 +357,77 @@ class MonitorService(pb_grpc.MonitorServicer):
                          "ranks": ranks, "start_step": start_step,
                          "end_step": end_step, "next_steps": next_steps, "reason": reason})
         return trace_id, delivered, missing
+
+    def RequestDump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.TraceReply:
+        check_name(request.job, "job", context)
+        if request.start_step >= 0:
+            if request.end_step < request.start_step:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"steps {request.start_step}-{request.end_step}: the end is before "
+                              "the start")
+        elif request.next_steps <= 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "give a step range (start_step..end_step) or next_steps > 0")
+        why = check_order(request.task or "statistics", request.level or "module", request.scope)
+        if why:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
+        try:
+            dump_id, delivered, missing = self.request_dump(
+                request.job, list(request.ranks), request.start_step, request.end_step,
+                request.next_steps, scope=request.scope, task=request.task or "statistics",
+                level=request.level or "module", reason=request.reason or "operator")
+        except ValueError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        return pb.TraceReply(trace_id=dump_id, ranks=delivered, missing=missing)
+
+    def request_dump(self, job: str, ranks: list[int], start_step: int, end_step: int,
+                     next_steps: int, *, scope: str = "", task: str = "statistics",
+                     level: str = "module", reason: str = "operator", alert_id: int | None = None,
+                     module: str = "") -> tuple[str, list[int], list[int]]:
+        """Send a targeted-dump command to ``ranks`` of ``job`` (all its ranks when empty)."""
+        dump_id = uuid.uuid4().hex[:12]
+        ranged = start_step >= 0
+        cmd = pb.Command(id=dump_id, kind="dump", start_step=start_step if ranged else -1,
+                         end_step=end_step if ranged else -1,
+                         next_steps=0 if ranged else next_steps, scope=scope, task=task,
+                         level=level)
+        ranks, delivered, missing = self.send_command(job, ranks, cmd)
+        self.store.add_dump_request(dump_id, job, ranks, start_step if ranged else -1,
+                                    end_step if ranged else -1, 0 if ranged else next_steps,
+                                    scope, task, level, reason, alert_id, module)
+        what = f"steps {start_step}-{end_step}" if ranged else f"the next {next_steps} steps"
+        self._log(f"dump {dump_id} requested ({reason}): job {job} ranks "
+                  f"{','.join(map(str, ranks))}, {what}, {task} of {scope or 'every module'}")
+        self.watchers.broadcast({"type": "dump_request", "dump_id": dump_id, "job": job,
+                                 "ranks": ranks, "start_step": start_step, "end_step": end_step,
+                                 "next_steps": next_steps, "scope": scope, "task": task,
+                                 "level": level, "reason": reason, "alert_id": alert_id})
+        return dump_id, delivered, missing
+
+    def _on_alert(self, alert: dict[str, Any]) -> None:
+        """A new alert (on the detector thread): with ``dump_on_alert``, a numerics alert dumps
+        its module on its rank for the next N steps (once per job, rank and module)."""
+        if not self.dump_on_alert or not str(alert.get("kind", "")).startswith("numerics"):
+            return
+        ev = alert.get("evidence") or {}
+        module = alert.get("module") or (ev.get("module") if isinstance(ev, dict) else None)
+        rank = alert.get("rank")
+        if not module or rank is None:
+            return
+        key = (alert["job"], rank, module)
+        if key in self._dumped_for:
+            return
+        self._dumped_for.add(key)
+        try:
+            self.request_dump(alert["job"], [int(rank)], -1, -1, self.dump_on_alert,
+                              scope=module_scope(module), task=self.dump_on_alert_task,
+                              reason=f"alert {alert.get('id')} ({alert['kind']} {module})",
+                              alert_id=alert.get("id"), module=module)
+        except ValueError as e:
+            self._log(f"cannot ask for a dump on alert {alert.get('id')}: {e}")
+
+    def Dumps(self, request: pb.DumpsRequest, context: grpc.ServicerContext) -> pb.ArrowTable:
+        return _ipc(self.store.dumps(request.job or None, request.dump_id or None), context)
 
     def dump_stacks(self, job: str, request: str) -> None:
         """Ask every rank of ``job`` to dump its Python stacks; the files come back as the
@@ -401,6 +496,23 @@ class MonitorService(pb_grpc.MonitorServicer):
                 if request.job and event.get("job") not in (None, request.job):
                     continue
                 yield pb.JsonDoc(json=json.dumps(event, default=str))
+
+
+class _AlertHook(Watchers):
+    """The watchers, and ``on_alert(event)`` for each new alert told to them (the service's
+    reactions to alerts that the detector thread does not make itself: a targeted dump)."""
+
+    def __init__(self, on_alert: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__()
+        self._on_alert = on_alert
+
+    def broadcast(self, event: dict[str, Any]) -> None:
+        super().broadcast(event)
+        if event.get("type") == "alert":
+            try:
+                self._on_alert(event)
+            except Exception as e:  # noqa: BLE001 - never in the detector thread's way
+                super().broadcast({"type": "error", "message": f"on alert {event.get('id')}: {e}"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -11,7 +11,9 @@ read through the service (:mod:`monitor.client`). Tables:
 - ``ranks``      the last registration of each (job, rank);
 - ``alerts``     detector findings with their evidence (JSON), one row per cause, updated in
                  place while it recurs (``count``, ``last_step``, ``state`` open or closed);
-- ``trace_requests`` and ``traces``: deep traces asked for and the files collected.
+- ``trace_requests`` and ``traces``: deep traces asked for and the files collected;
+- ``dump_requests`` and ``dumps``: targeted dumps asked for (scope, task, level, the alert that
+  asked) and each rank's report (the folder it wrote on its machine, the steps, or an error).
 
 Points arrive as Arrow tables and are inserted in groups (one transaction, one fsync, for many
 batches: :meth:`MonitorStore.ingest`), never row by row.
@@ -67,6 +69,14 @@ CREATE TABLE IF NOT EXISTS trace_requests (trace_id VARCHAR PRIMARY KEY, job VAR
 CREATE TABLE IF NOT EXISTS traces (trace_id VARCHAR, job VARCHAR, rank INTEGER,
                                    start_step BIGINT, end_step BIGINT, filename VARCHAR,
                                    path VARCHAR, bytes BIGINT, error VARCHAR, time_ns BIGINT);
+CREATE TABLE IF NOT EXISTS dump_requests (dump_id VARCHAR PRIMARY KEY, job VARCHAR,
+                                          ranks VARCHAR, start_step BIGINT, end_step BIGINT,
+                                          next_steps BIGINT, scope VARCHAR, task VARCHAR,
+                                          level VARCHAR, reason VARCHAR, alert_id BIGINT,
+                                          module VARCHAR, time_ns BIGINT);
+CREATE TABLE IF NOT EXISTS dumps (dump_id VARCHAR, job VARCHAR, rank INTEGER, start_step BIGINT,
+                                  end_step BIGINT, path VARCHAR, steps VARCHAR, files BIGINT,
+                                  bytes BIGINT, error VARCHAR, time_ns BIGINT);
 """
 
 #: Metric names the detectors read, pivoted per (rank, step) by :meth:`MonitorStore.step_table`.
@@ -259,6 +269,51 @@ class MonitorStore:
                 self._con.execute("ROLLBACK")
                 raise
 
+    def add_dump_request(self, dump_id: str, job: str, ranks: Iterable[int], start_step: int,
+                         end_step: int, next_steps: int, scope: str, task: str, level: str,
+                         reason: str, alert_id: int | None = None, module: str = "") -> None:
+        """Record a targeted dump asked for (by an operator, or by the alert ``alert_id``)."""
+        with self._lock:
+            self._con.execute("INSERT INTO dump_requests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                              "?, ?)", [dump_id, job, json.dumps(sorted(ranks)), start_step,
+                                        end_step, next_steps, scope, task, level, reason,
+                                        alert_id or None, module or None, time.time_ns()])
+
+    def add_dump_report(self, dump_id: str, job: str, rank: int, start_step: int, end_step: int,
+                        path: str, steps: Sequence[int], files: int, nbytes: int,
+                        error: str) -> None:
+        """Record one rank's report of a targeted dump (a resent report replaces the last)."""
+        with self._lock:
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                self._con.execute("DELETE FROM dumps WHERE dump_id = ? AND job = ? AND rank = ?",
+                                  [dump_id, job, rank])
+                self._con.execute("INSERT INTO dumps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                  [dump_id, job, rank, start_step, end_step, path or None,
+                                   json.dumps(list(steps)), files, nbytes, error or None,
+                                   time.time_ns()])
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+
+    def dumps(self, job: str | None = None, dump_id: str | None = None) -> pa.Table:
+        """Targeted dumps, one row per (dump, rank) asked for: the request (scope, task, level,
+        reason, alert_id, module) and, once the rank has reported, its folder, steps (JSON),
+        files, bytes and error; ``state`` is ``pending``, ``done`` or ``failed``."""
+        where, params = _equal_to(["true"], [], **{"q.job": job, "q.dump_id": dump_id})
+        return self._query(f"""
+            WITH q AS (SELECT r.*, CAST(unnest(CAST(json(r.ranks) AS INTEGER[])) AS INTEGER) AS rank
+                       FROM dump_requests r)
+            SELECT q.dump_id, q.job, q.rank, coalesce(d.start_step, q.start_step) AS start_step,
+                   coalesce(d.end_step, q.end_step) AS end_step, q.next_steps, q.scope, q.task,
+                   q.level, q.reason, q.alert_id, q.module, d.path, d.steps, d.files, d.bytes,
+                   d.error, CASE WHEN d.dump_id IS NULL THEN 'pending' WHEN d.error IS NULL
+                   THEN 'done' ELSE 'failed' END AS state, q.time_ns AS requested_ns,
+                   d.time_ns AS reported_ns
+            FROM q LEFT JOIN dumps d ON d.dump_id = q.dump_id AND d.job = q.job AND d.rank = q.rank
+            WHERE {where} ORDER BY q.time_ns, q.dump_id, q.rank""", params)
+
     def trace_file_path(self, job: str, trace_id: str, rank: int, filename: str) -> Path:
         """Where a collected trace file lives: ``<store>-traces/<job>/<trace_id>/rank<R>/<file>``."""
         return (self.trace_dir / safe_relpath(job) / safe_relpath(trace_id) / f"rank{int(rank)}"
@@ -319,6 +374,14 @@ class MonitorStore:
         names = ", ".join(_sql_str(n) for n in STEP_COLUMNS)
         return self._query(f"SELECT rank, step, name, value FROM metrics WHERE job = ? AND "
                            f"step >= ? AND step <= ? AND name IN ({names})",
+                           [job, since_step, until_step])
+
+    def numerics_points(self, job: str, since_step: int, until_step: int) -> pa.Table:
+        """The numerics detectors' input, long: (rank, step, name, value, time_ns) of the
+        ``numerics:*`` points (:mod:`monitor.numerics_names`) of the steps
+        ``since_step..until_step``."""
+        return self._query("SELECT rank, step, name, value, time_ns FROM metrics WHERE job = ? "
+                           "AND step >= ? AND step <= ? AND starts_with(name, 'numerics:')",
                            [job, since_step, until_step])
 
     def step_table(self, job: str, since_step: int, until_step: int | None = None) -> pa.Table:

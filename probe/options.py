@@ -45,7 +45,8 @@ def engine_options(func: Callable) -> Callable:
                      help="Number of training steps to run."),
         click.option("--seed", default=0, show_default=True, type=int, help="Random seed."),
         click.option("--fault", "faults", multiple=True, metavar="KIND:TARGET:ARG",
-                     help="Plant a fault: scale:<param>:<factor>, nan:<module>:<step>, "
+                     help="Plant a fault: scale:<param>:<factor>, grow:<param>:<rate> (the "
+                          "weight times 1+rate every step), nan:<module>:<step>, "
                           "slow:<rank>:<factor>. Repeatable."),
         click.option("--device", default="cpu", show_default=True,
                      help="Device for the bundled engine (cpu, cuda)."),
@@ -63,6 +64,17 @@ def engine_options(func: Callable) -> Callable:
     for opt in reversed(opts):
         func = opt(func)
     return func
+
+
+def numerics_option(func: Callable) -> Callable:
+    """``--numerics [REGEX]``: per-module numerics every step (monitor.numerics_callback)."""
+    return click.option(
+        "--numerics", "numerics", default=None, is_flag=False, flag_value="", metavar="[REGEX]",
+        help="Measure per-module numerics every step (activation, weight, gradient and "
+             "optimizer-state norms, update ratio, NaN/Inf counts) of every leaf module with "
+             "parameters, or of the modules whose path matches REGEX; sent to the monitor "
+             "(PROBE_MONITOR=host:port) as numerics:<module>:<quantity> points, else kept in "
+             "the run's store.")(func)
 
 
 def fsync_option(func: Callable) -> Callable:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ground.errors import EXIT_NONFINITE
-from probe.options import engine_options, force_option, fsync_option
+from probe.options import engine_options, force_option, fsync_option, numerics_option
 
 
 def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps: int | None,
@@ -55,8 +55,9 @@ def print_step_table(result, echo=click.echo) -> None:
 @click.option("--out", default="runs/train", show_default=True, help="Run directory.")
 @force_option
 @fsync_option
+@numerics_option
 def command(engine, preset, nproc, max_steps, seed, faults, device, log_every, quiet, allow_nan,
-            compile_, weights, out, force, fsync) -> int:
+            compile_, weights, out, force, fsync, numerics) -> int:
     """Train the bundled Llama-style engine on synthetic tokens and print a step table.
 
     Progress goes to stderr while it trains (--quiet: none); the step table and the summary
@@ -65,10 +66,15 @@ def command(engine, preset, nproc, max_steps, seed, faults, device, log_every, q
     Example: probe train --engine fused --preset tiny --nproc 2 --max-steps 5 --out runs/t
     """
     from engine.launch import run_training
+    from engine_adapter.callbacks import CallbackSpec
+    from monitor.numerics_callback import NumericsCallback
 
+    callbacks = (() if numerics is None else
+                 (CallbackSpec(NumericsCallback, {"pattern": numerics or None}),))
     spec = spec_from_options(out, engine, preset, nproc, max_steps, seed, faults, device,
                              compile=compile_, weights=weights, force=force, fsync=fsync,
-                             quiet=quiet, log_every=log_every, allow_nan=allow_nan)
+                             quiet=quiet, log_every=log_every, allow_nan=allow_nan,
+                             callbacks=callbacks)
     result = run_training(spec)
     print_step_table(result)
     final = f"{result.final_loss:.4f}" if result.final_loss is not None else "none"

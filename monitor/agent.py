@@ -98,6 +98,7 @@ class MonitorAgent:
             overflow="drop", interval_s=0, max_batch=MAX_ROUND_ITEMS,
             on_error=self._sender_error, start=False)
         self._uploads: deque = deque()
+        self._dump_reports: deque = deque()     # targeted dumps done (or refused), to report
         self._unacked: deque = deque()          # batches in memory, not yet acknowledged
         self._spooling = self.spool.exists()    # batches go to the spool file until it drains
         self._dropped = 0
@@ -123,7 +124,7 @@ class MonitorAgent:
         self.stacks_dir: str | None = None      # where a dump_stacks command writes
         self.stats = {"points": 0, "acked_points": 0, "batches": 0, "acked_batches": 0,
                       "duplicates": 0, "spooled_batches": 0, "resent_batches": 0,
-                      "reconnects": 0, "rejected_batches": 0, "commands": 0, "uploads": 0,
+                      "reconnects": 0, "rejected_batches": 0, "commands": 0, "uploads": 0, "dump_reports": 0,
                       "sender_cpu_s": 0.0}
 
     # -- the training thread's side ------------------------------------------------------------
@@ -152,6 +153,16 @@ class MonitorAgent:
                      files: list[str] | None = None, error: str = "", root: str = "") -> None:
         """Queue trace files (paths relative to ``root``; or the reason there are none) to send."""
         self._uploads.append((trace_id, start_step, end_step, list(files or []), error, root))
+
+    def report_dump(self, dump_id: str, start_step: int, end_step: int, path: str = "",
+                    steps: list[int] | None = None, files: int = 0, nbytes: int = 0,
+                    error: str = "") -> None:
+        """Queue the outcome of a targeted dump (:mod:`monitor.targeted_dump`): the folder it
+        was written to on this machine, or why there is none; the sender reports it."""
+        self._dump_reports.append(dict(dump_id=dump_id, job=self.job, rank=self.rank,
+                                       start_step=start_step, end_step=end_step, path=path,
+                                       steps=list(steps or []), files=files, bytes=nbytes,
+                                       error=error[:2000]))
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued and stop; waits up to ``timeout``.
@@ -206,6 +217,7 @@ class MonitorAgent:
             self._send()
         else:
             self._send_uploads()
+            self._send_dump_reports()
         self.stats["sender_cpu_s"] = time.thread_time()
         self._finished = True
         self._link.close()
@@ -341,6 +353,8 @@ class MonitorAgent:
                                       seq=0))
         if self._link.connected and self._uploads:
             self._send_uploads()
+        if self._link.connected and self._dump_reports:
+            self._send_dump_reports()
 
     def _replay_spool(self) -> None:
         """Resend the spool in order; delete it once every record is acknowledged."""
@@ -379,6 +393,24 @@ class MonitorAgent:
                 self._warn_once(f"upload{trace_id}", f"trace {trace_id}: cannot read a file ({e})")
             self._uploads.popleft()
             self.stats["uploads"] += 1
+
+    def _send_dump_reports(self) -> None:
+        import grpc
+
+        from monitor.proto import monitor_pb2 as pb
+
+        while self._dump_reports:
+            try:
+                self._link.stub.ReportDump(pb.DumpReport(**self._dump_reports[0]),
+                                           timeout=self.push_timeout_s, metadata=self._link.metadata)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    self._warn_once("dump-report", f"the monitor refused a dump report: {e.details()}")
+                else:
+                    self._link.lost(e)
+                    return
+            self._dump_reports.popleft()
+            self.stats["dump_reports"] += 1
 
     def _dump_stacks(self, request: str) -> None:
         """Write every thread's Python stack to ``stacks_dir/<request>/rank<R>.txt`` and queue

@@ -6,7 +6,11 @@ It records each step's metrics through a :class:`~monitor.agent.MonitorAgent` an
 service's ``trace`` commands as profiler sessions on the training thread. Under
 ``torch.distributed`` it also tells the agent which collective the rank is in
 (:class:`engine_adapter.torch_comm.CollectiveTracker`), so that the service can diagnose a hang,
-and where a ``dump_stacks`` command writes: ``<run folder>/stacks/``.
+and where a ``dump_stacks`` command writes: ``<run folder>/stacks/``. A ``dump`` command (a
+targeted dump, :mod:`monitor.targeted_dump`) goes to the rank's
+:class:`~monitor.targeted_dump.DumpSchedule` in ``ctx.extra["monitor_dumps"]``, for the dump
+runner (:class:`probe.dump_callback.TargetedDumpCallback`) to carry out; without one in the run,
+each order is answered with an error when its first step comes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from engine_adapter.callbacks import TrainCallback, TrainContext
 from monitor.agent import ADDR_ENV, JOB_ENV, MonitorAgent, _warn
+from monitor.targeted_dump import SCHEDULE_KEY, DumpOrder, DumpSchedule
 
 
 class MonitorAgentCallback(TrainCallback):
@@ -54,6 +59,7 @@ class MonitorAgentCallback(TrainCallback):
         self._uploads_at_start = 0
         self._cuda = None
         self._tracker: Any = None
+        self.dumps: DumpSchedule | None = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if not self.addr:
@@ -67,6 +73,10 @@ class MonitorAgentCallback(TrainCallback):
                                   on_command=self._on_command, **self.agent_options).start()
         self.agent.stacks_dir = os.path.join(ctx.out_dir, "stacks")
         ctx.extra["monitor_agent"] = self.agent     # other callbacks send through it (numerics)
+        self.dumps = ctx.extra.setdefault(SCHEDULE_KEY, DumpSchedule())
+        agent = self.agent
+        self.dumps.report = lambda order, path, steps, files, nbytes, error: agent.report_dump(
+            order.dump_id, order.start, order.end, path, steps, files, nbytes, error)
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             from engine_adapter import torch_comm
@@ -92,6 +102,8 @@ class MonitorAgentCallback(TrainCallback):
             active = self._active
             if active is not None and cmd.trace_id in ("", active[0]):
                 self._stop_requested = True
+        elif cmd.kind == "dump" and self.dumps is not None:
+            self.dumps.add(DumpOrder.from_command(cmd), self._current)
         elif cmd.kind == "set_interval" and self.agent is not None and cmd.interval_s > 0:
             self.agent.flush_interval_s = cmd.interval_s
 
@@ -100,6 +112,10 @@ class MonitorAgentCallback(TrainCallback):
         if self.agent is not None:
             self.agent.step_in = step
             self._uploads_at_start = self.agent.stats["uploads"]
+        if self.dumps is not None and self.dumps.runner is None and len(self.dumps):
+            for order in self.dumps.due(step):
+                self.dumps.done(order, error="this rank runs no dump runner (a run of the bundled "
+                                      "engine started by probe has one: TargetedDumpCallback)")
         if not self._pending or self._active is not None:
             return
         with self._lock:
@@ -180,4 +196,8 @@ class MonitorAgentCallback(TrainCallback):
         for trace_id, start, end in pending:
             self.agent.upload_trace(trace_id, start, end,
                                     error=f"training ended at step {self._current} before step {start}")
+        if self.dumps is not None:
+            for order in self.dumps.drain():
+                self.dumps.done(order, error=f"training ended at step {self._current} before "
+                                             f"step {order.start}")
         self.agent.close()

@@ -35,6 +35,14 @@ ranks=None)``
 timeout)``
 ``fetch_trace(trace_id, rank,    Copy one rank's trace files from the service into ``out_dir``.
 out_dir)``
+``request_dump(job, ranks,       Ask ranks for a targeted dump (``monitor.targeted_dump``) of
+steps=None, next_steps=None,     ``steps`` or the next ``next_steps`` steps, of the entries ``scope``
+scope="", task="statistics",     matches; returns {dump_id, ranks, missing}.
+level="module")``
+``dumps(job=None, dump_id=None)``  Arrow table, one row per (dump, rank): the request and the rank's
+                                 report (path on the rank's machine, steps JSON, files, bytes,
+                                 error, state pending | done | failed).
+``wait_dump(dump_id, timeout)``  Wait until every rank asked has reported; the dump's rows.
 ``watch(job=None)``              Iterator of live events (dicts): ``type`` alert | trace |
                                  trace_request | hello.
 ===============================  ===================================================================
@@ -222,6 +230,51 @@ class MonitorClient:
                                                             kind="set_interval",
                                                             interval_s=seconds))
         return {"id": reply.trace_id, "ranks": list(reply.ranks), "missing": list(reply.missing)}
+
+    def request_dump(self, job: str, ranks: Sequence[int] | None = None,
+                     steps: str | Sequence[int] | None = None, next_steps: int | None = None,
+                     scope: str = "", task: str = "statistics", level: str = "module",
+                     reason: str = "operator") -> dict[str, Any]:
+        """Ask ``ranks`` (all of the job's when empty) to dump the entries ``scope`` matches for
+        ``steps`` or the next N steps (:mod:`monitor.targeted_dump`)."""
+        from monitor.proto import monitor_pb2 as pb
+        from monitor.targeted_dump import check_order
+
+        rng = parse_steps(steps)
+        if rng is None and not next_steps:
+            raise ProbeError("give the steps to dump (--steps 120-124) or --next N")
+        if rng is not None and next_steps:
+            raise ProbeError("give either --steps or --next, not both")
+        if next_steps is not None and rng is None and next_steps <= 0:
+            raise ProbeError(f"--next {next_steps}: give a number of steps > 0")
+        why = check_order(task, level, scope)
+        if why:
+            raise ProbeError(f"--{why}")
+        req = pb.DumpRequest(job=job, ranks=list(ranks or []), reason=reason, scope=scope,
+                             task=task, level=level, start_step=rng[0] if rng else -1,
+                             end_step=rng[1] if rng else -1,
+                             next_steps=0 if rng else int(next_steps))
+        reply = self._call("RequestDump", req)
+        return {"dump_id": reply.trace_id, "ranks": list(reply.ranks), "missing": list(reply.missing)}
+
+    def dumps(self, job: str | None = None, dump_id: str | None = None) -> pa.Table:
+        from monitor.proto import monitor_pb2 as pb
+
+        return _table(self._call("Dumps", pb.DumpsRequest(job=job or "", dump_id=dump_id or "")))
+
+    def wait_dump(self, dump_id: str, timeout: float = 120.0, poll_s: float = 0.2) -> pa.Table:
+        """Wait until every rank asked for ``dump_id`` has reported it (done or failed)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            table = self.dumps(dump_id=dump_id)
+            rows = table.to_pylist()
+            if rows and all(r["state"] != "pending" for r in rows):
+                return table
+            if time.monotonic() > deadline:
+                missing = sorted(r["rank"] for r in rows if r["state"] == "pending")
+                raise ProbeError(f"dump {dump_id}: ranks {missing} reported nothing within "
+                                 f"{timeout:.0f} s; are they still training past those steps?")
+            time.sleep(poll_s)
 
     def wait_trace(self, trace_id: str, ranks: Sequence[int], timeout: float = 120.0,
                    poll_s: float = 0.2) -> pa.Table:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ground.errors import EXIT_NONFINITE
@@ -14,6 +16,11 @@ def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps:
     """A RunSpec from the shared engine options (used by train, dump, profile and demo)."""
     from engine.spec import RunSpec
 
+    if os.environ.get("PROBE_MONITOR"):      # the monitor service may ask for targeted dumps
+        from engine_adapter.callbacks import CallbackSpec
+        from probe.dump_callback import TargetedDumpCallback
+
+        kw["callbacks"] = tuple(kw.get("callbacks", ())) + (CallbackSpec(TargetedDumpCallback),)
     return RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max_steps if max_steps is not None else default_steps, seed=seed,
                    faults=tuple(faults), out_dir=out, device=device, **kw)

@@ -17,7 +17,7 @@ Every ``interval_s`` the thread:
    (:func:`monitor.detectors.hang_threshold_s`); a hang alert names the rank(s) that never
    entered the collective the others wait in, and it is resolved when they move again;
 4. merges what it found into the open alerts (:class:`AlertBook`): one open alert per cause
-   (kind and rank; for a hang, the collective; for numerics, also the module and quantity),
+   (kind and rank; for a hang, the collective; for numerics, the module and quantity),
    whose ``count`` and ``last_step`` grow while the cause recurs; a cause absent for
    :data:`CLOSE_AFTER_STEPS` judged steps is closed, and a later recurrence opens a new
    alert. A new alert is stored, told to the watchers and, where
@@ -53,11 +53,11 @@ CLOSE_AFTER_STEPS = 50
 
 def alert_key(alert: dict[str, Any]) -> tuple:
     """The cause an alert is about: its kind and rank; for a hang, the collective; for a
-    numerics alert also its module and quantity."""
+    numerics alert its module and quantity (whatever ranks show it)."""
     if alert["kind"].startswith("numerics_"):
         ev = alert.get("evidence") or {}
-        return (alert["job"], alert["kind"], alert.get("rank"),
-                alert.get("module") or ev.get("module"), alert.get("quantity") or ev.get("quantity"))
+        return (alert["job"], alert["kind"], alert.get("module") or ev.get("module"),
+                alert.get("quantity") or ev.get("quantity"))
     if alert["kind"] == "hang":
         ev = alert.get("evidence") or {}
         return (alert["job"], "hang", f"{ev.get('group')}#{ev.get('seq')}")
@@ -372,15 +372,20 @@ class Detection:
         since = max(done + 1, complete - WINDOW_STEPS + 1)
         if window is None:                        # a new job, or one met again after a restart
             since = max(0, complete - WINDOW_STEPS + 1)
-        points = self.store.numerics_points(job, since, complete)
-        if not points.num_rows:
+        try:
+            points = self.store.numerics_points(job, since, complete)
+            if not points.num_rows:
+                return []
+            if window is None:
+                window = self.numerics[job] = NumericsWindow(job)
+            window.append(ModuleMatrix.from_points(points, job))
+            return window.judge(range(done + 1, complete + 1))
+        except Exception as e:  # noqa: BLE001 - never in the way of the step detectors
+            self.numerics.pop(job, None)
+            self.log(f"numerics detectors failed on job {job}: {type(e).__name__}: {e}")
             return []
-        if window is None:
-            window = self.numerics[job] = NumericsWindow(job)
-        window.append(ModuleMatrix.from_points(points, job))
-        found = window.judge(range(done + 1, complete + 1))
-        self.numerics_seconds += time.perf_counter() - t0
-        return found
+        finally:
+            self.numerics_seconds += time.perf_counter() - t0
 
     def _check_hang(self, job: str, states: list, now: float) -> list[dict[str, Any]]:
         if not any(s.pending for s in states) and self.open_hang(job) is None:

@@ -6,7 +6,8 @@ array ``[steps, ranks, modules]`` (NaN where nothing was reported), and the time
 execution order). A *series* is one (rank, module, quantity). Each detector judges the steps
 asked (all when None) and uses the earlier rows as history; an alert is a dict like the timing
 detectors' (``kind``, ``job``, ``rank``, ``step``, ``message`` with the evidence in words,
-``evidence``) plus ``module`` and ``quantity``.
+``evidence``) plus ``module`` and ``quantity``; :func:`detect` runs them all and makes one
+alert of those that name the same module, quantity and step on several ranks.
 
 - :func:`outliers` (``numerics_outlier``): a value far outside its own recent history: the
   robust z-score of its log against the median and MAD of its previous :data:`BASELINE` steps
@@ -552,10 +553,39 @@ def nonfinite_modules(table: Any, steps: Iterable[int] | None = None, *,
     return alerts
 
 
+def across_ranks(alerts: list[Alert]) -> list[Alert]:
+    """One alert per kind, step, module and quantity: the lowest rank's, naming every rank
+    where it was found (data-parallel ranks hold the same weights and gradients: a layer that
+    diverges does so on all of them, and is one cause, not one per rank).
+
+    >>> a = {"kind": "numerics_update", "job": "j", "rank": 3, "step": 9, "module": "fc",
+    ...      "quantity": "update_ratio", "message": "rank 3 step 9: fc ...", "evidence": {}}
+    >>> b = dict(a, rank=1, message="rank 1 step 9: fc ...")
+    >>> [(x["rank"], x["evidence"]["ranks"], x["message"]) for x in across_ranks([a, b])]
+    [(1, [1, 3], 'rank 1 step 9: fc ... [on 2 ranks: 1,3]')]
+    """
+    groups: dict[tuple, list[Alert]] = {}
+    for a in alerts:
+        groups.setdefault((a["kind"], a["step"], a["module"], a["quantity"]), []).append(a)
+    out = []
+    for group in groups.values():
+        group.sort(key=lambda a: a["rank"])
+        first = group[0]
+        ranks = [a["rank"] for a in group]
+        if len(ranks) > 1:
+            shown = ",".join(map(str, ranks[:16])) + (",..." if len(ranks) > 16 else "")
+            first = dict(first, message=f"{first['message']} [on {len(ranks)} ranks: {shown}]")
+        first["evidence"] = dict(first.get("evidence") or {}, ranks=ranks[:64],
+                                 rank_count=len(ranks))
+        out.append(first)
+    return out
+
+
 def detect(table: Any, steps: Iterable[int] | None = None, *,
            job: str | None = None) -> list[Alert]:
-    """Every numerics detector over one matrix."""
+    """Every numerics detector over one matrix, one alert per cause found on several ranks
+    (:func:`across_ranks`)."""
     m = ModuleMatrix.of(table, job)
     steps = None if steps is None else list(steps)
-    return (nonfinite_modules(m, steps, job=job) + outliers(m, steps, job=job)
-            + layer_ratios(m, steps, job=job) + large_updates(m, steps, job=job))
+    return across_ranks(nonfinite_modules(m, steps, job=job) + outliers(m, steps, job=job)
+                        + layer_ratios(m, steps, job=job) + large_updates(m, steps, job=job))

@@ -124,7 +124,7 @@ class NumericsCallback(TrainCallback):
         self._delta: list[Any] = []           # handles of (before - after), per parameter
         self._stepped = False
         self._on = False
-        self._warned_agent = False
+        self._measuring = True                # this step is measured (see ``every``)
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -168,6 +168,8 @@ class NumericsCallback(TrainCallback):
         acts, times, stats = self._act, self._act_time, self._stats
 
         def hook(module, args, output):
+            if not self._measuring:
+                return None
             t = output
             if isinstance(t, (tuple, list)) and t:
                 t = t[0]
@@ -186,7 +188,7 @@ class NumericsCallback(TrainCallback):
     def _snapshot(self) -> None:
         import torch
 
-        if not self._on:
+        if not self._on or not self._measuring:
             return
         with torch.no_grad():
             if not self._before:
@@ -212,13 +214,14 @@ class NumericsCallback(TrainCallback):
     # -- per step -------------------------------------------------------------------------------
 
     def on_step_start(self, ctx: TrainContext, step: int) -> None:
+        self._measuring = self._on and step % self.every == 0
         for a in self._act:
             a.clear()
         self._delta = []
         self._stepped = False
 
     def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
-        if not self._on or step % self.every:
+        if not self._on or not self._measuring:
             return
         points = self.measure()
         agent = ctx.extra.get(AGENT_KEY)

@@ -188,8 +188,8 @@ def points_from_store(path: str | os.PathLike, job: str | None = None) -> pa.Tab
                          "while a service has it open, export with --addr instead") from None
     try:
         sql = "SELECT job, rank, step, time_ns, name, value FROM metrics"
-        cur = con.execute(sql + (" WHERE job = ?" if job else ""), [job] if job else [])
-        return cur.fetch_arrow_table()
+        return con.sql(sql + (" WHERE job = ?" if job else ""),
+                       params=[job] if job else None).to_arrow_table()
     finally:
         con.close()
 
@@ -200,17 +200,16 @@ def points_from_service(client: Any, job: str | None = None, page_rows: int = PA
     jobs = [job] if job else [j["job"] for j in client.status()["jobs"]]
     parts = []
     for name in jobs:
-        since = 0
+        since, rows = 0, page_rows
         while True:
-            page = client.metrics(job=name, since_step=since, limit=page_rows)
-            if page.num_rows < page_rows:
+            page = client.metrics(job=name, since_step=since, limit=rows)
+            if page.num_rows < rows:
                 parts.append(page)
                 break
             steps = page.column("step").to_pylist()
             last = steps[-1]
-            if steps[0] == last:               # one step fills the page: take it whole
-                parts.append(page)
-                since = last + 1
+            if steps[0] == last:               # one step fills the page: ask for more
+                rows *= 2
                 continue
             keep = next(i for i in range(len(steps) - 1, -1, -1) if steps[i] != last) + 1
             parts.append(page.slice(0, keep))

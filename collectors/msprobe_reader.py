@@ -34,6 +34,10 @@ dump.json key       slot                      index
 ``*.parameters_grad.N`` entries  ``parameter_grad``  parameter name
 ==================  ========================  ==========================================
 
+A tensor's ``tensor_id`` (the key ``probe dump`` adds: the data's id in the step, which
+msprobe's tools ignore) becomes the ``tensor_id`` column; it is null for msprobe's own dumps,
+older dumps and a value that is not an integer.
+
 >>> import json, os, tempfile
 >>> d = tempfile.mkdtemp()
 >>> t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1.0,

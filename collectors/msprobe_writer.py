@@ -8,7 +8,8 @@ msprobe's own compare and graph tools read our dumps:
   for modules, ``parameters`` (dict); a backward entry holds ``input`` (gradients of the
   outputs) and ``output`` (gradients of the inputs); a ``parameters_grad`` entry maps each
   parameter name to a one-item list. A tensor is ``{"type", "dtype", "shape", "Max", "Min",
-  "Mean", "Norm", "requires_grad"}`` (plus ``md5`` or ``data_name`` by task).
+  "Mean", "Norm", "requires_grad"}`` (plus ``md5`` or ``data_name`` by task, and the
+  ``tensor_id`` ``probe dump`` adds, which msprobe's tools ignore).
 - ``construct.json``: ``{name: parent name or null}``.
 - ``stack.json``: ``{"0": [[names sharing a stack], [frame lines]], ...}``.
 

@@ -16,8 +16,9 @@ the entry's ``"tensor_id"``): 0, 1, 2, ... in the order the step first reads eac
 :meth:`~engine_adapter.base.StatsBackend.owner`, for torch the storage, is alive: the key its
 statistics are reused under), so a module's output and the input of the module that takes it
 share one id, as do a tensor and its dense views (reshape, transpose); an in-place change (a
-new version) or memory given to other data gets a new id. A tensor without an identity (no storage; every MindSpore tensor for now) has
-none (null): an id of its own would claim that no other row holds its data, which nobody knows.
+new version) or memory given to other data gets a new id. A tensor without an identity (no
+storage; every MindSpore tensor for now) has none (null): an id of its own would claim that no
+other row holds its data, which nobody knows.
 
 >>> ROW_COLUMNS[:3], STAT_COLUMNS[0]
 (('seq', 'node', 'node_kind'), 'max')

@@ -123,6 +123,14 @@ class Catalog:
         self._pinned: str | None = None
         self._lock = threading.Lock()
 
+    def add_root(self, path: str | os.PathLike) -> None:
+        """Let the page open the runs under ``path`` too (the live page adds the folder of each
+        targeted dump the monitor reports done)."""
+        p = Path(path).resolve()
+        with self._lock:
+            if p not in self.roots:
+                self.roots.append(p)
+
     # -- what there is ----------------------------------------------------------------------
 
     def _folders(self) -> list[Path]:

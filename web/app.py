@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dash import Dash, Input, Output, dcc, html
+from dash import Dash, Input, Output, State, dcc, html
 
 from ground.errors import ProbeError
 from visualizer.diff import DiffGraph
@@ -78,13 +78,15 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
         "/query": lambda: query.layout(stores),
     }
 
-    @app.callback(Output("page", "children"), Input("url", "pathname"))
-    def route(path: str | None) -> Any:
+    @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
+    def route(path: str | None, search: str | None) -> Any:
+        if (path or "/") == "/":
+            return graph.layout(search)          # a link may name the dump to open
         build = pages.get(path or "/")
         return build() if build else html.Div([html.H2("Not found"), html.P(f"no page {path}")])
 
     graph.register(app)
-    live.register(app, source)
+    live.register(app, source, graph.catalog)
     timeline.register(app, trace_file, stores)
     query.register(app, stores)
     app.probe_diff = diff            # for tests and the demo's summary

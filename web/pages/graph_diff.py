@@ -76,9 +76,18 @@ class GraphDiffPage:
 
     # -- layout -----------------------------------------------------------------------------
 
-    def layout(self) -> html.Div:
-        """The page, with the first view's nodes in it (no round trip before the first paint)."""
+    def layout(self, search: str | None = None) -> html.Div:
+        """The page, with the first view's nodes in it (no round trip before the first paint).
+
+        A dashboard started on no dump opens the one a link names (``?a=RUN&step=N&rank=R``:
+        the live page's links to targeted dumps), when the catalogue lets it."""
         opened = self.first
+        if opened is None and search:
+            query_ = {k: v[-1] for k, v in parse_qs(search.lstrip("?")).items() if k != "sel"}
+            try:
+                opened = self._open(Choice.from_params(query_)) if query_ else None
+            except ProbeError as e:
+                return html.Div([html.H2("Graph diff"), html.P(f"cannot open: {e}", className="empty")])
         if opened is None:
             return html.Div([html.H2("Graph diff"), html.P(
                 "No dump given. Start with: probe web --dump A [B] [--compare DIR]", className="empty")])
@@ -186,9 +195,10 @@ class GraphDiffPage:
 
     def register(self, app: Dash) -> None:
         """Attach the page's callbacks to ``app``."""
-        if self.first is None or self.first.diff.refusal:
+        if self.first is not None and self.first.diff.refusal:
             return
-        _warm(self.first)
+        if self.first is not None:
+            _warm(self.first)
         graph_open.register(app, self.catalog)
         catalog = self.catalog
 

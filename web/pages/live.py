@@ -8,7 +8,10 @@
   and a rank × step heat map of own compute time (the step time is the same on every rank of a
   synchronous job: it hides the straggler);
 - the alerts counted per kind and rank, open ones first, instead of one line per alert;
-- a form that asks the monitor for a deep trace of chosen ranks and steps.
+- a form that asks the monitor for a deep trace of chosen ranks and steps;
+- a per-module numerics chart (:mod:`web.pages.live_numerics`): a module's quantity per rank
+  across steps, its numerics anomalies marked, each linked to the graph view of the targeted
+  dump it triggered.
 
 Each refresh sends only the steps the page has not drawn (``extendData``; the page's cursor
 says which), the summary and the alert groups, so its size does not grow with the run. A chart
@@ -28,6 +31,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from ground.errors import ProbeError
 from ground.selection import parse_selection
 from visualizer import cluster
+from web.pages import live_numerics
 from web.pages.live_source import LiveSource
 
 #: (chart id, title, metric names tried in order, y-axis title, what to do when none is reported)
@@ -175,7 +179,8 @@ def layout(source: LiveSource, refresh_ms: int) -> html.Div:
         html.Div(id="l-status", className="summary"),
         html.Div([html.Div([html.H4(f"Ranks (last {cluster.OPEN_FOR_STEPS} steps)"), html.Div(id="l-summary"),
                             html.Div(charts + [dcc.Graph(id="l-heat", config={"displayModeBar": False})],
-                                     className="charts")]),
+                                     className="charts"),
+                            live_numerics.section()]),
                   html.Div([html.H4("Alerts by kind and rank"), html.Div(id="l-alerts", className="alerts"), form],
                            className="side-feed")], className="live-body"),
         dcc.Interval(id="l-tick", interval=refresh_ms, n_intervals=0),
@@ -183,9 +188,12 @@ def layout(source: LiveSource, refresh_ms: int) -> html.Div:
     ], id="page-live")
 
 
-def register(app: Dash, source: LiveSource) -> None:
+def register(app: Dash, source: LiveSource, catalog: Any = None) -> None:
+    """The page's callbacks; ``catalog`` (the graph page's) is told the folders of targeted
+    dumps, so that their links open."""
     if not source.available:
         return
+    live_numerics.register(app, source, catalog)
     ids = [cid for cid, *_ in CHARTS]
 
     @app.callback(*[Output(c, "figure") for c in ids], *[Output(c, "extendData") for c in ids],

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ground.errors import ProbeError
+from monitor.numerics_names import PREFIX as NUMERICS_PREFIX
+from monitor.numerics_names import metric_name, parse_metric_name
 from visualizer.pairs import records
 
 #: Every metric the live page draws (the communication share is derived from two of them).
@@ -98,6 +100,71 @@ class LiveSource:
             return []
         job = job or self.current_job()
         return records(self.client().alerts(job=job)) if job else []
+
+    def numerics_modules(self, job: str | None = None, newest: int | None = None) -> list[str]:
+        """The modules that have per-module numerics points (``numerics:<module>:<quantity>``),
+        in the order they were first sent; read from the last steps only (every watched module
+        sends each step)."""
+        since = max(0, (newest or 0) - 1)
+        names = [p["name"] for p in self._numerics_points(job, since, names=None)]
+        out: dict[str, None] = {}
+        for name in names:
+            parsed = parse_metric_name(name)
+            if parsed is not None:
+                out.setdefault(parsed[0])
+        return list(out)
+
+    def numerics(self, module: str, quantity: str, since_step: int = 0,
+                 job: str | None = None) -> list[dict[str, Any]]:
+        """The points (rank, step, value) of one module's quantity from ``since_step`` on."""
+        return self._numerics_points(job, since_step, names=[metric_name(module, quantity)])
+
+    def _numerics_points(self, job: str | None, since_step: int,
+                         names: list[str] | None) -> list[dict[str, Any]]:
+        if self.monitor_addr:
+            job = job or self.current_job()
+            if not job:
+                return []
+            if names is None:
+                rows = records(self.client().metrics(job=job, since_step=since_step))
+                return [r for r in rows if str(r["name"]).startswith(NUMERICS_PREFIX)]
+            return records(self.client().metrics(job=job, since_step=since_step, names=names))
+        import duckdb
+
+        from collectors.store import open_store
+
+        out = []
+        for d in self.store_dirs:
+            try:
+                con = open_store(d)
+            except ProbeError:
+                continue
+            try:
+                if names is None:
+                    where, params = "starts_with(name, ?)", [NUMERICS_PREFIX]
+                else:
+                    where, params = "name = ?", [names[0]]
+                sql = (f"select job, rank, step, name, value from metrics where {where} "
+                       "and step >= ?")
+                params.append(since_step)
+                if self.job:
+                    sql, params = sql + " and job = ?", params + [self.job]
+                rows = con.execute(sql + " order by step, rank", params).fetchall()
+            except duckdb.Error as e:
+                raise ProbeError(f"{d}: the store is being written ({str(e).splitlines()[0]})") from None
+            finally:
+                con.close()
+            out += [{"job": j, "rank": r, "step": s, "name": n, "value": v} for j, r, s, n, v in rows]
+        return out
+
+    def dumps(self, job: str | None = None) -> list[dict[str, Any]]:
+        """The targeted dumps of the followed job (or ``job``), one row per (dump, rank), as
+        the monitor lists them (:meth:`monitor.client.MonitorClient.dumps`); none without a
+        monitor."""
+        if not self.monitor_addr:
+            return []
+        job = job or self.current_job()
+        return records(self.client().dumps(job=job)) if job else []
 
     def status(self) -> dict[str, Any] | None:
         return self.client().status() if self.monitor_addr else None

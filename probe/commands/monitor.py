@@ -345,7 +345,7 @@ def dump(addr: str | None, token: str | None, ca: str | None, job: str, ranks: l
     Each rank writes msprobe's layout into its run folder,
     OUT/monitor_dumps/<id>/step{N}/rank{R}/dump.json, and reports it (probe monitor dumps).
 
-    Example: probe monitor dump --job live --ranks 1 --next 2 --module layers.1 --wait
+    Example: probe monitor dump --job live --ranks 1 --next 2 --module layers.1
     """
     from ground.errors import ProbeError
     from monitor.client import MonitorClient
@@ -418,7 +418,9 @@ def dumps(addr: str | None, token: str | None, ca: str | None, job: str | None,
 def export(addr: str | None, token: str | None, ca: str | None, tensorboard: str,
            job: str | None, store: str | None) -> int:
     """Export the stored metric series (step metrics and per-module numerics) as TensorBoard
-    scalars: tensorboard --logdir DIR.
+    scalars, one run per job and rank; view them with tensorboard --logdir DIR.
+
+    Example: probe monitor export --tensorboard runs/tb --job live
     """
     from monitor.tensorboard_export import export_points, points_from_service, points_from_store
 

@@ -130,7 +130,9 @@ def test_probe_monitor_dump_dumps_one_module_for_exactly_those_steps_and_compare
     cmp = run_probe("compare", str(early_dump), str(late), "--out", str(tmp_path / "cmp"))
     assert cmp.returncode == 0, cmp.stdout + cmp.stderr
     summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
-    assert summary, summary
+    # every entry of the module's dump meets its counterpart in the early step's full dump
+    assert summary["matched"] > 0 and summary["unmatched_b"] == 0, summary
+    assert summary["unmatched_a"] > 0, summary            # the other modules, in the early one
 
 
 def test_a_numerics_alert_dumps_its_module_on_its_rank(tmp_path, monkeypatch):

@@ -124,7 +124,8 @@ class MonitorAgent:
         self.stacks_dir: str | None = None      # where a dump_stacks command writes
         self.stats = {"points": 0, "acked_points": 0, "batches": 0, "acked_batches": 0,
                       "duplicates": 0, "spooled_batches": 0, "resent_batches": 0,
-                      "reconnects": 0, "rejected_batches": 0, "commands": 0, "uploads": 0, "dump_reports": 0,
+                      "reconnects": 0, "rejected_batches": 0, "commands": 0, "uploads": 0,
+                      "dump_reports": 0,
                       "sender_cpu_s": 0.0}
 
     # -- the training thread's side ------------------------------------------------------------

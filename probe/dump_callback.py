@@ -121,7 +121,8 @@ class TargetedDumpCallback(TrainCallback):
         steps = list(session.steps_written)
         files, nbytes = folder_size(folder)
         if not steps and not error:
-            error = f"nothing matched: no entry of scope {order.scope!r} ran in steps {order.start}-{order.end}"
+            error = (f"nothing matched: no entry of scope {order.scope!r} ran in steps "
+                     f"{order.start}-{order.end}")
         self.schedule.done(order, os.path.abspath(folder), steps, files, nbytes, error)
 
     def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:

@@ -1,7 +1,8 @@
 """The live page's per-module numerics chart: one module's quantity across steps, per rank.
 
 Choose a module (the modules that have ``numerics:<module>:<quantity>`` points,
-:mod:`monitor.numerics_names`; at first the module of the latest anomaly) and a quantity; the chart draws a line per rank, and the
+:mod:`monitor.numerics_names`; at first the module of the latest anomaly) and a quantity; the
+chart draws a line per rank, and the
 numerics anomalies (the monitor's ``numerics*`` alerts) of that module as marks on it, their
 message on hover. Below, the module's anomalies (all modules' when none is chosen) each say
 where they are, and an anomaly the service answered with a targeted dump

@@ -43,8 +43,8 @@ level="module")``
                                  report (path on the rank's machine, steps JSON, files, bytes,
                                  error, state pending | done | failed).
 ``wait_dump(dump_id, timeout)``  Wait until every rank asked has reported; the dump's rows.
-``watch(job=None)``              Iterator of live events (dicts): ``type`` alert | trace |
-                                 trace_request | hello.
+``watch(job=None)``              Iterator of live events (dicts): ``type`` alert | alert_update |
+                                 trace | trace_request | dump_request | dump | hello.
 ===============================  ===================================================================
 
 Errors are :class:`ground.errors.ProbeError` with one line saying what to do (no service at the

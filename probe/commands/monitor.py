@@ -180,7 +180,9 @@ def _alert_line(a: dict) -> str:
 @ca_option
 @click.option("--job", default=None, help="Only this job.")
 @click.option("--kind", default=None,
-              help="straggler, slow_step, nonfinite, memory_growth, hang or rank_lost.")
+              help="straggler, slow_step, nonfinite, memory_growth, hang, rank_lost, or a "
+                   "numerics kind (numerics_outlier, numerics_layer_ratio, numerics_update, "
+                   "numerics_nonfinite).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 @click.option("--follow", is_flag=True, help="Keep printing new alerts as they are raised.")
 def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,

@@ -251,8 +251,10 @@ def _bins(dev: np.ndarray, levels: tuple[float, ...]) -> np.ndarray:
     return out
 
 
-def _row_bins(m: ModuleMatrix, row: int, logs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every test's level bins ``[ranks, modules]`` at ``row`` (earlier rows as history)."""
+def _row_bins(m: ModuleMatrix, row: int, logs: dict[str, np.ndarray],
+              first: int = 0) -> dict[str, np.ndarray]:
+    """Every test's level bins ``[ranks, modules]`` at ``row`` (earlier rows as history);
+    ``logs`` holds the logs of the rows from ``first`` on."""
     out = {}
     lo = max(0, row - BASELINE)
     for q in OWN_QUANTITIES:
@@ -260,10 +262,10 @@ def _row_bins(m: ModuleMatrix, row: int, logs: dict[str, np.ndarray]) -> dict[st
         if row - lo < MIN_BASELINE:
             out[f"z:{q}"] = np.full(x.shape[1:], -1, np.int8)
             continue
-        base = x[lo:row]
+        base = x[lo - first:row - first]
         med, n = _median0(base)
         mad, _ = _median0(np.abs(base - med[None]))
-        z = np.abs(x[row] - med) / np.maximum(1.4826 * mad, Z_FLOOR)
+        z = np.abs(x[row - first] - med) / np.maximum(1.4826 * mad, Z_FLOOR)
         z[n < MIN_BASELINE] = np.nan
         out[f"z:{q}"] = _bins(z, Z_LEVELS)
     for q in LAYER_QUANTITIES:
@@ -271,7 +273,7 @@ def _row_bins(m: ModuleMatrix, row: int, logs: dict[str, np.ndarray]) -> dict[st
         if row < LAG or row < MIN_BASELINE or x.shape[2] < MIN_MODULES:
             out[f"r:{q}"] = np.full(x.shape[1:], -1, np.int8)
             continue
-        d = x[row] - x[row - LAG]                                  # [ranks, modules]
+        d = x[row - first] - x[row - LAG - first]                  # [ranks, modules]
         med, n = _median0(d.T)                                     # the median module per rank
         e = np.abs(d - med[:, None])
         e[n < MIN_MODULES] = np.nan
@@ -305,11 +307,12 @@ def derive(m: ModuleMatrix, start: int = 0) -> dict[str, np.ndarray]:
     the ranks (``<test>#``: ``[rows, modules, 1 + 3 * levels]``) of the rows from ``start``; the rows
     before are history (and their bins, in ``m.derived``, the previous row's for the runs)."""
     S = len(m.steps)
-    logs = {q: _log(m.values[q]) for q in set(OWN_QUANTITIES) | set(LAYER_QUANTITIES)}
+    first = max(0, start - max(BASELINE, LAG))                     # the rows the tests read
+    logs = {q: _log(m.values[q][first:]) for q in set(OWN_QUANTITIES) | set(LAYER_QUANTITIES)}
     shape = (len(m.ranks), len(m.modules))
     new: dict[str, list] = {name: [] for name in _TESTS}
     for row in range(start, S):
-        for name, bins in _row_bins(m, row, logs).items():
+        for name, bins in _row_bins(m, row, logs, first).items():
             new[name].append(bins)
     out: dict[str, np.ndarray] = {}
     for name, (_, levels) in _TESTS.items():
@@ -467,9 +470,9 @@ def layer_ratios(table: Any, steps: Iterable[int] | None = None, *,
     alerts: list[Alert] = []
     for row in m.rows_of(steps):
         for q in LAYER_QUANTITIES:
-            x = _log(m.values[q])
             for f in _persistent(m, f"r:{q}", row, ALPHA):
-                d = x[row, f.rank_col] - x[row - LAG, f.rank_col]
+                x = _log(m.values[q][[row - LAG, row], f.rank_col])
+                d = x[1] - x[0]
                 own = float(d[f.module_col])
                 med = float(np.nanmedian(np.delete(d, f.module_col)))
                 factor = math.exp(own - med)

@@ -125,6 +125,8 @@ class NumericsCallback(TrainCallback):
         self._stepped = False
         self._on = False
         self._measuring = True                # this step is measured (see ``every``)
+        #: wall time spent in the callback's own work so far (hooks and the step's end)
+        self.seconds = 0.0
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -170,6 +172,7 @@ class NumericsCallback(TrainCallback):
         def hook(module, args, output):
             if not self._measuring:
                 return None
+            t0 = time.perf_counter()
             t = output
             if isinstance(t, (tuple, list)) and t:
                 t = t[0]
@@ -180,6 +183,7 @@ class NumericsCallback(TrainCallback):
                 if not acts[i]:
                     times[i] = time.time_ns()
                 acts[i].append(handle)
+            self.seconds += time.perf_counter() - t0
             return None
         return hook
 
@@ -190,6 +194,7 @@ class NumericsCallback(TrainCallback):
 
         if not self._on or not self._measuring:
             return
+        t0 = time.perf_counter()
         with torch.no_grad():
             if not self._before:
                 self._before = [torch.empty_like(p, memory_format=torch.contiguous_format)
@@ -197,12 +202,14 @@ class NumericsCallback(TrainCallback):
             for buf, p in zip(self._before, self._params):
                 buf.copy_(p.detach())
         self._stepped = True
+        self.seconds += time.perf_counter() - t0
 
     def _measure_update(self) -> None:
         import torch
 
         if not self._stepped:
             return
+        t0 = time.perf_counter()
         stats = self._stats
         self._delta = []
         with torch.no_grad():
@@ -210,6 +217,7 @@ class NumericsCallback(TrainCallback):
                 buf.sub_(p.detach())
                 self._delta.append(stats.reduce(buf, stats.describe(buf).kind))
         self._stepped = False
+        self.seconds += time.perf_counter() - t0
 
     # -- per step -------------------------------------------------------------------------------
 
@@ -223,11 +231,13 @@ class NumericsCallback(TrainCallback):
     def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
         if not self._on or not self._measuring:
             return
+        t0 = time.perf_counter()
         points = self.measure()
         agent = ctx.extra.get(AGENT_KEY)
         if agent is None:
             for values in points.values():
                 metrics.update(values)
+            self.seconds += time.perf_counter() - t0
             return
         end = time.time_ns()
         order = sorted(range(len(self.modules)),
@@ -235,6 +245,7 @@ class NumericsCallback(TrainCallback):
         for i in order:
             agent.record(step, points[self.modules[i]],
                          time_ns=self._act_time[i] if self._act[i] else end)
+        self.seconds += time.perf_counter() - t0
 
     def measure(self) -> dict[str, dict[str, float]]:
         """This step's points per module (``{module: {metric name: value}}``), read with one

@@ -105,7 +105,11 @@ class LiveSource:
         """The modules that have per-module numerics points (``numerics:<module>:<quantity>``),
         in the order they were first sent; read from the last steps only (every watched module
         sends each step)."""
-        since = max(0, (newest or 0) - 1)
+        if newest is None:                     # the job's last step: read two steps, never all
+            newest = self._last_step(job)
+            if newest is None:
+                return []
+        since = max(0, newest - 1)
         names = [p["name"] for p in self._numerics_points(job, since, names=None)]
         out: dict[str, None] = {}
         for name in names:
@@ -113,6 +117,36 @@ class LiveSource:
             if parsed is not None:
                 out.setdefault(parsed[0])
         return list(out)
+
+    def _last_step(self, job: str | None) -> int | None:
+        """The last step the followed job (or ``job``) reported, None before its first."""
+        if self.monitor_addr:
+            job = job or self.current_job()
+            jobs = self.client().status(job).get("jobs") or [] if job else []
+            steps = [j.get("last_step") for j in jobs if j.get("job") == job]
+            return steps[0] if steps and steps[0] is not None and steps[0] >= 0 else None
+        import duckdb
+
+        from collectors.store import open_store
+
+        last = None
+        for d in self.store_dirs:
+            try:
+                con = open_store(d)
+            except ProbeError:
+                continue
+            try:
+                sql, params = "select max(step) from metrics", []
+                if self.job:
+                    sql, params = sql + " where job = ?", [self.job]
+                (step,) = con.execute(sql, params).fetchone()
+            except duckdb.Error as e:
+                raise ProbeError(f"{d}: the store is being written ({str(e).splitlines()[0]})") from None
+            finally:
+                con.close()
+            if step is not None:
+                last = step if last is None else max(last, step)
+        return last
 
     def numerics(self, module: str, quantity: str, since_step: int = 0,
                  job: str | None = None) -> list[dict[str, Any]]:

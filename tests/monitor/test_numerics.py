@@ -308,3 +308,26 @@ def test_healthy_run_raises_no_numerics_alert(tmp_path, monkeypatch, service):
     assert _numerics_alerts(service, "healthy", 39) == []
     points = service.store.numerics_points("healthy", 0, 39)
     assert points.num_rows == 2 * 40 * 21 * 6              # 2 ranks, 21 modules, 6 quantities
+
+
+def test_probe_train_numerics_option(tmp_path, monkeypatch):
+    """``probe train --numerics REGEX``: without a monitor the points land in the run's store."""
+    from click.testing import CliRunner
+
+    from collectors.store import open_store
+    from probe.commands.train import command
+
+    monkeypatch.delenv("PROBE_MONITOR", raising=False)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(command, ["--max-steps", "2", "--quiet", "--fsync", "never",
+                                          "--out", str(out), "--numerics", r"mlp\.down"])
+    assert result.exit_code == 0, result.output
+    names = {r[0] for r in open_store(str(out)).sql(
+        "SELECT DISTINCT name FROM metrics WHERE name LIKE 'numerics:%'").fetchall()}
+    assert names == {metric_name(f"layers.{i}.mlp.down_proj", q) for i in (0, 1)
+                     for q in QUANTITIES}
+    bare = CliRunner().invoke(command, ["--max-steps", "1", "--quiet", "--out", str(out),
+                                        "--numerics", "--fsync", "never"])
+    assert bare.exit_code == 0, bare.output
+    assert open_store(str(out)).sql("SELECT count(DISTINCT name) FROM metrics WHERE name LIKE "
+                                    "'numerics:%'").fetchall()[0][0] == 21 * 6

@@ -39,7 +39,7 @@ import numpy as np
 
 from monitor import detectors
 from monitor.detectors import StepMatrix
-from monitor.numerics_detectors import ModuleMatrix
+from monitor.module_matrix import ModuleMatrix
 from monitor.numerics_window import NumericsWindow
 from monitor.ranks import RankRegistry
 from monitor.storage import MonitorStore

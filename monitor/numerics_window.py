@@ -1,10 +1,10 @@
 """The service's rolling window of one job's per-module numerics, judged step by step.
 
-:class:`NumericsWindow` keeps the last :data:`~monitor.numerics_detectors.HISTORY` complete
-steps of a job's ``numerics:*`` points as a :class:`~monitor.numerics_detectors.ModuleMatrix`
+:class:`NumericsWindow` keeps the last :data:`~monitor.numerics_evidence.HISTORY` complete
+steps of a job's ``numerics:*`` points as a :class:`~monitor.module_matrix.ModuleMatrix`
 (the detectors' history) in buffers of twice that many rows, moved to the front once per
 ``size`` steps, so appending a step copies one row per series, not the window; the detectors'
-level bins are computed for the new rows only (:func:`monitor.numerics_detectors.derive`).
+level bins are computed for the new rows only (:func:`monitor.numerics_evidence.derive`).
 
 >>> w = NumericsWindow("j", size=3)
 >>> w.append(ModuleMatrix.of([{"rank": 0, "step": s, "module": "fc", "grad_norm": 1.0}
@@ -20,11 +20,12 @@ from typing import Any, Iterable
 import numpy as np
 
 from monitor import numerics_detectors as nd
-from monitor.numerics_detectors import ModuleMatrix
+from monitor import numerics_evidence as ne
+from monitor.module_matrix import ModuleMatrix
 from monitor.numerics_names import QUANTITIES
 
 #: Steps the window keeps: the detectors' noise history.
-WINDOW_STEPS = nd.HISTORY
+WINDOW_STEPS = ne.HISTORY
 
 
 class NumericsWindow:
@@ -46,7 +47,7 @@ class NumericsWindow:
         values = {q: self._bufs[q][lo:hi] if q in self._bufs else np.full(shape, np.nan)
                   for q in QUANTITIES}
         times = self._bufs["times"][lo:hi] if "times" in self._bufs else np.zeros(shape, np.int64)
-        derived = {k: v[lo:hi] for k, v in self._bufs.items() if k in nd._TESTS}
+        derived = {k: v[lo:hi] for k, v in self._bufs.items() if k in ne.TESTS}
         derived.update({k: v[lo:hi] for k, v in self._sums.items()})
         return ModuleMatrix(self._steps[lo:hi], self.ranks, self.modules, values, times,
                             self.job, derived=derived)
@@ -55,7 +56,7 @@ class NumericsWindow:
     def _empty(name: str) -> Any:
         if name == "times":
             return np.int64, 0
-        if name in nd._TESTS:
+        if name in ne.TESTS:
             return np.int8, -1
         return float, np.nan
 
@@ -118,7 +119,7 @@ class NumericsWindow:
         view = self._view()
         start = len(view.steps) - k
         # a test's bins of the rows before ``start`` are the history derive() goes on from
-        for name, rows in nd.derive(view, start).items():
+        for name, rows in ne.derive(view, start).items():
             if name.endswith("#"):
                 buf = self._sums.get(name)
                 if buf is None:

@@ -116,6 +116,8 @@ def test_a_planted_hang_is_named_within_seconds_with_every_ranks_stacks(service,
         by_rank = {r["rank"]: Path(r["path"]).read_text() for r in stacks}
         assert "hang_before_collective" in by_rank[1]
         assert all("all_reduce" in by_rank[r] for r in (0, 2, 3))
+        # the alert is stored first, then updated in place with its stacks request
+        ev = json.loads(service.store.alerts("hang", kind="hang").to_pylist()[0]["evidence"])
         assert (tmp_path / "run" / "stacks" / ev["stacks"] / "rank1.txt").exists()
         assert time.time() - raised < 60
     finally:

@@ -24,14 +24,7 @@ class RemoteControl:
 
     def RequestTrace(self, request: pb.TraceRequest, context: grpc.ServicerContext) -> pb.TraceReply:
         check_name(request.job, "job", context)
-        if request.start_step >= 0:
-            if request.end_step < request.start_step:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"steps {request.start_step}-{request.end_step}: the end is before "
-                              "the start")
-        elif request.next_steps <= 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "give a step range (start_step..end_step) or next_steps > 0")
+        _check_steps(request, context)
         try:
             trace_id, delivered, missing = self.request_trace(
                 request.job, list(request.ranks), request.start_step, request.end_step,
@@ -59,14 +52,7 @@ class RemoteControl:
 
     def RequestDump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.TraceReply:
         check_name(request.job, "job", context)
-        if request.start_step >= 0:
-            if request.end_step < request.start_step:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"steps {request.start_step}-{request.end_step}: the end is before "
-                              "the start")
-        elif request.next_steps <= 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "give a step range (start_step..end_step) or next_steps > 0")
+        _check_steps(request, context)
         why = check_order(request.task or "statistics", request.level or "module", request.scope)
         if why:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
@@ -185,3 +171,15 @@ class AlertHook(Watchers):
                 self._on_alert(event)
             except Exception as e:  # noqa: BLE001 - never in the detector thread's way
                 super().broadcast({"type": "error", "message": f"on alert {event.get('id')}: {e}"})
+
+
+def _check_steps(request: Any, context: grpc.ServicerContext) -> None:
+    """A trace or dump request names a step range (start <= end) or a number of next steps."""
+    if request.start_step >= 0:
+        if request.end_step < request.start_step:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"steps {request.start_step}-{request.end_step}: the end is before "
+                          "the start")
+    elif request.next_steps <= 0:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      "give a step range (start_step..end_step) or next_steps > 0")

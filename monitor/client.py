@@ -198,13 +198,7 @@ class MonitorClient:
         """Ask ``ranks`` (all of the job's when empty) for a deep trace of ``steps`` or the next N."""
         from monitor.proto import monitor_pb2 as pb
 
-        rng = parse_steps(steps)
-        if rng is None and not next_steps:
-            raise ProbeError("give the steps to trace (--steps 120-124) or --next N")
-        if rng is not None and next_steps:
-            raise ProbeError("give either --steps or --next, not both")
-        if next_steps is not None and rng is None and next_steps <= 0:
-            raise ProbeError(f"--next {next_steps}: give a number of steps > 0")
+        rng = _step_range(steps, next_steps, "trace")
         req = pb.TraceRequest(job=job, ranks=list(ranks or []), reason=reason,
                               start_step=rng[0] if rng else -1, end_step=rng[1] if rng else -1,
                               next_steps=0 if rng else int(next_steps))
@@ -240,13 +234,7 @@ class MonitorClient:
         from monitor.proto import monitor_pb2 as pb
         from monitor.targeted_dump import check_order
 
-        rng = parse_steps(steps)
-        if rng is None and not next_steps:
-            raise ProbeError("give the steps to dump (--steps 120-124) or --next N")
-        if rng is not None and next_steps:
-            raise ProbeError("give either --steps or --next, not both")
-        if next_steps is not None and rng is None and next_steps <= 0:
-            raise ProbeError(f"--next {next_steps}: give a number of steps > 0")
+        rng = _step_range(steps, next_steps, "dump")
         why = check_order(task, level, scope)
         if why:
             raise ProbeError(f"--{why}")
@@ -336,3 +324,16 @@ class MonitorClient:
                 raise self._error(e) from None
         finally:
             stream.cancel()
+
+
+def _step_range(steps: Any, next_steps: int | None, verb: str) -> tuple[int, int] | None:
+    """The (first, last) of ``steps``, or None when the next ``next_steps`` are asked for;
+    one of the two must be given, and a count must be positive."""
+    rng = parse_steps(steps)
+    if rng is None and not next_steps:
+        raise ProbeError(f"give the steps to {verb} (--steps 120-124) or --next N")
+    if rng is not None and next_steps:
+        raise ProbeError("give either --steps or --next, not both")
+    if next_steps is not None and rng is None and next_steps <= 0:
+        raise ProbeError(f"--next {next_steps}: give a number of steps > 0")
+    return rng

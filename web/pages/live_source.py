@@ -8,7 +8,7 @@ stores of the given run directories (``collectors.store``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from ground.errors import ProbeError
 from monitor.numerics_names import PREFIX as NUMERICS_PREFIX
@@ -125,28 +125,31 @@ class LiveSource:
             jobs = self.client().status(job).get("jobs") or [] if job else []
             steps = [j.get("last_step") for j in jobs if j.get("job") == job]
             return steps[0] if steps and steps[0] is not None and steps[0] >= 0 else None
+        sql, params = "select max(step) from metrics", []
+        if self.job:
+            sql, params = sql + " where job = ?", [self.job]
+        steps = [rows[0][0] for rows in self._each_store(sql, params) if rows[0][0] is not None]
+        return max(steps) if steps else None
+
+    def _each_store(self, sql: str, params: list[Any]) -> Iterator[list[tuple]]:
+        """The rows of ``sql`` in each readable store followed (a store being written says so
+        in one line)."""
         import duckdb
 
         from collectors.store import open_store
 
-        last = None
         for d in self.store_dirs:
             try:
                 con = open_store(d)
             except ProbeError:
                 continue
             try:
-                sql, params = "select max(step) from metrics", []
-                if self.job:
-                    sql, params = sql + " where job = ?", [self.job]
-                (step,) = con.execute(sql, params).fetchone()
+                rows = con.execute(sql, params).fetchall()
             except duckdb.Error as e:
                 raise ProbeError(f"{d}: the store is being written ({str(e).splitlines()[0]})") from None
             finally:
                 con.close()
-            if step is not None:
-                last = step if last is None else max(last, step)
-        return last
+            yield rows
 
     def numerics(self, module: str, quantity: str, since_step: int = 0,
                  job: str | None = None) -> list[dict[str, Any]]:
@@ -163,33 +166,17 @@ class LiveSource:
                 rows = records(self.client().metrics(job=job, since_step=since_step))
                 return [r for r in rows if str(r["name"]).startswith(NUMERICS_PREFIX)]
             return records(self.client().metrics(job=job, since_step=since_step, names=names))
-        import duckdb
-
-        from collectors.store import open_store
-
-        out = []
-        for d in self.store_dirs:
-            try:
-                con = open_store(d)
-            except ProbeError:
-                continue
-            try:
-                if names is None:
-                    where, params = "starts_with(name, ?)", [NUMERICS_PREFIX]
-                else:
-                    where, params = "name = ?", [names[0]]
-                sql = (f"select job, rank, step, name, value from metrics where {where} "
-                       "and step >= ?")
-                params.append(since_step)
-                if self.job:
-                    sql, params = sql + " and job = ?", params + [self.job]
-                rows = con.execute(sql + " order by step, rank", params).fetchall()
-            except duckdb.Error as e:
-                raise ProbeError(f"{d}: the store is being written ({str(e).splitlines()[0]})") from None
-            finally:
-                con.close()
-            out += [{"job": j, "rank": r, "step": s, "name": n, "value": v} for j, r, s, n, v in rows]
-        return out
+        if names is None:
+            where, params = "starts_with(name, ?)", [NUMERICS_PREFIX]
+        else:
+            where, params = "name = ?", [names[0]]
+        sql = f"select job, rank, step, name, value from metrics where {where} and step >= ?"
+        params.append(since_step)
+        if self.job:
+            sql, params = sql + " and job = ?", params + [self.job]
+        return [{"job": j, "rank": r, "step": s, "name": n, "value": v}
+                for rows in self._each_store(sql + " order by step, rank", params)
+                for j, r, s, n, v in rows]
 
     def dumps(self, job: str | None = None) -> list[dict[str, Any]]:
         """The targeted dumps of the followed job (or ``job``), one row per (dump, rank), as

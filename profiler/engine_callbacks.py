@@ -181,6 +181,7 @@ class ProfileCallback(TrainCallback):
                 self._step_token = self.session.announce(f"step {step}", "step", self._step_start_ns)
 
     def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
+        self._last_ended = step
         if self.flops is not None:
             self.flops.on_step_end(ctx, step, metrics)
         if self.session is not None:
@@ -199,6 +200,13 @@ class ProfileCallback(TrainCallback):
             self.flops.on_train_end(ctx, error)
         if self.session is not None:
             self.report = self.session.stop()
+            last = getattr(self, "_last_ended", None)
+            if self.step_ranges and last is not None:
+                # a script's loop ended with its last optimizer step: what it recorded after
+                # (a closing mark) is said as such, not counted as one more step
+                after = [s for s in self.report.steps if s > last]
+                self.report.after_last = sum(self.session.events_by_step[s] for s in after)
+                self.report.steps = [s for s in self.report.steps if s <= last]
             if self.report.problems or self.report.sink_errors or self.report.dropped:
                 print(f"probe: profile {self.report.summary()}", file=sys.stderr, flush=True)
 

@@ -91,17 +91,22 @@ class SessionReport:
     dropped: int = 0                 # mstx records lost (overflow "drop"; a range is two)
     spilled: int = 0                 # records that went through the spool (overflow "spool")
     wait_ms: float = 0.0             # recording threads' time spent waiting (overflow "block")
+    after_last: int = 0              # of ``events``: recorded after the loop's last step ended
 
     def summary(self) -> str:
         """One line for a human.
 
         >>> SessionReport(0, 12, [0, 1], {}, None, 0).summary()
         'rank 0: 12 events over steps 0-1'
+        >>> SessionReport(0, 5, [0, 1, 2], {}, None, 0, after_last=1).summary()
+        'rank 0: 5 events over steps 0-2 (1 after the last step)'
         >>> SessionReport(0, 9, [0], {}, None, 0, overflow="drop", dropped=3).summary()
         'rank 0: 9 events over steps 0-0; 3 mstx records dropped (overflow drop)'
         """
         steps = f"steps {self.steps[0]}-{self.steps[-1]}" if self.steps else "no steps"
         line = f"rank {self.rank}: {self.events} events over {steps}"
+        if self.after_last:
+            line += f" ({self.after_last} after the last step)"
         if self.dropped:
             line += f"; {self.dropped} mstx records dropped (overflow {self.overflow})"
         if self.spilled:
@@ -158,6 +163,8 @@ class Session:
         self._announced: dict[int, tuple[int, str, str, int]] = {}   # open complete ranges
         self._tokens = itertools.count(1)
         self._steps_seen: set[int] = set()
+        #: events per step (None: outside any kept step), for a caller that knows its last step
+        self.events_by_step: Counter = Counter()
         self._started = False
 
     # --- public ---------------------------------------------------------------------------
@@ -246,6 +253,7 @@ class Session:
         if torch_events:
             torch_batch = self._torch_ops.batch(self._win_starts, self._win_steps, self.clock_offset_ns)
             self._steps_seen.update(torch_batch.step)
+            self.events_by_step.update(torch_batch.step)
         for sink in self._sinks:
             if hasattr(sink, "add_raw") and torch_events:
                 self._guard(sink, "add_raw", torch_events)
@@ -360,6 +368,7 @@ class Session:
 
     def _to_sinks(self, events: EventBatch) -> None:
         self._steps_seen.update(events.step)
+        self.events_by_step.update(events.step)
         for sink in self._sinks:
             self._guard(sink, "write", events)
 

@@ -86,6 +86,8 @@ def test_a_four_step_script_profiles_four_steps_whose_step_0_excludes_set_up(tmp
     assert [int(s) for s, _ in rows] == [0, 1, 2, 3]
     # step 0 used to start at the script's first line (imports, model construction: seconds)
     assert float(rows[0][1]) < 1000, rows
+    # the script's closing mark comes after its last optimizer step: said so, not a step 4
+    assert "events over steps 0-3 (1 after the last step)" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("verb", ["dump", "profile"])

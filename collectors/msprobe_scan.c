@@ -101,6 +101,24 @@ static int64_t number(const scan_t *s, int64_t i, double *out, int *ok);
 
 /* Skip (and check) any JSON value at i, strings with escapes included; returns the index after
    it. Nesting deeper than 256 is a layout the caller reads the general way. */
+/* A JSON integer in int64's range at i: its value in *out, the index after it; E_LAYOUT for
+ * anything else (a fraction, an exponent, no digit, too many digits). */
+static int64_t integer(const scan_t *s, int64_t i, int64_t *out) {
+    int64_t j = i, v = 0;
+    int neg = 0;
+    if (j < s->len && s->buf[j] == '-') { neg = 1; j++; }
+    int64_t d0 = j;
+    while (j < s->len && s->buf[j] >= '0' && s->buf[j] <= '9') {
+        if (v > (INT64_MAX - 9) / 10) return E_LAYOUT;
+        v = v * 10 + (s->buf[j] - '0');
+        j++;
+    }
+    if (j == d0 || (j < s->len && (s->buf[j] == '.' || s->buf[j] == 'e' || s->buf[j] == 'E')))
+        return E_LAYOUT;
+    *out = neg ? -v : v;
+    return j;
+}
+
 static int64_t skip_value_d(const scan_t *s, int64_t i, int depth) {
     i = skip_ws(s, i);
     if (i >= s->len) return E_SYNTAX;
@@ -315,20 +333,11 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
                 s->tensor_id_valid[r] = 0;
                 i += 4;
             } else {
-                int64_t j = i, v = 0;
-                int neg = 0;
-                if (j < s->len && s->buf[j] == '-') { neg = 1; j++; }
-                int64_t d0 = j;
-                while (j < s->len && s->buf[j] >= '0' && s->buf[j] <= '9') {
-                    if (v > (INT64_MAX - 9) / 10) return E_LAYOUT;
-                    v = v * 10 + (s->buf[j] - '0');
-                    j++;
-                }
-                if (j == d0 || (j < s->len && (s->buf[j] == '.' || s->buf[j] == 'e' || s->buf[j] == 'E')))
-                    return E_LAYOUT;
-                s->tensor_id[r] = neg ? -v : v;
+                int64_t v;
+                i = integer(s, i, &v);
+                if (i < 0) return i;
+                s->tensor_id[r] = v;
                 s->tensor_id_valid[r] = 1;
-                i = j;
             }
         } else if (KEY_IS("shape")) {
             if (seen & 16u) return E_LAYOUT;
@@ -342,19 +351,10 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
                     i++;
                 } else {
                     for (;;) {
-                        int64_t j = i, v = 0;
-                        int neg = 0;
-                        if (j < s->len && s->buf[j] == '-') { neg = 1; j++; }
-                        int64_t d0 = j;
-                        while (j < s->len && s->buf[j] >= '0' && s->buf[j] <= '9') {
-                            if (v > (INT64_MAX - 9) / 10) return E_LAYOUT;
-                            v = v * 10 + (s->buf[j] - '0');
-                            j++;
-                        }
-                        if (j == d0 || (j < s->len && (s->buf[j] == '.' || s->buf[j] == 'e' || s->buf[j] == 'E')))
-                            return E_LAYOUT;
+                        int64_t v, j = integer(s, i, &v);
+                        if (j < 0) return j;
                         if (s->n_s >= s->s_cap) return E_CAPACITY;
-                        s->shape_vals[s->n_s++] = neg ? -v : v;
+                        s->shape_vals[s->n_s++] = v;
                         i = skip_ws(s, j);
                         if (i < s->len && s->buf[i] == ',') { i = skip_ws(s, i + 1); continue; }
                         if (i < s->len && s->buf[i] == ']') { i++; break; }

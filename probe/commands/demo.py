@@ -199,7 +199,7 @@ def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) 
     from engine.launch import STRAGGLER_QUERY, rank_table
 
     stragglers = sorted({a["rank"] for a in alerts if a["kind"] == "straggler"})
-    from probe.commands.train import plural
+    from ground.text import plural
 
     click.echo(f"training: {plural(len(result.steps), 'step')} on {plural(result.nproc, 'rank')}, "
                f"final loss {result.final_loss:.4f}")

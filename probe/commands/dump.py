@@ -225,7 +225,7 @@ def _summarise(out: str, options: dict[str, Any], code: int) -> None:
     if not found:
         click.echo(f"probe dump: no step was dumped to {out}", err=True)
         return
-    from probe.commands.train import plural
+    from ground.text import plural
 
     steps = (f"{plural(len(found), 'step')} ({_ranges(sorted(found))})" if len(found) > 1
              else f"step {next(iter(found))}")

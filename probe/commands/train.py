@@ -6,6 +6,8 @@ import os
 
 import click
 
+from ground.text import plural
+
 from ground.errors import EXIT_NONFINITE
 from probe.options import engine_options, force_option, fsync_option, numerics_option
 
@@ -24,15 +26,6 @@ def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps:
     return RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max_steps if max_steps is not None else default_steps, seed=seed,
                    faults=tuple(faults), out_dir=out, device=device, **kw)
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``1 step``, ``2 steps``.
-
-    >>> plural(1, "rank"), plural(3, "step"), plural(0, "entry", "entries")
-    ('1 rank', '3 steps', '0 entries')
-    """
-    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 def trained_text(engine: str, preset: str, nproc: int, result) -> str:

@@ -81,7 +81,7 @@ def test_flagged_calls_and_the_modules_holding_them_are_marked_with_the_reason(r
     from web.pages.graph_detail import render_detail
     text = str(render_detail(opened.diff, "a", CALL, checks=checks))
     assert "API precision check" in text and "computed in bfloat16 from float32 inputs" in text
-    assert "1 flagged call(s) inside" in str(render_detail(opened.diff, "a", BLOCK, checks=checks))
+    assert "1 flagged call inside" in str(render_detail(opened.diff, "a", BLOCK, checks=checks))
 
 
 def test_a_check_result_given_elsewhere_marks_the_dump_and_none_marks_nothing(run, tmp_path):

@@ -11,6 +11,7 @@ from typing import Any
 
 from dash import html
 
+from ground.text import plural
 from visualizer import bands as B
 from visualizer.check_marks import CheckMarks
 from visualizer.detail import Detail, detail
@@ -101,7 +102,7 @@ def _check_section(d: Detail, side: str) -> list:
                                     **{"data-act": "select", "data-side": side, "data-node": n}),
                           html.Span(f": {reason}", className="check-reason")])
                  for n, label, verdict, reason in d.check_inside]
-        return [html.H4(f"API precision check: {len(items)} flagged call(s) inside"),
+        return [html.H4(f"API precision check: {plural(len(items), 'flagged call')} inside"),
                 html.Ul(items, className="reasons", id="g-detail-check-inside")]
     return []
 

@@ -32,6 +32,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from compare.verdict import format_counts
 from ground.errors import ProbeError
+from ground.text import plural
 from visualizer import bands as B
 from visualizer.catalog import Catalog, Choice, Opened, run_folder
 from visualizer.diff import FILTERS, DiffGraph, other_side
@@ -325,7 +326,7 @@ class GraphDiffPage:
             found = filter_nodes(diff, kinds or [])
             items = [{"s": s, "n": n, "l": f"{SIDE_TITLE[s]} · {diff.graph(s).nodes[n].label}",
                       "c": f"flt band-{diff.state(s, n)}"} for s, n in found]
-            return items, f"{len(found)} node(s)"
+            return items, plural(len(found), "node")
 
         @app.callback(Output("g-summary", "children"), Output("g-title-a", "children"),
                       Output("g-title-b", "children"), Output("g-pane-b", "style"), Output("g-jump", "disabled"),
@@ -343,7 +344,7 @@ class GraphDiffPage:
                 parts.append(f"first divergence: {first[1] if first else 'none'}")
             nan = first_nan(diff)
             parts.append(f"first NaN: {nan[1] if nan else 'none'}")
-            parts += [f"{SIDE_TITLE[s]}: {len(v.checks)} call(s) flagged by the API precision check"
+            parts += [f"{SIDE_TITLE[s]}: {plural(len(v.checks), 'call')} flagged by the API precision check"
                       for s, v in opened.views.items() if v.checks is not None]
             return (" · ".join(parts + diff.summary.get("notes", [])), self._title(opened, "a"),
                     self._title(opened, "b"), self._pane_style(opened, "b"), not diff.paired)

@@ -6,8 +6,8 @@
    measuring every other step (``every=2``): each measured step is compared with the unmeasured
    one after it, so the drift of a shared machine hits both alike. A step is timed from one
    ``on_step_start`` to the next, wall clock and process CPU time: forward (the activation
-   hooks), backward, the optimizer (the weight snapshot and the update's difference) and the
-   step's end (weights, gradients, optimizer state reduced, one gather, the points queued).
+   hooks), backward, the optimizer (after its step: weights, gradients, AdamW's moments and the
+   update read from them, one native pass) and the step's end (one gather, the points queued).
    Printed: the median step with and without, and the median ratio of the pairs. Goal: under
    3% added.
 2. **Detection cost** (``--detect``): a simulated job of ``--ranks`` ranks x ``--modules``

@@ -92,3 +92,75 @@ void probe_stats_f64(const double *x, int64_t n, double *out) { PARALLEL(stats_f
 void probe_stats_f32(const float *x, int64_t n, double *out) { stats_f32(x, n, out); }
 void probe_stats_f64(const double *x, int64_t n, double *out) { stats_f64(x, n, out); }
 #endif
+
+/* Adam's weight update, read from its state in one pass with the norms around it.
+ *
+ * For each element: the weight w (after the step), the first moment m and the second moment
+ * (or AMSGrad's running maximum) v. c = [step_size, 1 / sqrt(bias_correction2), eps, decay,
+ * scale]: the update is (decay * w + step_size * m / (sqrt(v) / sqrt(bc2) + eps)) * scale,
+ * which for decoupled weight decay (AdamW: decay = lr * wd, scale = 1 / (1 - lr * wd)) is the
+ * change the step made to w, and for Adam (decay 0, scale 1) exactly its update. out = [sum of
+ * squares of w, of m, of v, of the update, NaN count of w, Inf count of w]: the weight, state
+ * and update norms of a training step without a copy of the weights (see
+ * engine_adapter/optimizer_update.py). */
+#define ADAM_BODY(T, SQRT)                                                              \
+    const T s = (T)c[0], r = (T)c[1], eps = (T)c[2], decay = (T)c[3], scale = (T)c[4];  \
+    double P = 0, M = 0, V = 0, U = 0;                                                  \
+    int64_t i = 0;                                                                      \
+    while (i < n) {                                                                     \
+        T pw[LANES] = {0}, pm[LANES] = {0}, pv[LANES] = {0}, pu[LANES] = {0};           \
+        int64_t end = i + BLOCK; if (end > n) end = n;                                  \
+        for (; i + LANES <= end; i += LANES) {                                          \
+            for (int k = 0; k < LANES; k++) {                                           \
+                T w = p[i + k], a = m[i + k], b = v[i + k];                             \
+                T u = (decay * w + s * a / (SQRT(b) * r + eps)) * scale;                \
+                pw[k] += w * w; pm[k] += a * a; pv[k] += b * b; pu[k] += u * u;         \
+            }                                                                           \
+        }                                                                               \
+        for (; i < end; i++) {                                                          \
+            T w = p[i], a = m[i], b = v[i];                                             \
+            T u = (decay * w + s * a / (SQRT(b) * r + eps)) * scale;                    \
+            pw[0] += w * w; pm[0] += a * a; pv[0] += b * b; pu[0] += u * u;             \
+        }                                                                               \
+        for (int k = 0; k < LANES; k++) { P += pw[k]; M += pm[k]; V += pv[k]; U += pu[k]; } \
+    }                                                                                   \
+    double NN = 0, NI = 0;                                                              \
+    if (!isfinite(P)) {                                                                 \
+        for (int64_t j = 0; j < n; j++) {                                               \
+            NN += isnan(p[j]) ? 1 : 0; NI += isinf(p[j]) ? 1 : 0;                       \
+        }                                                                               \
+    }                                                                                   \
+    out[0] = P; out[1] = M; out[2] = V; out[3] = U; out[4] = NN; out[5] = NI;
+
+static void adam_f32(const float *p, const float *m, const float *v, int64_t n,
+                     const double *c, double *out) { ADAM_BODY(float, sqrtf) }
+static void adam_f64(const double *p, const double *m, const double *v, int64_t n,
+                     const double *c, double *out) { ADAM_BODY(double, sqrt) }
+
+#ifdef _OPENMP
+#define ADAM_PARALLEL(FN)                                                               \
+    int threads = omp_get_max_threads();                                                \
+    if (n < PARALLEL_MIN || threads < 2 || omp_in_parallel()) { FN(p, m, v, n, c, out); return; } \
+    if (threads > 64) threads = 64;                                                     \
+    double parts[64][6];                                                                \
+    int used = 1;                                                                       \
+    _Pragma("omp parallel num_threads(threads)")                                        \
+    {                                                                                   \
+        int t = omp_get_thread_num(), k = omp_get_num_threads();                        \
+        int64_t lo = n * t / k, hi = n * (t + 1) / k;                                   \
+        FN(p + lo, m + lo, v + lo, hi - lo, c, parts[t]);                               \
+        if (t == 0) used = k;                                                           \
+    }                                                                                   \
+    for (int k = 0; k < 6; k++) out[k] = parts[0][k];                                   \
+    for (int t = 1; t < used; t++) for (int k = 0; k < 6; k++) out[k] += parts[t][k];
+
+void probe_adam_f32(const float *p, const float *m, const float *v, int64_t n,
+                    const double *c, double *out) { ADAM_PARALLEL(adam_f32) }
+void probe_adam_f64(const double *p, const double *m, const double *v, int64_t n,
+                    const double *c, double *out) { ADAM_PARALLEL(adam_f64) }
+#else
+void probe_adam_f32(const float *p, const float *m, const float *v, int64_t n,
+                    const double *c, double *out) { adam_f32(p, m, v, n, c, out); }
+void probe_adam_f64(const double *p, const double *m, const double *v, int64_t n,
+                    const double *c, double *out) { adam_f64(p, m, v, n, c, out); }
+#endif

@@ -185,11 +185,22 @@ def _load_kernel() -> Any:
             fn = getattr(dll, name)
             fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
             fn.restype = None
+        for name in ("probe_adam_f32", "probe_adam_f64"):
+            fn = getattr(dll, name)
+            fn.argtypes = (ctypes.c_void_p,) * 3 + (ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+            fn.restype = None
         out = np.zeros(6, dtype=np.float64)
-        _kernel = (dll.probe_stats_f32, dll.probe_stats_f64, out, out.ctypes.data)
+        _kernel = (dll.probe_stats_f32, dll.probe_stats_f64, out, out.ctypes.data,
+                   dll.probe_adam_f32, dll.probe_adam_f64)
     except Exception:  # noqa: BLE001 - no compiler, no cache dir: the NumPy path works everywhere
         _kernel = False
     return _kernel
+
+
+def native_kernel() -> Any:
+    """The loaded native kernel's entry points ``(stats_f32, stats_f64, out, out_ptr, adam_f32,
+    adam_f64)``, or False without one (no compiler, ``PROBE_NO_NATIVE_STATS`` set)."""
+    return _kernel if _kernel is not None else _load_kernel()
 
 
 def _torch_openmp() -> str | None:
@@ -215,7 +226,7 @@ def _reduce_host(x: torch.Tensor, kind: str) -> list[float]:
     if kind == FLOAT:
         kernel = _kernel if _kernel is not None else _load_kernel()
         if kernel:
-            f32, f64, out, out_ptr = kernel
+            f32, f64, out, out_ptr = kernel[:4]
             (f32 if x.dtype == torch.float32 else f64)(x.data_ptr(), x.numel(), out_ptr)
             return out.tolist()
     a = x.detach().numpy().reshape(-1)

@@ -10,9 +10,12 @@ Cheap by construction: every tensor is reduced where it lives by the dump's stat
 (:class:`engine_adapter.torch_stats.TorchStats`: one stacked reduction per tensor on an
 accelerator, one native pass on the CPU), and the step's handles are read with **one**
 :meth:`~engine_adapter.base.StatsBackend.gather` at the step's end: no host-device
-synchronisation per tensor. The output of a module is reduced in its forward hook; the update
-is the difference between the weights just before and just after ``optimizer.step()`` (optimizer
-step hooks; one copy of the watched weights is kept for it, ``update_ratio=False`` spares it).
+synchronisation per tensor. The output of a module is reduced in its forward hook; the weights,
+gradients and optimizer state right after ``optimizer.step()`` (a step post-hook), where the
+update is read too: from the optimizer's own state for Adam, AdamW and SGD
+(:mod:`engine_adapter.optimizer_update`: on the CPU one native pass reads weight, moments and
+update together, no copy of the weights), otherwise as the difference from a copy taken just
+before the step (``update_ratio=False`` spares both).
 
 The points go through the rank's monitor agent (:class:`monitor.agent.MonitorAgent`, which the
 :class:`~monitor.agent_callback.MonitorAgentCallback` puts in ``ctx.extra["monitor_agent"]``):
@@ -120,8 +123,10 @@ class NumericsCallback(TrainCallback):
         self._stats: Any = None
         self._act: list[list[Any]] = []       # per module: this step's output handles
         self._act_time: list[int] = []        # per module: time of its first forward this step
-        self._before: list[Any] = []          # weights just before the optimizer step
-        self._delta: list[Any] = []           # handles of (before - after), per parameter
+        self._before: list[Any] = []          # per parameter: a copy before the step, or None
+        self._copied: list[bool] = []         # per parameter: copied before this step
+        self._exact: list[bool] = []          # per parameter: update read from optimizer state
+        self._param_h: list[Any] = []         # per parameter: (weight, grad, states, update)
         self._stepped = False
         self._on = False
         self._measuring = True                # this step is measured (see ``every``)
@@ -157,13 +162,19 @@ class NumericsCallback(TrainCallback):
             self._mods.append(mod)
             self._mod_params.append(ids)
         self._act = [[] for _ in chosen]
+        n = len(self._params)
+        self._before, self._copied, self._exact = [None] * n, [False] * n, [False] * n
+        self._param_h = [None] * n
         self._act_time = [0] * len(chosen)
         for i, mod in enumerate(self._mods):
             self._hooks.append(mod.register_forward_hook(self._forward_hook(i)))
         opt = self._opt = ctx.optimizer
-        if self.update_ratio and opt is not None and hasattr(opt, "register_step_pre_hook"):
-            self._hooks.append(opt.register_step_pre_hook(lambda *a: self._snapshot()))
-            self._hooks.append(opt.register_step_post_hook(lambda *a: self._measure_update()))
+        if opt is not None and hasattr(opt, "register_step_pre_hook"):
+            if self.update_ratio:
+                self._hooks.append(opt.register_step_pre_hook(lambda *a: self._snapshot()))
+            else:
+                self._hooks.append(opt.register_step_pre_hook(lambda *a: self._mark_step()))
+            self._hooks.append(opt.register_step_post_hook(lambda *a: self._after_step()))
         self._on = True
 
     def _forward_hook(self, i: int):
@@ -190,32 +201,66 @@ class NumericsCallback(TrainCallback):
     # -- the optimizer step ---------------------------------------------------------------------
 
     def _snapshot(self) -> None:
+        """Before ``optimizer.step()``: copy the weights whose update cannot be read from the
+        optimizer's state (none for Adam, AdamW and SGD; every one before the first step)."""
         import torch
 
         if not self._on or not self._measuring:
             return
         t0 = time.perf_counter()
         with torch.no_grad():
-            if not self._before:
-                self._before = [torch.empty_like(p, memory_format=torch.contiguous_format)
-                                for p in self._params]
-            for buf, p in zip(self._before, self._params):
+            for j, p in enumerate(self._params):
+                if self._exact[j]:
+                    continue
+                buf = self._before[j]
+                if buf is None:
+                    buf = self._before[j] = torch.empty_like(
+                        p, memory_format=torch.contiguous_format)
                 buf.copy_(p.detach())
+                self._copied[j] = True
         self._stepped = True
         self.seconds += time.perf_counter() - t0
 
-    def _measure_update(self) -> None:
+    def _mark_step(self) -> None:
+        self._stepped = self._on and self._measuring
+
+    def _after_step(self) -> None:
+        """After ``optimizer.step()``: every watched parameter's weight, gradient, optimizer
+        state and update, reduced where they live (handles; read at the step's end). The update
+        comes from the optimizer's state where :func:`engine_adapter.optimizer_update.
+        measure_param` knows it, else from the copy taken before the step."""
         import torch
+
+        from engine_adapter.optimizer_update import measure_param, state_tensors
 
         if not self._stepped:
             return
         t0 = time.perf_counter()
-        stats = self._stats
-        self._delta = []
+        stats, opt = self._stats, self._opt
+        group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
         with torch.no_grad():
-            for buf, p in zip(self._before, self._params):
-                buf.sub_(p.detach())
-                self._delta.append(stats.reduce(buf, stats.describe(buf).kind))
+            for j, p in enumerate(self._params):
+                g = p.grad
+                gh = stats.reduce(g, stats.describe(g).kind) if g is not None else None
+                group = group_of.get(id(p))
+                got = (measure_param(stats, opt, group, p, gh)
+                       if self.update_ratio and group is not None else None)
+                self._exact[j] = got is not None
+                if got is not None:
+                    self._param_h[j] = (got.weight, gh, got.states, got.delta)
+                    self._before[j] = None          # no copy needed from now on
+                    continue
+                delta = None
+                if self._copied[j]:
+                    buf = self._before[j]
+                    buf.sub_(p.detach())
+                    delta = stats.reduce(buf, stats.describe(buf).kind)
+                w = stats.reduce(p, stats.describe(p).kind)
+                states = [stats.reduce(t, stats.describe(t).kind)
+                          for t in state_tensors(self._opt_state(p), p)]
+                self._param_h[j] = (w, gh, states, delta)
+        for j in range(len(self._copied)):
+            self._copied[j] = False
         self._stepped = False
         self.seconds += time.perf_counter() - t0
 
@@ -225,7 +270,7 @@ class NumericsCallback(TrainCallback):
         self._measuring = self._on and step % self.every == 0
         for a in self._act:
             a.clear()
-        self._delta = []
+        self._param_h = [None] * len(self._params)
         self._stepped = False
 
     def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
@@ -250,23 +295,30 @@ class NumericsCallback(TrainCallback):
     def measure(self) -> dict[str, dict[str, float]]:
         """This step's points per module (``{module: {metric name: value}}``), read with one
         gather of every handle started this step."""
+        from engine_adapter.optimizer_update import state_tensors
+
         stats = self._stats
         handles: list[Any] = []
-        weight_at, grad_at, state_at = [], [], []
-        for p in self._params:
+        weight_at, grad_at, state_at, delta_at = [], [], [], []
+        for j, p in enumerate(self._params):
+            got = self._param_h[j]
+            if got is None:                 # no optimizer step seen: read everything now
+                g = p.grad
+                got = (stats.reduce(p, stats.describe(p).kind),
+                       stats.reduce(g, stats.describe(g).kind) if g is not None else None,
+                       [stats.reduce(t, stats.describe(t).kind)
+                        for t in state_tensors(self._opt_state(p), p)], None)
+            w, g, states, delta = got
             weight_at.append(len(handles))
-            handles.append(stats.reduce(p, stats.describe(p).kind))
-            g = p.grad
+            handles.append(w)
             grad_at.append(len(handles) if g is not None else -1)
             if g is not None:
-                handles.append(stats.reduce(g, stats.describe(g).kind))
-            at = []
-            for value in _state_tensors(self._opt_state(p), p):
-                at.append(len(handles))
-                handles.append(stats.reduce(value, stats.describe(value).kind))
-            state_at.append(at)
-        delta_at = len(handles)
-        handles += self._delta
+                handles.append(g)
+            state_at.append(list(range(len(handles), len(handles) + len(states))))
+            handles += states
+            delta_at.append(len(handles) if delta is not None else -1)
+            if delta is not None:
+                handles.append(delta)
         act_at = []
         for acts in self._act:
             act_at.append((len(handles), len(acts)))
@@ -282,7 +334,6 @@ class NumericsCallback(TrainCallback):
             return v[4] + v[5] if v is not None and len(v) >= 6 else 0.0
 
         out: dict[str, dict[str, float]] = {}
-        have_delta = len(self._delta) == len(self._params)
         for m, ids in enumerate(self._mod_params):
             w = sum(sumsq(weight_at[j]) for j in ids)
             g = sum(sumsq(grad_at[j]) for j in ids if grad_at[j] >= 0)
@@ -299,8 +350,8 @@ class NumericsCallback(TrainCallback):
             row[metric_name(path, "weight_norm")] = math.sqrt(w)
             if any(grad_at[j] >= 0 for j in ids):
                 row[metric_name(path, "grad_norm")] = math.sqrt(g)
-            if have_delta:
-                d = sum(sumsq(delta_at + j) for j in ids)
+            if self.update_ratio and all(delta_at[j] >= 0 for j in ids):
+                d = sum(sumsq(delta_at[j]) for j in ids)
                 wn = math.sqrt(w)
                 row[metric_name(path, "update_ratio")] = (math.sqrt(d) / wn if wn > 0
                                                           else (0.0 if d == 0 else math.inf))
@@ -310,6 +361,12 @@ class NumericsCallback(TrainCallback):
             out[path] = row
         return out
 
+    @property
+    def weights_copied(self) -> int:
+        """How many watched parameters keep a copy for their update (those whose optimizer
+        :mod:`engine_adapter.optimizer_update` cannot read the update from)."""
+        return sum(b is not None for b in self._before)
+
     def _opt_state(self, p: Any) -> Any:
         return None if self._opt is None else self._opt.state.get(p)
 
@@ -317,14 +374,7 @@ class NumericsCallback(TrainCallback):
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        self._before = []
+        self._before = [None] * len(self._params)
+        self._param_h = [None] * len(self._params)
         self._on = False
 
-
-def _state_tensors(state: Any, p: Any) -> list[Any]:
-    """The optimizer-state tensors of parameter ``p`` shaped like it (Adam's moments, a
-    momentum buffer; not the step count)."""
-    if not state:
-        return []
-    return [v for v in state.values()
-            if getattr(v, "shape", None) == p.shape and v.is_floating_point()]

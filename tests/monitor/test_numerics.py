@@ -71,10 +71,20 @@ def _norm(tensors):
     return math.sqrt(sum(float((t.detach().double() ** 2).sum()) for t in tensors))
 
 
-def test_callback_numbers_equal_torch_norms():
+OPTIMIZERS = {   # the update read from the optimizer's state (0 copies) or by copy (all)
+    "adamw": (lambda ps: torch.optim.AdamW(ps, lr=0.05), 0),
+    "sgd-momentum": (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), 0),
+    "rmsprop": (lambda ps: torch.optim.RMSprop(ps, lr=0.01), 6),
+    "sgd-nesterov": (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True), 6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_callback_numbers_equal_torch_norms(name):
     torch.manual_seed(0)
     model = _Net()
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    make, copies = OPTIMIZERS[name]
+    opt = make(model.parameters())
     agent = _Agent()
     ctx = _ctx(model, opt, agent)
     cb = CallbackSpec(NumericsCallback).build()
@@ -104,8 +114,8 @@ def test_callback_numbers_equal_torch_norms():
                 "weight_norm": w,
                 "grad_norm": _norm([p.grad for p in params]),
                 "update_ratio": _norm([p.detach() - b for p, b in zip(params, before[n])]) / w,
-                "optimizer_state_norm": _norm([opt.state[p][k] for p in params
-                                               for k in ("exp_avg", "exp_avg_sq")]),
+                "optimizer_state_norm": _norm([v for p in params for v in opt.state[p].values()
+                                               if v.shape == p.shape]),
                 "nonfinite": 0.0,
             }
             for q, v in want.items():
@@ -114,6 +124,7 @@ def test_callback_numbers_equal_torch_norms():
     times = [t for _, _, t in agent.records[-3:]]
     assert times == sorted(times) and [next(iter(m)).split(":")[1]
                                        for _, m, _ in agent.records[-3:]] == cb.modules
+    assert cb.weights_copied == copies
     for h in hooks:
         h.remove()
     cb.on_train_end(ctx)

@@ -14,8 +14,12 @@ Three measurements, each against the target of issue 6:
    of the same run; and, side by side, the mean step time of runs with and without the monitor
    (alternated; this machine is shared, so the A/B ratio is noisy). Target: < 1%.
 
+With ``--numerics-modules N`` every simulated rank also sends N modules' per-step numerics
+(issue 18: the zero-loss ingest figure must hold with numerics on, the service judging them).
+
 Run: ``python benchmarks/bench_monitor.py [--ranks 64] [--steps 3000] [--metrics 16]
-[--procs 4] [--preset tiny] [--engine-steps 60]``; exit code 1 when a target is missed.
+[--procs 4] [--preset tiny] [--engine-steps 60] [--numerics-modules 8]``; exit code 1 when a
+target is missed.
 """
 
 from __future__ import annotations
@@ -55,9 +59,14 @@ def start_service(store: Path) -> tuple[subprocess.Popen, str]:
 
 
 def rank_group(addr: str, ranks: list[int], world: int, steps: int, n_metrics: int, spool: str,
-               go, finish, ready, results, command_times) -> None:
-    """One process of simulated ranks: K agents, one loop recording every rank's steps."""
+               go, finish, ready, results, command_times, n_modules: int = 0) -> None:
+    """One process of simulated ranks: K agents, one loop recording every rank's steps (and,
+    with ``n_modules``, each module's numerics points as the numerics callback sends them: one
+    record per module, stamped with its forward time, so the service judges them too)."""
+    import random
+
     from monitor.agent import MonitorAgent
+    from monitor.numerics_names import QUANTITIES, metric_name
 
     def on_command(rank: int):
         return lambda cmd: command_times.put((rank, time.time()))
@@ -65,12 +74,20 @@ def rank_group(addr: str, ranks: list[int], world: int, steps: int, n_metrics: i
     agents = [MonitorAgent(addr, JOB, r, world, "simulated", spool_path=f"{spool}/r{r}.spool",
                            sample_host=False, on_command=on_command(r)).start() for r in ranks]
     names = [f"metric_{i:02d}" for i in range(n_metrics)]
+    modules = [[metric_name(f"layers.{m // 8}.part{m % 8}", q) for q in QUANTITIES]
+               for m in range(n_modules)]
+    base = [10.0, 5.0, 0.5, 1e-3, 0.05, 0.0]
+    rng = random.Random(ranks[0])
     ready.put(len(agents))
     go.wait()
     for step in range(steps):
         metrics = {n: step + i * 0.5 for i, n in enumerate(names)}
+        t_ns = time.time_ns()
         for agent in agents:
             agent.record(step, metrics)
+            for m, qs in enumerate(modules):
+                agent.record(step, {q: b * (1 + 0.05 * rng.random()) for q, b in zip(qs, base)},
+                             time_ns=t_ns + m * 1000)
         if step % 50 == 0:
             time.sleep(0)
     finish.wait()
@@ -93,7 +110,8 @@ def bench_ingest(args) -> dict:
     groups = [list(range(args.ranks))[i::args.procs] for i in range(args.procs)]
     workers = [ctx.Process(target=rank_group, args=(addr, g, args.ranks, args.steps, args.metrics,
                                                     str(tmp / "spool"), go, finish, ready, results,
-                                                    command_times)) for g in groups]
+                                                    command_times, args.numerics_modules))
+               for g in groups]
     try:
         for w in workers:
             w.start()
@@ -110,7 +128,7 @@ def bench_ingest(args) -> dict:
             time.sleep(0.1)
         t0 = time.time()
         go.set()
-        expected = args.ranks * args.steps * args.metrics
+        expected = args.ranks * args.steps * (args.metrics + 6 * args.numerics_modules)
         while client.status(JOB)["service"]["points_ingested"] < expected * 0.3:
             time.sleep(0.05)
         t_cmd = time.time()
@@ -251,13 +269,18 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=2, help="A/B rounds with and without the monitor")
     p.add_argument("--skip-engine", action="store_true")
+    p.add_argument("--numerics-modules", type=int, default=0,
+                   help="also send each step N modules' numerics points per rank (6 each), "
+                        "judged by the service's numerics detectors")
     args = p.parse_args()
 
     ok = True
     r = bench_ingest(args)
     zero_loss = r["stored"] == r["distinct"] == r["recorded"] == r["expected"] and r["dropped"] == 0
-    print(f"ingest: {r['ranks'] if 'ranks' in r else args.ranks} ranks x {args.steps} steps x "
-          f"{args.metrics} metrics = {r['expected']} points in {r['seconds']:.2f} s -> "
+    per_step = (f"({args.metrics} metrics + {args.numerics_modules} modules x 6 numerics)"
+                if args.numerics_modules else f"{args.metrics} metrics")
+    print(f"ingest: {args.ranks} ranks x {args.steps} steps x "
+          f"{per_step} = {r['expected']} points in {r['seconds']:.2f} s -> "
           f"{r['rate'] / 1e3:.0f}k points/s (target >= {TARGET_POINTS_PER_S / 1e3:.0f}k: "
           f"{r['rate'] / TARGET_POINTS_PER_S:.2f}x)")
     print(f"  loss: recorded {r['recorded']}, stored {r['stored']}, distinct {r['distinct']}, "

@@ -78,6 +78,28 @@ def state_tensors(state: Any, p: torch.Tensor) -> list[torch.Tensor]:
             if getattr(v, "shape", None) == p.shape and v.is_floating_point()]
 
 
+def reads_update(optimizer: Any, group: dict) -> bool:
+    """Whether :func:`measure_param` will read the update of this group's parameters from the
+    optimizer's state (so no copy of the weights is needed before the first step).
+
+    >>> w = torch.nn.Parameter(torch.zeros(2))
+    >>> [reads_update(o, o.param_groups[0]) for o in (torch.optim.AdamW([w]),
+    ...  torch.optim.SGD([w], lr=0.1, momentum=0.9, nesterov=True), torch.optim.RMSprop([w]))]
+    [True, False, False]
+    """
+    lr = _number(group.get("lr"))
+    if lr is None:
+        return False
+    if isinstance(optimizer, torch.optim.Adam):
+        decay = lr * (_number(group.get("weight_decay", 0)) or 0.0)
+        return not (group.get("decoupled_weight_decay") and decay >= 1.0)
+    if type(optimizer) is torch.optim.SGD:
+        if _number(group.get("momentum", 0)):
+            return not group.get("nesterov")
+        return not _number(group.get("weight_decay", 0))
+    return False
+
+
 def measure_param(stats: TorchStats, optimizer: Any, group: dict, p: torch.Tensor,
                   grad_handle: Any) -> ParamMeasure | None:
     """Weight, optimizer-state and update handles of ``p`` just after ``optimizer.step()``, the

@@ -169,6 +169,15 @@ class NumericsCallback(TrainCallback):
         for i, mod in enumerate(self._mods):
             self._hooks.append(mod.register_forward_hook(self._forward_hook(i)))
         opt = self._opt = ctx.optimizer
+        if opt is not None and self.update_ratio and hasattr(opt, "param_groups"):
+            from engine_adapter.optimizer_update import reads_update
+
+            for group in opt.param_groups:
+                known = reads_update(opt, group)
+                for q in group["params"]:
+                    j = index.get(id(q))
+                    if j is not None:
+                        self._exact[j] = known
         if opt is not None and hasattr(opt, "register_step_pre_hook"):
             if self.update_ratio:
                 self._hooks.append(opt.register_step_pre_hook(lambda *a: self._snapshot()))

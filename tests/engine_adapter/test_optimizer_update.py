@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine_adapter import optimizer_update
-from engine_adapter.optimizer_update import measure_param
+from engine_adapter.optimizer_update import measure_param, reads_update
 from engine_adapter.torch_stats import TorchStats
 
 KNOWN = {
@@ -85,3 +85,9 @@ def test_a_nan_weight_is_counted(monkeypatch):
 def test_others_are_left_to_the_copy(name, monkeypatch):
     for _, _, got, _, _ in _steps(UNKNOWN[name], True, monkeypatch):
         assert got is None
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN) + sorted(UNKNOWN))
+def test_reads_update_says_beforehand_what_measure_param_does(name):
+    opt = {**KNOWN, **UNKNOWN}[name]([torch.nn.Parameter(torch.ones(3))])
+    assert reads_update(opt, opt.param_groups[0]) == (name in KNOWN)

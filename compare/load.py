@@ -100,8 +100,9 @@ class PendingDump:
     or its result does not come back, the file is read here instead.
     """
 
-    def __init__(self, path: str | os.PathLike, *, fork: bool) -> None:
+    def __init__(self, path: str | os.PathLike, *, fork: bool, prepare: Any = None) -> None:
         self.path = path
+        self._prepare = prepare
         self._pid: int | None = None
         self._fd: int | None = None
         if fork:
@@ -122,7 +123,9 @@ class PendingDump:
             try:
                 os.close(r)
                 try:
-                    payload = pickle.dumps(("ok", _load_to_file(self.path)))
+                    done = _load_to_file(self.path) if self._prepare is None else \
+                        _prepare_to_file(self.path, self._prepare)
+                    payload = pickle.dumps(("ok", done))
                 except ProbeError as e:
                     payload = pickle.dumps(("error", str(e)))
                 view = memoryview(payload)
@@ -136,37 +139,68 @@ class PendingDump:
         self._pid, self._fd = pid, r
 
     def result(self) -> Dump:
+        if self._prepare is not None:
+            raise TypeError("a PendingDump with prepare: call result_prepared()")
+        return self._result()
+
+    def result_prepared(self) -> tuple[Dump, dict | None]:
+        """(the dump, what ``prepare`` made of it in the child) when the child read it; (the
+        dump, None) when it was read here (the caller prepares it). The dump's tables are
+        None when the child prepared it (``prepare`` took what it needed of them)."""
+        if self._fd is None:
+            return load_dump(self.path), None
+        done = self._result()
+        if isinstance(done, tuple):
+            return done
+        return done, None
+
+    def _result(self) -> Any:
         if self._fd is None:
             return load_dump(self.path)
         import pickle
 
+        exited, kind, value = False, "died", None
         try:
             chunks = []
             while chunk := os.read(self._fd, 1 << 20):
                 chunks.append(chunk)
+            exited = True               # its end of the pipe is closed: it is exiting
             kind, value = pickle.loads(b"".join(chunks)) if chunks else ("died", None)
         except (OSError, pickle.UnpicklingError, EOFError, ValueError):
             kind, value = "died", None
         finally:
-            self.close()
+            self.close(exited=exited, keep_files=exited and kind == "ok")
         if kind == "error":
             raise ProbeError(value)
         if kind != "ok":
             return load_dump(self.path)
         try:
+            if isinstance(value, tuple):                  # prepared: (dump, its tables' files)
+                return value[0], _from_files(value[1])
             return _from_file(value)
         except (OSError, pa.ArrowException):            # its files are gone: read it here
             return load_dump(self.path)
 
-    def close(self) -> None:
-        """Stop waiting for the child (killed if still reading) and reap it. Safe to call twice."""
+    def close(self, exited: bool = False, keep_files: bool = False) -> None:
+        """Stop waiting for the child (killed if still reading) and reap it. Safe to call twice.
+        ``exited``: its end of the pipe was seen closed, so it is exiting and is waited for (it
+        may not be reapable yet: a child with threads closes its files before it can be
+        reaped, and killing it then would remove the files it handed over); ``keep_files``:
+        the IPC files it wrote are the parent's now."""
         import signal
 
         fd, self._fd = self._fd, None
         pid, self._pid = self._pid, None
         if fd is not None:
             os.close(fd)
-        if pid is not None:
+        if pid is not None and exited:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            if not keep_files:
+                _remove_ipc_files(pid)
+        elif pid is not None:
             try:
                 if os.waitpid(pid, os.WNOHANG) == (0, 0):
                     os.kill(pid, signal.SIGKILL)
@@ -196,52 +230,81 @@ _IPC_PREFIX = "probe-compare-"
 def _load_to_file(path: str | os.PathLike) -> Dump:
     """In the worker: read ``path`` and put its tables in Arrow IPC files (in /dev/shm where
     there is one), so the parent maps them instead of receiving them through a pipe."""
+    d = load_dump(path)
+    files = _to_files({"tensors": d.tensors, "nodes": d.nodes})
+    d.tensors, d.nodes = files["tensors"], files["nodes"]
+    return d
+
+
+def _prepare_to_file(path: str | os.PathLike, prepare: Any) -> tuple[Dump, dict]:
+    """In the worker: read ``path``, hand the dump to ``prepare`` (which returns a dict of
+    tables and plain values: what the parent needs of it), and put those tables in IPC files;
+    the dump goes back without its own tables."""
+    from dataclasses import replace
+
+    d = load_dump(path)
+    made = prepare(d)
+    return replace(d, tensors=None, nodes=None), _to_files(made)
+
+
+def _to_files(tables: dict) -> dict:
+    """``tables`` with each pyarrow.Table put in an Arrow IPC file (in /dev/shm where there is
+    one) and replaced by its name; all of them left as they are when there is no room."""
     import tempfile
 
     import pyarrow.ipc as ipc
 
-    d = load_dump(path)
     folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    out = dict(tables)
     files: list[str] = []
     try:
-        for table in (d.tensors, d.nodes):
+        for key, table in tables.items():
+            if not isinstance(table, pa.Table):
+                continue
             fd, name = tempfile.mkstemp(prefix=f"{_IPC_PREFIX}{os.getpid()}-", suffix=".arrow",
                                         dir=folder)
             files.append(name)
             with os.fdopen(fd, "wb") as f, ipc.new_file(f, table.schema) as w:
                 w.write_table(table)
+            out[key] = name
     except OSError:                       # no room: the tables go through the pipe
         for name in files:
             os.unlink(name)
-        return d
-    d.tensors, d.nodes = files
-    return d
+        return dict(tables)
+    return out
 
 
-def _from_file(d: Dump) -> Dump:
-    """The worker's dump with its tables mapped from their IPC files (then unlinked)."""
+def _from_files(made: dict) -> dict:
+    """The worker's tables mapped from their IPC files (then unlinked), by key."""
     import pyarrow.ipc as ipc
 
     def mapped(name: Any) -> Any:
-        if not isinstance(name, str):
-            return name
         try:
             with pa.memory_map(name) as source:
                 return ipc.open_file(source).read_all()
         finally:
             os.unlink(name)
 
-    d.tensors, d.nodes = mapped(d.tensors), mapped(d.nodes)
+    return {k: mapped(v) if isinstance(v, str) and v.endswith(".arrow") and
+            os.path.basename(v).startswith(_IPC_PREFIX) else v for k, v in made.items()}
+
+
+def _from_file(d: Dump) -> Dump:
+    """The worker's dump with its tables mapped from their IPC files (then unlinked)."""
+    tables = _from_files({"tensors": d.tensors, "nodes": d.nodes})
+    d.tensors, d.nodes = tables["tensors"], tables["nodes"]
     return d
 
 
-def start_load(a: str | os.PathLike, b: str | os.PathLike, fork: bool = True) -> PendingDump:
+def start_load(a: str | os.PathLike, b: str | os.PathLike, fork: bool = True,
+               prepare: Any = None) -> PendingDump:
     """Start reading ``b``, the second of the inputs ``a`` and ``b``: in a worker process when
     both together hold at least :data:`PARALLEL_BYTES` of dump.json and there are two cores
-    (and ``fork``; else when :meth:`PendingDump.result` is called)."""
+    (and ``fork``; else when :meth:`PendingDump.result` is called). ``prepare``: a function the
+    worker runs on the dump it read (see :meth:`PendingDump.result_prepared`)."""
     fork = (fork and (os.cpu_count() or 1) >= 2 and hasattr(os, "fork")
             and _json_bytes(a) + _json_bytes(b) >= PARALLEL_BYTES)
-    return PendingDump(b, fork=fork)
+    return PendingDump(b, fork=fork, prepare=prepare)
 
 
 def load_pair(a: str | os.PathLike, b: str | os.PathLike) -> tuple[Dump, Dump]:

@@ -65,3 +65,35 @@ def test_a_child_that_dies_is_replaced_by_a_read_here(always_parallel, tmp_path,
     monkeypatch.setattr(load, "_load_to_file", lambda path: (_ for _ in ()).throw(MemoryError()))
     d = load.PendingDump(b, fork=True).result()
     assert d.tensors.equals(load.load_dump(b).tensors)
+
+
+@pytest.mark.parametrize("pair", ["chain", "fixtures"])
+def test_b_normalised_in_the_worker_gives_the_one_core_result(always_parallel, tmp_path, monkeypatch, pair):
+    """B read and normalised in the worker process (compare_paths' parallel path) gives the
+    result of the compare done on one core, file for file."""
+    import filecmp
+    import json
+    from pathlib import Path
+
+    import compare.pipeline as pipeline
+    from compare.api import compare
+
+    if pair == "chain":
+        data, c = chain(12, scale={5: 1.5}, nan_at=9)
+        a, b = write_dump(tmp_path / "a", data, c), write_dump(tmp_path / "b", chain(12)[0], c)
+    else:
+        fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "msprobe"
+        a, b = fixtures / "mindspore_mix", fixtures / "mindspore_L0"
+    prepared = []
+    real = pipeline._Prepared.__init__
+    monkeypatch.setattr(pipeline._Prepared, "__init__",
+                        lambda self, *args: prepared.append(1) or real(self, *args))
+    forked = compare(str(a), str(b), out=tmp_path / "forked")
+    assert prepared, "B was not normalised in the worker"
+    serial = compare(str(a), str(b), out=tmp_path / "serial", parallel=False)
+    assert forked.rows.num_rows == serial.rows.num_rows and forked.nodes.equals(serial.nodes)
+    for name in ("compare.csv", "compare.parquet", "nodes.parquet"):
+        assert filecmp.cmp(tmp_path / "forked" / name, tmp_path / "serial" / name, shallow=False), name
+    strip = [{k: v for k, v in json.loads((tmp_path / d / "summary.json").read_text()).items()
+              if k != "elapsed_s"} for d in ("forked", "serial")]
+    assert strip[0] == strip[1]

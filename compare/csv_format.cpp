@@ -2,7 +2,8 @@
 // (pyarrow.csv.write_csv, default options): see compare/csv_native.py, which calls it with ctypes.
 //
 // Per value: a null is empty; int64 in decimal; bool "true"/"false"; a string quoted, its quotes
-// doubled; a double as Arrow's formatter writes it (double-conversion's shortest round-trip
+// doubled; a list of int64 as the quoted text "[2, 4]" (empty when an element is null: the
+// compare's CSV joins a list's elements in Arrow, where a null element makes the text null); a double as Arrow's formatter writes it (double-conversion's shortest round-trip
 // digits, decimal notation for decimal exponents -6..9, else "d.ddde+X"; "inf", "-inf", "nan",
 // "-0"). The shortest digits come from std::to_chars (Ryu in libstdc++): the same digits,
 // shortest and then nearest, as double-conversion's, about four times as fast.
@@ -14,15 +15,18 @@
 
 namespace {
 
-enum Kind : int32_t { K_INT64 = 1, K_DOUBLE = 2, K_BOOL = 3, K_STRING = 4, K_LARGE_STRING = 5 };
+enum Kind : int32_t { K_INT64 = 1, K_DOUBLE = 2, K_BOOL = 3, K_STRING = 4, K_LARGE_STRING = 5,
+                      K_LIST_INT64 = 6 };
 
 struct Column {
     int32_t kind;
     int32_t pad;
     int64_t offset;              // the array's slice offset, in values (and validity bits)
     const uint8_t* valid;        // validity bitmap, or null: all valid
-    const void* values;          // int64/double values, the bool bitmap, or string offsets
-    const uint8_t* data;         // string bytes
+    const void* values;          // int64/double values, the bool bitmap, string or list offsets
+    const uint8_t* data;         // string bytes, or a list's int64 elements
+    const uint8_t* child_valid;  // a list's elements' validity bitmap, or null: all valid
+    int64_t child_offset;        // the elements' slice offset
 };
 
 inline bool bit(const uint8_t* bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
@@ -95,6 +99,27 @@ char* format_string(char* o, const uint8_t* s, int64_t n) {
     return o;
 }
 
+char* format_int_list(char* o, const Column& col, int64_t i) {
+    const int32_t* off = static_cast<const int32_t*>(col.values);
+    const int64_t* v = reinterpret_cast<const int64_t*>(col.data);
+    int64_t lo = col.child_offset + off[i], hi = col.child_offset + off[i + 1];
+    if (col.child_valid != nullptr)
+        for (int64_t k = lo; k < hi; ++k)
+            if (!bit(col.child_valid, k)) return o;
+    *o++ = '"';
+    *o++ = '[';
+    for (int64_t k = lo; k < hi; ++k) {
+        if (k > lo) {
+            *o++ = ',';
+            *o++ = ' ';
+        }
+        o = std::to_chars(o, o + 24, v[k]).ptr;
+    }
+    *o++ = ']';
+    *o++ = '"';
+    return o;
+}
+
 }  // namespace
 
 extern "C" {
@@ -133,6 +158,9 @@ int64_t probe_csv_format(const Column* cols, int32_t ncols, int64_t row0, int64_
                     o = format_string(o, col.data + off[i], off[i + 1] - off[i]);
                     break;
                 }
+                case K_LIST_INT64:
+                    o = format_int_list(o, col, i);
+                    break;
                 default:
                     return -2;
             }

@@ -3,7 +3,8 @@
 Formatting the doubles is most of the cost of compare.csv (266k rows of 100k entries: 4.5M
 doubles, 0.53 of the file's 0.70 s CPU with Arrow's writer). ``csv_format.cpp`` (built once
 per machine, see :mod:`ground.native`) formats rows of int64, double, bool and string columns
-as Arrow's writer does (its default options: every string quoted, nulls empty, ``\\n``), with
+as Arrow's writer does (its default options: every string quoted, nulls empty, ``\\n``), and
+list<int64> columns as the compare's CSV shows them (``"[2, 4]"``), with
 std::to_chars's shortest digits (the digits Arrow's double-conversion gives). A table of any
 other column type, or a machine without a C++ compiler, returns False and the caller writes
 with Arrow.
@@ -27,8 +28,8 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csv_format.c
 
 #: the formatter's column kinds, and the widest text of one value of each (a string's is
 #: two quotes plus twice its bytes, counted per batch)
-_INT64, _DOUBLE, _BOOL, _STRING, _LARGE_STRING = 1, 2, 3, 4, 5
-_WIDTH = {_INT64: 20, _DOUBLE: 32, _BOOL: 5, _STRING: 2, _LARGE_STRING: 2}
+_INT64, _DOUBLE, _BOOL, _STRING, _LARGE_STRING, _LIST_INT64 = 1, 2, 3, 4, 5, 6
+_WIDTH = {_INT64: 20, _DOUBLE: 32, _BOOL: 5, _STRING: 2, _LARGE_STRING: 2, _LIST_INT64: 4}
 
 #: Rows formatted per call (a few MB of text: a buffer the allocator reuses).
 BATCH_ROWS = 16_384
@@ -36,7 +37,8 @@ BATCH_ROWS = 16_384
 
 class _Column(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("pad", ctypes.c_int32), ("offset", ctypes.c_int64),
-                ("valid", ctypes.c_void_p), ("values", ctypes.c_void_p), ("data", ctypes.c_void_p)]
+                ("valid", ctypes.c_void_p), ("values", ctypes.c_void_p), ("data", ctypes.c_void_p),
+                ("child_valid", ctypes.c_void_p), ("child_offset", ctypes.c_int64)]
 
 
 _fn: Any = None
@@ -71,6 +73,8 @@ def _kind(t: Any) -> int | None:
         return _STRING
     if pa.types.is_large_string(t):
         return _LARGE_STRING
+    if pa.types.is_list(t) and pa.types.is_int64(t.value_type):
+        return _LIST_INT64
     return None
 
 
@@ -116,13 +120,23 @@ def _format(fn: Any, batch: Any, kinds: list[int], buf: list | None = None) -> m
     for c, (arr, kind) in enumerate(zip(batch.columns, kinds)):
         bufs = arr.buffers()
         valid = bufs[0].address if bufs[0] is not None and arr.null_count else None
-        data = None
-        if kind in (_STRING, _LARGE_STRING):
-            offsets = np.frombuffer(bufs[1], dtype=np.int32 if kind == _STRING else np.int64,
+        data, child_valid, child_offset = None, None, 0
+        if kind in (_STRING, _LARGE_STRING, _LIST_INT64):
+            offsets = np.frombuffer(bufs[1], dtype=np.int64 if kind == _LARGE_STRING else np.int32,
                                     count=arr.offset + n + 1)
-            data = bufs[2].address if bufs[2] is not None else None
-            cap += 2 * int(offsets[arr.offset + n] - offsets[arr.offset])
-        cols[c] = _Column(kind, 0, arr.offset, valid, bufs[1].address if bufs[1] is not None else None, data)
+            span = int(offsets[arr.offset + n] - offsets[arr.offset])
+            if kind == _LIST_INT64:            # an element: up to 20 digits and ", "
+                child = arr.values
+                cb = child.buffers()
+                child_valid = cb[0].address if cb[0] is not None and child.null_count else None
+                child_offset = child.offset
+                data = cb[1].address if cb[1] is not None else None
+                cap += 22 * span
+            else:
+                data = bufs[2].address if bufs[2] is not None else None
+                cap += 2 * span
+        cols[c] = _Column(kind, 0, arr.offset, valid, bufs[1].address if bufs[1] is not None else None, data,
+                          child_valid, child_offset)
         cap += n * _WIDTH[kind]
     out = buf[0] if buf is not None and buf[0] is not None and len(buf[0]) >= cap else None
     if out is None:

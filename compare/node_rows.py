@@ -19,30 +19,12 @@ from typing import Any
 
 from compare.verdict import node_verdict_sql, worst_sql
 
-__all__ = ["node_rows"]
+__all__ = ["node_frame", "node_rows"]
 
 
-def node_rows(con: Any) -> Any:
-    """The per-node rows (pyarrow.Table, in execution order), from the ``rows`` (the tensor rows)
-    and the matched groups in ``con``; the tables built on the way are dropped."""
-    con.execute(f"""
-    create or replace table pair_nodes as
-    select grp_a, grp_b, direction,
-      max(err) filter (where slot in ('input', 'kwarg')) as in_err,
-      max(err) filter (where slot = 'output') as out_err,
-      max(err) filter (where slot in ('parameter', 'parameter_grad')) as param_err,
-      {worst_sql("slot in ('input', 'kwarg')")} as in_verdict,
-      {worst_sql("slot = 'output'")} as out_verdict,
-      {worst_sql("slot in ('parameter', 'parameter_grad')")} as param_verdict,
-      arg_max(reason, [coalesce(err, -1), -row_id]) filter (where slot = 'output') as out_reason,
-      arg_max(name_a, [coalesce(err, -1), -row_id]) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
-      -- NaN/Inf in each side's entry: every tensor of it is a row of its group (matched or not)
-      bool_or(nonfinite_a) filter (where slot in ('input', 'kwarg')) as nf_in_a,
-      bool_or(nonfinite_a) filter (where slot = 'output') as nf_out_a,
-      bool_or(nonfinite_b) filter (where slot in ('input', 'kwarg')) as nf_in_b,
-      bool_or(nonfinite_b) filter (where slot = 'output') as nf_out_b
-    from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
-    """)
+def node_frame(con: Any) -> None:
+    """The node tables that need only the matched groups, not the tensor rows: built while the
+    rows are (on a cursor of its own), before :func:`node_rows`."""
     # the node pairs (and below, the sources of the node query that are unions or cross joins)
     # are tables of their own before they meet a hash join: DuckDB 2.0 fails a hash join whose
     # build side is a cross join ("dict-surviving join ... build pipeline is not single-source",
@@ -73,6 +55,30 @@ def node_rows(con: Any) -> Any:
     from covered c cross join (values ('forward'), ('backward')) d(direction)
     left join a_g ga on c.side = 'a' and ga.grp = c.grp
     left join b_g gb on c.side = 'b' and gb.grp = c.grp
+    """)
+
+
+def node_rows(con: Any) -> Any:
+    """The per-node rows (pyarrow.Table, in execution order), from the ``rows`` (the tensor rows),
+    the matched groups and :func:`node_frame`'s tables in ``con``; the tables built on the way
+    are dropped."""
+    con.execute(f"""
+    create or replace table pair_nodes as
+    select grp_a, grp_b, direction,
+      max(err) filter (where slot in ('input', 'kwarg')) as in_err,
+      max(err) filter (where slot = 'output') as out_err,
+      max(err) filter (where slot in ('parameter', 'parameter_grad')) as param_err,
+      {worst_sql("slot in ('input', 'kwarg')")} as in_verdict,
+      {worst_sql("slot = 'output'")} as out_verdict,
+      {worst_sql("slot in ('parameter', 'parameter_grad')")} as param_verdict,
+      arg_max(reason, [coalesce(err, -1), -row_id]) filter (where slot = 'output') as out_reason,
+      arg_max(name_a, [coalesce(err, -1), -row_id]) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
+      -- NaN/Inf in each side's entry: every tensor of it is a row of its group (matched or not)
+      bool_or(nonfinite_a) filter (where slot in ('input', 'kwarg')) as nf_in_a,
+      bool_or(nonfinite_a) filter (where slot = 'output') as nf_out_a,
+      bool_or(nonfinite_b) filter (where slot in ('input', 'kwarg')) as nf_in_b,
+      bool_or(nonfinite_b) filter (where slot = 'output') as nf_out_b
+    from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
     """)
     con.execute("""
     create or replace table nodes_all as

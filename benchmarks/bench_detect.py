@@ -41,8 +41,12 @@ within 30; a hang within 10 s naming the stuck rank and the collective the other
 1,024 simulated ranks do as well, with the service's detection work under 1 ms per step per
 hundred ranks (measured: the rolling window, the store query included, per judged step).
 
-Run: ``python benchmarks/bench_detect.py [--sim-only] [--ranks 64,256,1024] [--steps 300]
-[--real-steps 200]``; exit code 1 when a goal is missed.
+Run: ``python benchmarks/bench_detect.py [--sim-only | --real-only] [--ranks 64,256,1024]
+[--steps 300] [--real-steps 200] [--repeat N] [--no-hang] [--keep DIR]``; exit code 1 when a
+goal is missed. Every alert a real run opened is printed (kind, rank, step, its message when
+opened; FALSE or true). ``--keep DIR`` keeps the real runs' stores (one ``rN`` folder per
+repetition) and ``--replay DIR...`` judges kept runs again with the detectors as they are now,
+without training (the healthy/straggler truth is read from the folder's name).
 """
 
 from __future__ import annotations
@@ -168,6 +172,7 @@ class Score:
     steps: int
     truth: Truth
     opened: list[dict] = field(default_factory=list)     # alerts opened (merged in place)
+    first_message: dict[int, str] = field(default_factory=dict)   # id(alert): when opened
     detect_ms_per_step: float = math.nan
     real: bool = False
     detect_s: float | None = None                          # a hang: seconds to the alert
@@ -222,6 +227,7 @@ def run_window(m: StepMatrix, truth: Truth, name: str, real: bool = False) -> Sc
             merged, new = book.merge(alert)
             if new:
                 score.opened.append(merged)
+                score.first_message[id(merged)] = merged["message"]
         book.expire(window.job, int(m.steps[i]))
     score.detect_ms_per_step = spent / max(1, len(m.steps)) * 1e3
     return score
@@ -324,24 +330,48 @@ def _train(out: Path, nproc: int, steps: int, preset: str, *faults: str,
 def real_run(name: str, nproc: int, steps: int, preset: str, truth: Truth, tmp: Path,
              *faults: str) -> Score:
     """Train for real (gloo ranks on this machine), read the steps back from the run's store
-    and feed them to the detectors one step at a time, as the service would."""
-    from collectors.store import open_store
-
+    and feed them to the detectors one step at a time, as the service would. The run's
+    directory (under ``tmp``) is kept when ``--keep`` names one: :func:`replay` judges it again."""
     out = tmp / f"{name.replace(' ', '_').replace(':', '')}-{nproc}"
     proc = _train(out, nproc, steps, preset, *faults)
     _, err = proc.communicate(timeout=1800)
     if proc.returncode:
         raise SystemExit(f"{name}: training failed: {err[-500:]}")
+    return judge_run(out, name, truth)
+
+
+def judge_run(out: Path, name: str, truth: Truth) -> Score:
+    """The detectors over a real run's stored steps, step by step; each alert opened is told
+    (kind, rank, step, evidence), the false ones marked."""
+    from collectors.store import open_store
+
     table = open_store(out).sql(
         "SELECT rank, step, step_time_ms, compute_time_ms, comm_time_ms, data_time_ms, loss, "
         "grad_norm FROM steps").arrow()
     m = StepMatrix.of(table, "real")
     score = run_window(m, truth, name, real=True)
-    print(f"  {name:<22} {nproc:>5} ranks: {len(score.true_alerts)} true, "
-          f"{len(score.false_alerts)} false "
-          + "; ".join(f"{a['kind']} r{a.get('rank')} s{a['step']}" for a in score.false_alerts[:3]),
-          file=sys.stderr, flush=True)
+    print(f"  {name:<22} {len(m.ranks):>5} ranks: {len(score.true_alerts)} true, "
+          f"{len(score.false_alerts)} false ({out.name})", file=sys.stderr, flush=True)
+    false = {id(a) for a in score.false_alerts}
+    for a in score.opened:
+        print(f"    {'FALSE' if id(a) in false else 'true '} {a['kind']} rank {a.get('rank')} "
+              f"step {a['step']}: {score.first_message.get(id(a), a['message'])}"
+              + (f" [last seen at step {a['last_step']}, {a['count']} steps]"
+                 if a.get("count", 1) > 1 else ""), file=sys.stderr, flush=True)
     return score
+
+
+def replay(dirs: list[Path]) -> list[Score]:
+    """Judge runs kept by ``--keep`` again (their truth read from the directory's name)."""
+    scores = []
+    for d in dirs:
+        name = d.name.rsplit("-", 1)[0].replace("_", " ")
+        if name.startswith("straggler"):
+            name, truth = f"straggler:{name[9:]}", Truth({("straggler", 1)}, 0)
+        else:
+            truth = Truth()
+        scores.append(judge_run(d, name, truth))
+    return scores
 
 
 def real_hang(nproc: int, at_step: int, tmp: Path) -> Score:
@@ -431,6 +461,8 @@ def goals(scores: list[Score], costs: dict[int, tuple[float, float]],
                 f"rank-steps (goal <= 1 per 1,000)"))
     for factor, limit in (("1.5", 10), ("1.2", 30)):
         group = [s for s in scores if s.name == f"sim straggler:{factor}"]
+        if not group:
+            continue
         late = [s.time_to_detect for s in group if s.time_to_detect is None or s.time_to_detect > limit]
         alone = all(not s.false_alerts for s in group)
         out.append((not late and alone, f"{factor}x straggler: detected within {limit} steps in "
@@ -444,7 +476,9 @@ def goals(scores: list[Score], costs: dict[int, tuple[float, float]],
     if big:
         out.append((big[0] / 1024 * 100 < 1.0, f"1,024 ranks: {big[0] / 1024 * 100:.2f} ms CPU per "
                     "step per 100 ranks (goal < 1)"))
-    out.append((all(ok for ok, _ in hangs_sim.values()), "simulated hangs named at every scale"))
+    if hangs_sim:
+        out.append((all(ok for ok, _ in hangs_sim.values()),
+                    "simulated hangs named at every scale"))
     lines = [f"{'met   ' if good else 'MISSED'} {text}" for good, text in out]
     if not hang:
         lines.append("(not run) hang within 10 s: real runs only (drop --sim-only)")
@@ -458,24 +492,39 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=3, help="simulated jobs per scenario and size")
     p.add_argument("--real-steps", type=int, default=200, help="steps of each real run")
     p.add_argument("--sim-only", action="store_true", help="skip the real gloo runs")
+    p.add_argument("--real-only", action="store_true", help="skip the simulated jobs")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each real scenario")
+    p.add_argument("--no-hang", action="store_true", help="skip the real hang runs")
+    p.add_argument("--keep", type=Path, help="keep the real runs' directories here")
+    p.add_argument("--replay", type=Path, nargs="+",
+                   help="judge real runs kept by --keep again (no training, no simulation)")
     a = p.parse_args()
     sizes = [int(r) for r in a.ranks.split(",")]
     scores: list[Score] = []
-    print("simulated jobs:", file=sys.stderr)
-    scores += sim_scores(sizes, a.steps, a.seeds)
-    costs = {r: service_cost(r, min(a.steps, 150)) for r in sizes}
-    hangs_sim = {r: sim_hang(r) for r in sizes}
-    if not a.sim_only:
+    costs: dict[int, tuple[float, float]] = {}
+    hangs_sim: dict[int, tuple[bool, float]] = {}
+    if a.replay:
+        scores += replay(sorted(d for d in a.replay if d.is_dir()))
+    elif not a.real_only:
+        print("simulated jobs:", file=sys.stderr)
+        scores += sim_scores(sizes, a.steps, a.seeds)
+        costs = {r: service_cost(r, min(a.steps, 150)) for r in sizes}
+        hangs_sim = {r: sim_hang(r) for r in sizes}
+    if not a.sim_only and not a.replay:
         print("real gloo ranks on this machine:", file=sys.stderr)
         with tempfile.TemporaryDirectory() as tmp:
-            tmp = Path(tmp)
-            for n in (2, 4, 8):
-                scores.append(real_run("healthy", n, a.real_steps, "tiny", Truth(), tmp))
-            for f in ("1.5", "3"):
-                scores.append(real_run(f"straggler:{f}", 2, a.real_steps // 2, "mini",
-                                       Truth({("straggler", 1)}, 0), tmp, f"slow:1:{f}"))
-            for n in (2, 4):
-                scores.append(real_hang(n, 20, tmp))
+            tmp = a.keep or Path(tmp)
+            tmp.mkdir(parents=True, exist_ok=True)
+            for i in range(a.repeat):
+                sub = tmp / f"r{i}" if a.repeat > 1 else tmp
+                for n in (2, 4, 8):
+                    scores.append(real_run("healthy", n, a.real_steps, "tiny", Truth(), sub))
+                for f in ("1.5", "3"):
+                    scores.append(real_run(f"straggler:{f}", 2, a.real_steps // 2, "mini",
+                                           Truth({("straggler", 1)}, 0), sub, f"slow:1:{f}"))
+                if not a.no_hang:
+                    for n in (2, 4):
+                        scores.append(real_hang(n, 20, sub))
     print("\n".join(table(scores, costs, hangs_sim)))
     print()
     lines = goals(scores, costs, hangs_sim)

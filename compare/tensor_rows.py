@@ -133,11 +133,21 @@ def _gather(pairing: Any, ta: Any, tb: Any, pid_info: Any) -> Any:
     part = pairing.column("part").combine_chunks()
     pid = pairing.column("pid").combine_chunks()
 
+    # B's columns are taken on a second thread while A's are here (Arrow's take lets go of the GIL)
+    from concurrent.futures import ThreadPoolExecutor
+
+    cols = ("seq", "direction", "slot", "idx", "dtype", "shape", "numel", "mx", "mn", "mean", "norm",
+            "nonfinite", "hash", "tensor_file", "pos")
+    with ThreadPoolExecutor(1, thread_name_prefix="compare-gather") as pool:
+        taking_b = pool.submit(lambda: {c: tb.column(c).take(rid_b) for c in cols})
+        got_a = {c: ta.column(c).take(rid_a) for c in cols}
+        got_b = taking_b.result()
+
     def a(col: str) -> Any:
-        return ta.column(col).take(rid_a)
+        return got_a[col]
 
     def b(col: str) -> Any:
-        return tb.column(col).take(rid_b)
+        return got_b[col]
     matched = pc.equal(part, 0)
     method = pc.if_else(matched, pid_info.column("method").take(pid), "unmatched")
     reason = pc.if_else(matched, pid_info.column("reason").take(pid),

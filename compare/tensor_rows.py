@@ -197,11 +197,17 @@ def with_names(full: Any, names: tuple) -> Any:
     the reason of the pairs that agree. ``names``: :func:`tensor_names` of A, then of B."""
     import pyarrow.compute as pc
 
+    from concurrent.futures import ThreadPoolExecutor
+
     (name_a, node_a), (name_b, node_b) = names
     pos_a, pos_b = full.column("pos_a"), full.column("pos_b")
     at = full.schema.get_field_index("name_slot_a")
-    for i, (k, col) in enumerate((("name_a", name_a.take(pos_a)), ("name_b", name_b.take(pos_b)),
-                                  ("node_a", node_a.take(pos_a)), ("node_b", node_b.take(pos_b)))):
+    with ThreadPoolExecutor(1, thread_name_prefix="compare-names") as pool:   # B's on a second thread
+        taking_b = pool.submit(lambda: (name_b.take(pos_b), node_b.take(pos_b)))
+        taken_a = (name_a.take(pos_a), node_a.take(pos_a))
+        taken_b = taking_b.result()
+    for i, (k, col) in enumerate((("name_a", taken_a[0]), ("name_b", taken_b[0]),
+                                  ("node_a", taken_a[1]), ("node_b", taken_b[1]))):
         full = full.add_column(at + i, k, col)
     # the reason of a pair that agrees, the most common one, is put together here too
     i = full.schema.get_field_index("reason")

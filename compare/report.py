@@ -158,6 +158,12 @@ CSV_CHUNK_ROWS = 8_192
 #: win back: 266k rows take 0.70 s CPU in one piece, 0.77-0.89 s in chunks).
 CSV_PARALLEL_ROWS = 131_072
 CSV_PARALLEL_CORES = 4
+#: Cores from which compare.csv, formatted natively (:mod:`compare.csv_native`, which costs
+#: little more CPU in chunks), is formatted on as many threads: the file is the last part of a
+#: large compare to finish, and the other core is free once the node rows are done (100k
+#: entries, 2 shared cores, medians of alternating runs in three sessions: 2.59, 2.98, 3.62 ->
+#: 2.08, 2.95, 3.44 s; CPU 0.0-0.2 s more).
+CSV_NATIVE_PARALLEL_CORES = 2
 
 
 def _write_csv(rows: Any, path: Path) -> None:
@@ -167,8 +173,9 @@ def _write_csv(rows: Any, path: Path) -> None:
     Arrow's writer.
 
     Large tables (:data:`CSV_PARALLEL_ROWS`) on a machine with cores to spare
-    (:data:`CSV_PARALLEL_CORES`) are formatted in chunks on as many threads as there are cores,
-    a few chunks ahead of the one being written, and written in order (the header once).
+    (:data:`CSV_NATIVE_PARALLEL_CORES` natively, :data:`CSV_PARALLEL_CORES` by Arrow) are
+    formatted in chunks on as many threads as there are cores, a few chunks ahead of the one
+    being written, and written in order (the header once).
     """
     import itertools
     import os
@@ -181,17 +188,19 @@ def _write_csv(rows: Any, path: Path) -> None:
     from compare.csv_native import write_csv
 
     workers = min(os.cpu_count() or 1, 8)
-    parallel = workers >= CSV_PARALLEL_CORES and rows.num_rows >= CSV_PARALLEL_ROWS
+    big = rows.num_rows >= CSV_PARALLEL_ROWS
+    native = workers if big and workers >= CSV_NATIVE_PARALLEL_CORES else 1
     # the same bytes, formatted natively (list<int64> shapes too: 0.09 s of Arrow at 100k)
-    if write_csv(rows, path, workers if parallel else 1):
+    if write_csv(rows, path, native):
         return
     flat = rows
     for i, f in enumerate(rows.schema):
         if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
             text = pc.binary_join(pc.cast(rows.column(i), pa.list_(pa.string())), ", ")
             flat = flat.set_column(i, f.name, pc.binary_join_element_wise("[", text, "]", ""))
-    if write_csv(flat, path, workers if parallel else 1):
+    if write_csv(flat, path, native):
         return
+    parallel = workers >= CSV_PARALLEL_CORES and big
     if not parallel:
         pcsv.write_csv(flat, path)
         return

@@ -25,6 +25,11 @@ How a timing detector decides (the same four rules for all of them):
    an excess runs on into the next step: ``p = (exceedances + 1) / (samples + 2)`` (few
    samples: high ``p``, so a young job needs more evidence) and ``p11``, the chance an excess
    continues, shrunk towards ``p`` (bursts, such as a shared-core neighbour, make ``p11 > p``).
+   Both are then taken :data:`NOISE_SE` standard errors higher (:func:`upper`): measured on
+   few samples (two ranks, one peer; a young job; few bursts seen) a rate is uncertain, and a
+   run is judged against the noise the job may well have, not the one it happened to show
+   (on two ranks sharing a loaded machine, a rank ran 2-3x its peer for eleven steps, or
+   1.2x for thirty, after a hundred steps with no such run).
    A rank's own past (before the window judged) counts too, shrunk towards the pooled rates
    (:data:`OWN_PRIOR`), and the larger rate is used: a rank with a bursty neighbour is judged
    by its own bursts, not by its quiet peers' (unless it was above the level in most of its
@@ -35,7 +40,9 @@ How a timing detector decides (the same four rules for all of them):
    (shared by the ranks: below ``ALPHA / ranks`` for one rank). A big deviation passes in a
    few steps, a small one needs more; none below the smallest level (10% for a rank, 20% for
    the job) is ever reported, whatever the noise, and a straggler must also have cost the job
-   :data:`MIN_EXCESS` (15%) over its window.
+   :data:`MIN_EXCESS` (15%) over its window, and more than any other rank's deepest turn at
+   running slow in the history (:func:`turns`: its largest median excess over five steps): a
+   slowdown that moves between ranks is the machine's noise, not a straggler.
 
 - :func:`stragglers`: a rank whose own work stays above its peers' (cause ``compute`` or
   ``data loading``), or, when its own work does not, whose step stays longer with the excess
@@ -62,7 +69,7 @@ job-wide series leaves it out.
 >>> rows = [{"rank": r, "step": s, "step_time_ms": 10.0, "compute_time_ms": 30.0 if r == 2 else 8.0,
 ...          "data_time_ms": 1.0, "comm_time_ms": 1.0} for s in range(8) for r in range(16)]
 >>> [(a["kind"], a["rank"], a["step"], a["evidence"]["cause"]) for a in stragglers(rows)][:1]
-[('straggler', 2, 4, 'compute')]
+[('straggler', 2, 6, 'compute')]
 """
 
 from __future__ import annotations
@@ -72,22 +79,23 @@ from typing import Any, Iterable
 from monitor.hang_detector import (HANG_MIN_S, HANG_START_S, HANG_STEP_FACTOR, P2P_OPS,
                                    REPORT_GRACE_S, hang_threshold_s, hangs)
 from monitor.health_detectors import MEM_MIN_GROWTH, memory_growth, nonfinite
-from monitor.noise_model import (ALPHA, HISTORY, LEVELS, OWN_PRIOR, RUN_PRIOR, WINDOWS, Verdict,
-                                 cumulate, level_bins, peer_excess, persistent, row_median,
-                                 run_chance)
+from monitor.noise_model import (ALPHA, HISTORY, LEVELS, NOISE_SE, OWN_PRIOR, RUN_PRIOR, WINDOWS,
+                                 Verdict, cumulate, level_bins, peer_excess, persistent,
+                                 row_median, run_chance, run_rate, upper)
 from monitor.step_matrix import (CHECKED_COLUMNS, MEMORY_COLUMNS, TIMING_COLUMNS, Alert,
                                  StepMatrix)
 from monitor.step_series import JOB_SERIES, MEM_RISE, derive
 from monitor.timing_detectors import (BASELINE, JOB_LEVELS, JOB_WINDOWS, MIN_BASELINE, MIN_EXCESS,
-                                      slow_steps, stragglers)
+                                      slow_steps, stragglers, turns)
 
 __all__ = ["ALPHA", "BASELINE", "CHECKED_COLUMNS", "HANG_MIN_S", "HANG_START_S",
            "HANG_STEP_FACTOR", "HISTORY", "JOB_LEVELS", "JOB_SERIES", "JOB_WINDOWS", "LEVELS",
            "MEMORY_COLUMNS", "MEM_MIN_GROWTH", "MEM_RISE", "MIN_BASELINE", "MIN_EXCESS",
-           "OWN_PRIOR", "P2P_OPS", "REPORT_GRACE_S", "RUN_PRIOR", "TIMING_COLUMNS", "WINDOWS",
+           "NOISE_SE", "OWN_PRIOR", "P2P_OPS", "REPORT_GRACE_S", "RUN_PRIOR", "TIMING_COLUMNS",
+           "WINDOWS",
            "Alert", "StepMatrix", "Verdict", "cumulate", "derive", "detect", "hang_threshold_s",
            "hangs", "level_bins", "memory_growth", "nonfinite", "peer_excess", "persistent",
-           "row_median", "run_chance", "slow_steps", "stragglers"]
+           "row_median", "run_chance", "run_rate", "slow_steps", "stragglers", "turns", "upper"]
 
 
 def detect(table: Any, steps: Iterable[int] | None = None, *, job: str | None = None) -> list[Alert]:

@@ -25,6 +25,10 @@ HISTORY = 100
 #: How strongly the chance that an excess continues is pulled towards independence (in
 #: pseudo-observations): with no excess seen yet, runs are assumed no likelier than chance.
 RUN_PRIOR = 2.0
+#: The noise rates are taken this many standard errors above their estimates: measured on few
+#: samples (two ranks, a young job), a rate is uncertain, and a run is judged against the rate
+#: the job may well have, not the one it happened to show (see :func:`upper`).
+NOISE_SE = 1.0
 #: How much the pooled rate weighs against a rank's own past (in steps): a young rank is judged
 #: by the job's noise, one with a long history also by its own (the larger of the two).
 OWN_PRIOR = 10.0
@@ -132,6 +136,29 @@ def cumulate(bins: np.ndarray, n_levels: int, before: np.ndarray | None = None,
     return out
 
 
+def run_rate(runs: np.ndarray, starts: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The chance an excess runs on into the next step: ``runs`` of ``starts`` excesses did,
+    shrunk towards ``p`` (independence) by :data:`RUN_PRIOR` pseudo-observations; at least
+    ``p`` (bursts make it more, never less).
+
+    >>> run_rate(np.array([8.0, 0.0]), np.array([10.0, 0.0]), np.array([0.2, 0.01])).round(2)
+    array([0.7 , 0.01])
+    """
+    return np.maximum((runs + RUN_PRIOR * p) / (starts + RUN_PRIOR), p)
+
+
+def upper(rate: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """``rate`` measured on ``samples`` observations, :data:`NOISE_SE` standard errors higher
+    (at most 1): what the job's noise may be, given what it showed.
+
+    >>> upper(np.array([0.1, 0.1]), np.array([100, 10000])).round(3).tolist()
+    [0.13, 0.103]
+    """
+    rate = np.asarray(rate, dtype=float)
+    return np.minimum(rate + NOISE_SE * np.sqrt(rate * (1 - rate) / (np.asarray(samples) + 1.0)),
+                      1.0)
+
+
 def _window(cum: np.ndarray, row: int, first: int, cols: Any = slice(None)) -> np.ndarray:
     """Counts over rows ``first..row`` (inclusive) of ``cum`` (see :func:`cumulate`)."""
     top = cum[row, cols]
@@ -152,7 +179,9 @@ def _noise(counts: np.ndarray, L: int, leave_out: bool,
     exceed, runs, starts = counts[:, 1:1 + L], counts[:, 1 + L:1 + 2 * L], counts[:, 1 + 2 * L:]
     if not leave_out:
         p = np.minimum((exceed + 1.0) / (samples + 2.0), max_rate)
-        p11 = np.maximum((runs + RUN_PRIOR * p) / (starts + RUN_PRIOR), p)
+        p11 = upper(run_rate(runs, starts, p), starts + RUN_PRIOR)
+        p = np.minimum(upper(p, samples), max_rate)
+        p11 = np.maximum(p11, p)
         return p, p11, p, p11
     cols = counts.shape[0]
     if cols >= 10:
@@ -166,7 +195,8 @@ def _noise(counts: np.ndarray, L: int, leave_out: bool,
         E, V, N11, N1 = (t - x * mask for t, x in ((E, exceed), (V, samples), (N11, runs),
                                                    (N1, starts)))
         p = np.minimum((E + 1.0) / (V + 2.0), max_rate)
-        p11 = (N11 + RUN_PRIOR * p) / (N1 + RUN_PRIOR)
+        p11 = upper(run_rate(N11, N1, p), N1 + RUN_PRIOR)
+        p = np.minimum(upper(p, V), max_rate)
         out += [p, np.maximum(p11, p)]
     return tuple(out)
 

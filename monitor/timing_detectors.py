@@ -9,8 +9,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from monitor.noise_model import (ALPHA, LEVELS, Verdict, level_bins, persistent,
-                                 row_median)
+from monitor.noise_model import (ALPHA, HISTORY, LEVELS, WINDOWS, Verdict, level_bins,
+                                 persistent, quiet_nan_warnings, row_median)
 from monitor.step_matrix import Alert, StepMatrix
 from monitor.step_series import JOB_SERIES, derive, traced_cells
 
@@ -73,16 +73,49 @@ def stragglers(table: Any, steps: Iterable[int] | None = None, *,
 
 
 def _costly(found: dict[int, Verdict], x: np.ndarray, row: int) -> dict[int, Verdict]:
-    """The verdicts whose rank cost the job at least :data:`MIN_EXCESS` over their window: the
-    mean excess over the peers' median, each step's capped at 100% (a lone 10x hiccup is one
-    slow step, not a slow rank)."""
-    out = {}
+    """The verdicts whose rank cost the job at least :data:`MIN_EXCESS` over their window, and
+    more than the other ranks' own turns at running slow (:func:`turns`): the mean excess over
+    the peers' median, each step's capped at 100% (a lone 10x hiccup is one slow step, not a
+    slow rank)."""
+    out, seen = {}, None
     for col, v in found.items():
         e = np.clip(np.expm1(x[v.first:row + 1, col]), -1.0, 1.0)
         e = e[~np.isnan(e)]
-        if e.size and e.mean() >= MIN_EXCESS:
+        if not (e.size and e.mean() >= MIN_EXCESS):
+            continue
+        seen = turns(x, row) if seen is None else seen
+        others = np.delete(seen, col)
+        if others.size >= 10:                   # the noisiest tenth aside, as in the noise rates
+            others = np.sort(others)[:others.size - others.size // 10]
+        if not others.size or e.mean() > others.max():
             out[col] = v
     return out
+
+
+def turns(x: np.ndarray, row: int, w: int = WINDOWS[0]) -> np.ndarray:
+    """Per rank, the deepest turn it took at running slower than its peers in the last
+    :data:`HISTORY` steps up to ``row``: the largest median excess (capped, as in
+    :func:`_costly`) over ``w`` consecutive steps; -inf without a whole window.
+
+    Ranks sharing a loaded machine take turns at running 1.2-1.3x their peers for a dozen
+    steps while a neighbour holds their core; a rank that runs 1.2x now is no straggler in such
+    a job, but is in one whose ranks stay within 5% of each other. A median, so a lone hiccup
+    is no turn (a rank slow in a random third of its steps is still found: its mean excess
+    is compared, not its median). A rank slower than its peers over most of those steps (its
+    median excess :data:`MIN_EXCESS` or more) is a straggler, not taking turns: -inf.
+
+    >>> x = np.zeros((40, 4)); x[5:15, 0] = np.log(1.3); x[20, 1] = np.log(5.0); x[:, 3] = 1.0
+    >>> turns(x, 39).round(2).tolist()
+    [0.3, 0.0, 0.0, -inf]
+    """
+    lo = max(0, row - HISTORY + 1)
+    if row + 1 - lo < w:
+        return np.full(x.shape[1], -np.inf)
+    e = np.clip(np.expm1(x[lo:row + 1]), -1.0, 1.0)
+    with quiet_nan_warnings():
+        med = np.nanmedian(np.lib.stride_tricks.sliding_window_view(e, w, axis=0), axis=-1)
+        deepest = np.nan_to_num(np.nanmax(med, axis=0), nan=-np.inf)
+        return np.where(np.nanmedian(e, axis=0) >= MIN_EXCESS, -np.inf, deepest)
 
 
 def _excess(m: StepMatrix, name: str, col: int, rows: np.ndarray) -> float | None:
@@ -148,7 +181,7 @@ def slow_steps(table: Any, steps: Iterable[int] | None = None, *,
     >>> rows = [{"rank": r, "step": s, "step_time_ms": 100.0 * (2 if s >= 40 else 1) + s % 3,
     ...          "compute_time_ms": 80.0 * (2 if s >= 40 else 1)} for s in range(50) for r in range(2)]
     >>> [(a["step"], a["evidence"]["phase"]) for a in slow_steps(rows)][:1]
-    [(44, 'compute')]
+    [(47, 'compute')]
     """
     m = StepMatrix.of(table, job)
     js = derive(m)["job"]

@@ -71,9 +71,10 @@ def test_straggler_names_only_the_slow_rank_and_compute_as_cause_once_it_persist
     assert alerts and {a["rank"] for a in alerts} == {2}
     first = alerts[0]
     assert first["evidence"]["cause"] == "compute" and first["evidence"]["ratio"] > 2.5
-    # four ranks: the noise is measured on 3 peers' few steps, so it takes a handful of
-    # steps, all of them slow, before the chance of it is below ALPHA
-    assert 4 <= first["step"] <= 7
+    # four ranks: the noise is measured on 3 peers' few steps, and the detectors judge by the
+    # noise the job may have (a standard error above what it showed, NOISE_SE), so a young job
+    # needs ten steps, all of them slow, before the chance of it is below ALPHA
+    assert 4 <= first["step"] <= 9
     assert first["evidence"]["k"] == first["evidence"]["n"] and first["evidence"]["chance"] < 1e-9
     assert f"in {first['evidence']['k']} of its last {first['evidence']['n']} steps" in first["message"]
 

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from monitor.noise_model import (ALPHA, HISTORY, LEVELS, WINDOWS, Verdict, level_bins,
-                                 persistent, quiet_nan_warnings, row_median)
+                                 persistent, row_median)
 from monitor.step_matrix import Alert, StepMatrix
 from monitor.step_series import JOB_SERIES, derive, traced_cells
 
@@ -112,10 +112,11 @@ def turns(x: np.ndarray, row: int, w: int = WINDOWS[0]) -> np.ndarray:
     if row + 1 - lo < w:
         return np.full(x.shape[1], -np.inf)
     e = np.clip(np.expm1(x[lo:row + 1]), -1.0, 1.0)
-    with quiet_nan_warnings():
-        med = np.nanmedian(np.lib.stride_tricks.sliding_window_view(e, w, axis=0), axis=-1)
-        deepest = np.nan_to_num(np.nanmax(med, axis=0), nan=-np.inf)
-        return np.where(np.nanmedian(e, axis=0) >= MIN_EXCESS, -np.inf, deepest)
+    e = np.where(np.isnan(e), -np.inf, e)                   # a step not judged is no slow step
+    windows = np.lib.stride_tricks.sliding_window_view(e, w, axis=0)
+    deepest = np.partition(windows, w // 2, axis=-1)[..., w // 2].max(axis=0)
+    typical = np.partition(e, len(e) // 2, axis=0)[len(e) // 2]
+    return np.where(typical >= MIN_EXCESS, -np.inf, deepest)
 
 
 def _excess(m: StepMatrix, name: str, col: int, rows: np.ndarray) -> float | None:

@@ -39,7 +39,10 @@ Goals (issue 21): healthy runs raise no straggler alert and at most one slow-ste
 1,000 rank-steps; a 1.5x straggler is found within 10 steps naming only that rank, a 1.2x one
 within 30; a hang within 10 s naming the stuck rank and the collective the others wait in;
 1,024 simulated ranks do as well, with the service's detection work under 1 ms per step per
-hundred ranks (measured: the rolling window, the store query included, per judged step).
+hundred ranks (measured: the rolling window, the store query included, per judged step). The
+10- and 30-step goals are checked on the simulated jobs; the real stragglers (2 ranks, slowed
+from step 0, so with no healthy history to measure the noise on) report their time to detect,
+which on this machine's noise takes more steps (see :mod:`monitor.detectors`, rule 3).
 
 Run: ``python benchmarks/bench_detect.py [--sim-only | --real-only] [--ranks 64,256,1024]
 [--steps 300] [--real-steps 200] [--repeat N] [--no-hang] [--keep DIR]``; exit code 1 when a

@@ -247,8 +247,10 @@ class Detection:
         """The numerics detectors on the steps ``done+1..complete`` of ``job``: its
         ``numerics:*`` points of those steps (at most a window's worth; a new window also reads
         the window's history before them) join the job's :class:`NumericsWindow`."""
-        t0 = time.perf_counter()
         window = self.numerics.get(job)
+        if window is None and job not in self.store.numerics_jobs:
+            return []                             # it never sent any: no query a step
+        t0 = time.perf_counter()
         since = max(done + 1, complete - WINDOW_STEPS + 1)
         if window is None:                        # a new job, or one met again after a restart
             since = max(0, complete - WINDOW_STEPS + 1)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collectors.records import METRIC
 from ground.errors import ProbeError
@@ -147,6 +148,9 @@ class MonitorStore:
             "SELECT agent_id, max(seq) FROM batches GROUP BY agent_id").fetchall())
         self._next_alert_id = 1 + (self._con.execute("SELECT coalesce(max(id), 0) FROM alerts")
                                    .fetchone()[0])
+        #: The jobs that sent ``numerics:*`` points (the detector thread queries only theirs).
+        self.numerics_jobs: set[str] = {row[0] for row in self._con.execute(
+            "SELECT DISTINCT job FROM metrics WHERE starts_with(name, 'numerics:')").fetchall()}
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -160,6 +164,7 @@ class MonitorStore:
         fresh: list[bool] = []
         rows: list[tuple] = []
         parts: list[pa.Table] = []
+        numerics: set[str] = set()
         now = time.time_ns()
         with self._lock:
             high = dict(self._high)
@@ -173,6 +178,8 @@ class MonitorStore:
                              key.dropped, now, key.last_step))
                 if table.num_rows:
                     parts.append(table)
+                    if key.job not in self.numerics_jobs and _has_numerics(table.column("name")):
+                        numerics.add(key.job)
             if not rows:
                 return fresh
             points = pa.concat_tables(parts) if parts else METRIC.empty_table()
@@ -189,6 +196,7 @@ class MonitorStore:
                 con.execute("ROLLBACK")
                 raise
             self._high = high
+            self.numerics_jobs |= numerics
         return fresh
 
     def register_rank(self, job: str, rank: int, world_size: int, host: str, pid: int,
@@ -431,3 +439,12 @@ def _equal_to(where: list[str], params: list[Any], **columns: Any) -> tuple[str,
             where.append(f"{column} = ?")
             params.append(value)
     return " AND ".join(where), params
+
+
+def _has_numerics(names: pa.ChunkedArray) -> bool:
+    """Whether a batch's metric names (plain or dictionary-encoded) hold a ``numerics:*`` one."""
+    for chunk in names.chunks:
+        values = chunk.dictionary if pa.types.is_dictionary(chunk.type) else chunk
+        if len(values) and pc.any(pc.starts_with(values, "numerics:")).as_py():
+            return True
+    return False

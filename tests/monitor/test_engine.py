@@ -19,7 +19,7 @@ from .conftest import ServeProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
-NPROC, STEPS, SLOW_RANK, TRACED = 4, 16, 2, [0, 3]
+NPROC, STEPS, SLOW_RANK, TRACED = 4, 20, 2, [0, 3]
 #: how much slower the slowed rank computes: four ranks share two cores here with the service
 #: and the profilers, so a healthy rank's compute can take several times its usual time now and
 #: then; 8x stands out of that. The model is the mini preset (2.1M parameters): the tiny one
@@ -107,10 +107,11 @@ def test_the_slowed_rank_is_flagged_as_the_only_straggler_within_a_few_steps(mon
     assert alerts, "no straggler alert\n" + _explain(alerts, monitored_run)
     assert {a["rank"] for a in alerts} == {SLOW_RANK}, _explain(alerts, monitored_run)
     first = alerts[0]
-    # a whole window of at least five steps, its judged steps slow, is needed; the two traced
-    # steps and the one after them (two untraced ranks left, peers waiting for the profiler)
-    # are not judged, so the alert comes before the trace or within five steps after it
-    assert first["step"] <= monitored_run["steps"][1] + 1 + 5, _explain(alerts, monitored_run)
+    # a young job's noise is measured on few steps of three peers and taken a standard error
+    # up, so about ten judged steps, all slow, are needed; the two traced steps and the one after
+    # them (two untraced ranks left, peers waiting for the profiler) are not judged, so the
+    # alert comes within eight steps after the trace
+    assert first["step"] <= monitored_run["steps"][1] + 1 + 8, _explain(alerts, monitored_run)
     assert first["evidence"]["cause"] == "compute", _explain(alerts, monitored_run)
     # four ranks sharing two cores inflate everyone's compute time, so the measured ratio is
     # below SLOW_FACTOR: above the detector's own 1.2 threshold

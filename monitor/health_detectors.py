@@ -32,7 +32,7 @@ def memory_growth(table: Any, steps: Iterable[int] | None = None, *,
     >>> rows = [{"rank": r, "step": s, "device_mem_mb": 1000.0 + (8.0 * s if r == 1 else s % 2)}
     ...         for s in range(40) for r in range(4)]
     >>> [(a["rank"], a["step"]) for a in memory_growth(rows)][:1]
-    [(1, 6)]
+    [(1, 9)]
     """
     m = StepMatrix.of(table, job)
     d = derive(m)

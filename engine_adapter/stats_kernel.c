@@ -70,9 +70,11 @@ static void merge(double *acc, const double *part) {
     acc[2] += part[2]; acc[3] += part[3]; acc[4] += part[4]; acc[5] += part[5];
 }
 
-#define PARALLEL(FN, T)                                                                 \
+/* Split [0, n) over the OpenMP threads: SERIAL when the tensor is small (or no thread is
+   free), else PART on [lo, hi) per thread into parts[t], folded into out by MERGE. */
+#define PARALLEL_SPLIT(SERIAL, PART, MERGE)                                             \
     int threads = omp_get_max_threads();                                                \
-    if (n < PARALLEL_MIN || threads < 2 || omp_in_parallel()) { FN(x, n, out); return; } \
+    if (n < PARALLEL_MIN || threads < 2 || omp_in_parallel()) { SERIAL; return; }       \
     if (threads > 64) threads = 64;                                                     \
     double parts[64][6];                                                                \
     int used = 1;                                                                       \
@@ -80,11 +82,14 @@ static void merge(double *acc, const double *part) {
     {                                                                                   \
         int t = omp_get_thread_num(), k = omp_get_num_threads();                        \
         int64_t lo = n * t / k, hi = n * (t + 1) / k;                                   \
-        FN(x + lo, hi - lo, parts[t]);                                                  \
+        PART;                                                                           \
         if (t == 0) used = k;                                                           \
     }                                                                                   \
     for (int k = 0; k < 6; k++) out[k] = parts[0][k];                                   \
-    for (int t = 1; t < used; t++) merge(out, parts[t]);
+    for (int t = 1; t < used; t++) MERGE;
+
+#define PARALLEL(FN, T) \
+    PARALLEL_SPLIT(FN(x, n, out), FN(x + lo, hi - lo, parts[t]), merge(out, parts[t]))
 
 void probe_stats_f32(const float *x, int64_t n, double *out) { PARALLEL(stats_f32, float) }
 void probe_stats_f64(const double *x, int64_t n, double *out) { PARALLEL(stats_f64, double) }
@@ -138,21 +143,11 @@ static void adam_f64(const double *p, const double *m, const double *v, int64_t 
                      const double *c, double *out) { ADAM_BODY(double, sqrt) }
 
 #ifdef _OPENMP
+static void add6(double *acc, const double *part) { for (int k = 0; k < 6; k++) acc[k] += part[k]; }
+
 #define ADAM_PARALLEL(FN)                                                               \
-    int threads = omp_get_max_threads();                                                \
-    if (n < PARALLEL_MIN || threads < 2 || omp_in_parallel()) { FN(p, m, v, n, c, out); return; } \
-    if (threads > 64) threads = 64;                                                     \
-    double parts[64][6];                                                                \
-    int used = 1;                                                                       \
-    _Pragma("omp parallel num_threads(threads)")                                        \
-    {                                                                                   \
-        int t = omp_get_thread_num(), k = omp_get_num_threads();                        \
-        int64_t lo = n * t / k, hi = n * (t + 1) / k;                                   \
-        FN(p + lo, m + lo, v + lo, hi - lo, c, parts[t]);                               \
-        if (t == 0) used = k;                                                           \
-    }                                                                                   \
-    for (int k = 0; k < 6; k++) out[k] = parts[0][k];                                   \
-    for (int t = 1; t < used; t++) for (int k = 0; k < 6; k++) out[k] += parts[t][k];
+    PARALLEL_SPLIT(FN(p, m, v, n, c, out), FN(p + lo, m + lo, v + lo, hi - lo, c, parts[t]), \
+                   add6(out, parts[t]))
 
 void probe_adam_f32(const float *p, const float *m, const float *v, int64_t n,
                     const double *c, double *out) { ADAM_PARALLEL(adam_f32) }

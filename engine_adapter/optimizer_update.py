@@ -121,16 +121,16 @@ def measure_param(stats: TorchStats, optimizer: Any, group: dict, p: torch.Tenso
 def _sgd(stats: TorchStats, group: dict, p: torch.Tensor, state: dict, lr: float,
          grad_handle: Any) -> ParamMeasure | None:
     momentum = _number(group.get("momentum", 0)) or 0.0
-    weight = stats.reduce(p, stats.describe(p).kind)
-    states = [stats.reduce(t, stats.describe(t).kind) for t in state_tensors(state, p)]
-    if momentum:
+    tensors = state_tensors(state, p)
+    if momentum:       # the update is lr * the momentum buffer, the one state tensor
         buf = state.get("momentum_buffer")
-        if group.get("nesterov") or not isinstance(buf, torch.Tensor) or len(states) != 1:
+        if group.get("nesterov") or len(tensors) != 1 or tensors[0] is not buf:
             return None
-        return ParamMeasure(weight, states, _scaled(states[0], lr * lr))
-    if (_number(group.get("weight_decay", 0)) or 0.0) != 0.0 or grad_handle is None:
-        return None
-    return ParamMeasure(weight, states, _scaled(grad_handle, lr * lr))
+    elif (_number(group.get("weight_decay", 0)) or 0.0) != 0.0 or grad_handle is None:
+        return None    # plain SGD with decay: the update needs the weight before the step
+    weight = stats.reduce(p, stats.describe(p).kind)
+    states = [stats.reduce(t, stats.describe(t).kind) for t in tensors]
+    return ParamMeasure(weight, states, _scaled(states[0] if momentum else grad_handle, lr * lr))
 
 
 def _adam(stats: TorchStats, group: dict, p: torch.Tensor, state: dict,

@@ -6,8 +6,8 @@ real step also pays, per op, the Python call and the autograd bookkeeping, and p
 
 1. one small pre-norm transformer (two blocks, d=64, AdamW) is trained for real twice, once
    calling its submodules and once doing the same math with ``torch.nn.functional`` from one
-   module, each phase (forward, backward, optimizer) timed on the given clock, the fastest of
-   ten steps;
+   module, their steps taken in turn, each phase (forward, backward, optimizer) timed on the
+   given clock, the fastest of 22 steps after two warm-up steps;
 2. both are simulated with each of their ops replayed alone; the difference per phase is what
    the loop adds;
 3. forward: ``extra = per_op * ops + per_call * module_calls`` for the two runs, solved for the
@@ -34,12 +34,13 @@ from simulator.replay import replay_seconds
 from simulator.timing import op_seconds, phase_seconds
 from simulator.trace import BACKWARD, FORWARD, OPTIMIZER, OTHER
 
-D, HEADS, VOCAB, STEPS = 64, 4, 256, 12
+D, HEADS, VOCAB, STEPS = 64, 4, 256, 24
 
 
 def measure_overhead(dev: torch.device, curves: dict, clock: Callable[[], float]) -> dict[str, float]:
     """Seconds the loop adds per op of each phase and per module call (module docstring)."""
-    runs = [_measure(dev, curves, clock, functional) for functional in (False, True)]
+    spent = _fastest_phases(dev, clock)
+    runs = [_measure(dev, curves, clock, functional, spent[functional]) for functional in (False, True)]
     (extra1, ops1, calls1, back, opt), (extra2, ops2, calls2, _, _) = runs
     det = ops1 * calls2 - ops2 * calls1
     per_call = (ops1 * extra2 - ops2 * extra1) / det if det else 0.0
@@ -49,12 +50,22 @@ def measure_overhead(dev: torch.device, curves: dict, clock: Callable[[], float]
             "backward": back, "optimizer": opt}
 
 
-def _measure(dev: torch.device, curves: dict, clock: Callable[[], float],
-             functional: bool) -> tuple[float, int, int, float, float]:
+def _fastest_phases(dev: torch.device, clock: Callable[[], float]) -> dict[bool, list[float]]:
+    """Each phase's fastest seconds over ``STEPS`` real steps (two warm-up steps first) of the
+    module-calling and the functional model, their steps taken in turn: a slow stretch of a
+    shared machine then falls on both alike, not on the one whose difference is the answer."""
+    built = {functional: _build(dev, functional) for functional in (False, True)}
+    real: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+    for _ in range(STEPS):
+        for functional, run in built.items():
+            real[functional].append(_step(*run, clock))
+    return {functional: [min(r[i] for r in steps[2:]) for i in range(3)]
+            for functional, steps in real.items()}
+
+
+def _measure(dev: torch.device, curves: dict, clock: Callable[[], float], functional: bool,
+             spent: list[float]) -> tuple[float, int, int, float, float]:
     """(forward extra seconds, forward ops, module calls, backward and optimizer extra per op)."""
-    model, optimizer, tokens = _build(dev, functional)
-    real = [_step(model, optimizer, tokens, clock) for _ in range(STEPS)][2:]
-    spent = [min(r[i] for r in real) for i in range(3)]
     with FakeRun(max_steps=2, signatures=True) as run:
         fake = _build(dev, functional)
         while True:

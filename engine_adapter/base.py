@@ -94,6 +94,11 @@ class StatsBackend(ABC):
     def save(self, tensors: dict[str, Any], path: str) -> None:
         """Write ``tensors`` to one safetensors file at ``path`` (never pickle)."""
 
+    def snapshot(self, t: Any) -> Any:
+        """A host copy of ``t`` that nothing else writes to, for :meth:`save` to write later,
+        off the training thread; None: write ``t`` now (no copy cheaper than writing it)."""
+        return None
+
     def scalar_type(self, x: Any) -> str | None:
         """msprobe's ``type`` for a framework scalar-like value (dtype, device), or None."""
         return None

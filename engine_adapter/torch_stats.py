@@ -139,8 +139,23 @@ class TorchStats(StatsBackend):
         return f"{zlib.crc32(memoryview(arr).cast('B')) & 0xFFFFFFFF:08x}"
 
     def save(self, tensors: dict[str, Any], path: str) -> None:
+        if len(tensors) == 1 and "tensor" in tensors:      # the dump's one tensor per file
+            from engine_adapter.torch_safetensors import write_tensor
+            if write_tensor(tensors["tensor"], path):
+                return
+        if os.path.islink(path):
+            raise OSError(f"{path}: a symbolic link, not followed")
         from safetensors.torch import save_file
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, path)
+
+    def snapshot(self, t: torch.Tensor) -> torch.Tensor | None:
+        # a copy in memory runs at memory speed; the file write it replaces costs the page
+        # cache's (several times slower here), and goes to the dump's writer thread instead
+        from engine_adapter.torch_safetensors import writable
+        if not writable(t):
+            return None
+        x = t.detach()
+        return x.clone(memory_format=torch.contiguous_format) if x.is_cpu else x.cpu()
 
     def scalar_type(self, x: Any) -> str | None:
         if isinstance(x, torch.dtype):

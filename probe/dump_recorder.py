@@ -52,7 +52,7 @@ class DumpRecorder:
         self._filtered = self._scope is not None or self._names is not None
         self._rank_selected = config.ranks is None or self.rank in set(config.ranks)
         self._values = RowBuilder(adapter.stats, want_hash=config.task == "md5",
-                                  save=self._save_tensor if config.task == "tensor" else None,
+                                  save=self._copy_tensor if config.task == "tensor" else None,
                                   tensor_ids=True)
         self._value = self._values.value
         self._errors_reported: set[str] = set()
@@ -97,6 +97,8 @@ class DumpRecorder:
         self.stacks: dict[str, tuple] = {}
         self.tree = CallTree()
         self.param_grads: dict[int, dict] = {}
+        self._tensor_dir: str | None = None
+        self._files: list[tuple[str, Any]] = []     # (path, copy) of the tensor files to write
         self._values.start_step()
 
     # ----------------------------------------------------------------- filters
@@ -114,12 +116,35 @@ class DumpRecorder:
         return hit
 
     # ----------------------------------------------------------------- tensors and stacks
+    def _tensor_path(self, name: str) -> tuple[str, str]:
+        """The path and file name of the tensor file ``name`` of this step."""
+        folder = self._tensor_dir
+        if folder is None:          # made once a step
+            folder = str(msprobe_writer.step_dir(self.config.out, self.step, self.rank) / "dump_tensor_data")
+            os.makedirs(folder, exist_ok=True)
+            self._tensor_dir = folder
+        # a safe name holds no separator and no leading dot: it names an entry of ``folder``
+        # (the backend's writer refuses a symbolic link planted under that name)
+        file_name = msprobe_writer.safe_file_name(name, ".safetensors")
+        return os.path.join(folder, file_name), file_name
+
     def _save_tensor(self, t: Any, name: str) -> str:
-        folder = msprobe_writer.step_dir(self.config.out, self.step, self.rank) / "dump_tensor_data"
-        folder.mkdir(exist_ok=True)
-        path = msprobe_writer.contained_path(folder, name, ".safetensors")
-        self.adapter.stats.save({"tensor": t}, str(path))
-        return path.name
+        """Write ``t``'s file now; returns its name."""
+        path, file_name = self._tensor_path(name)
+        self.adapter.stats.save({"tensor": t}, path)
+        return file_name
+
+    def _copy_tensor(self, t: Any, name: str) -> str:
+        """Copy ``t`` as it is now for the writer thread to write with the step (the tensor
+        task); returns the file's name."""
+        path, file_name = self._tensor_path(name)
+        stats = self.adapter.stats
+        copy = stats.snapshot(t)
+        if copy is None:
+            stats.save({"tensor": t}, path)
+        else:
+            self._files.append((path, copy))
+        return file_name
 
     def _open(self, name: str, kind: str, args: tuple, kwargs: dict) -> None:
         """A call starts: its stack, and its inputs recorded as they are now."""
@@ -298,7 +323,7 @@ class DumpRecorder:
             self.data[name] = entry
         values = self._values
         batch = StepBatch(self.step, self.data, self.tree, self.stacks, values.leaves,
-                          values.handles, values.rows)
+                          values.handles, values.rows, self._files)
         if self._writer is None:
             self._writer = DumpWriter(self.adapter, self.config, rank=self.rank, run=self.run,
                                       store=self.store, report_error=self.report_error)

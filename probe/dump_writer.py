@@ -11,7 +11,7 @@ shared volume) does not stall training, while a disk slower than training for go
 training thread wait at the end of a step instead of holding unbounded memory.
 
 With ``fsync="step"`` the writer also forces each step to disk, on its own thread: the step's
-tensor files (written by the training thread as the step ran) before dump.json names them, then
+tensor files (copied by the training thread as the step ran, written here) before dump.json names them, then
 dump.json, construct.json, stack.json and the folders that hold them, so a power loss loses at
 most the step in flight, as it does for the store.
 """
@@ -33,6 +33,8 @@ from probe.dump_tree import CallTree, node_depths
 
 #: finished steps waiting for the writer at most
 QUEUE_STEPS = 16
+#: the same for the tensor task, whose steps hold a copy of every tensor until it is written
+QUEUE_TENSOR_STEPS = 2
 #: msprobe's files of a step, in the order :func:`collectors.msprobe_writer.write_step` writes them
 STEP_FILES = ("dump.json", "construct.json", "stack.json")
 _FILE_COLUMN = ROW_COLUMNS.index("tensor_file")
@@ -49,6 +51,8 @@ class StepBatch:
     leaves: list[Leaf]
     handles: list
     rows: list[list]
+    #: (path, host copy) of the tensor files the step still has to write (the tensor task)
+    files: list = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -74,7 +78,8 @@ class DumpWriter:
         self._store_tables: list[Any] = []    # tensor records of steps not yet in the store
         self._tables: TensorTables | None = None
         self._queue: BackgroundQueue[StepBatch] = BackgroundQueue(
-            self._handle, name="probe-dump-writer", capacity=QUEUE_STEPS, overflow="block",
+            self._handle, name="probe-dump-writer",
+            capacity=QUEUE_TENSOR_STEPS if self.config.task == "tensor" else QUEUE_STEPS, overflow="block",
             max_batch=1)
 
     def submit(self, batch: StepBatch) -> None:
@@ -111,6 +116,7 @@ class DumpWriter:
         dump_data_dir = None
         if config.task == "tensor":
             dump_data_dir = str(folder / "dump_tensor_data")
+            self._write_files(b)
             if config.fsync == "step":
                 files = [os.path.join(dump_data_dir, row[_FILE_COLUMN]) for row in b.rows
                          if row[_FILE_COLUMN] is not None]
@@ -125,6 +131,17 @@ class DumpWriter:
         self.steps_written.append(b.step)
         if self.store is not None:
             self._write_store(b, statistics, stacks)
+
+    def _write_files(self, b: StepBatch) -> None:
+        """The step's tensor files from the copies the training thread took (a failed one is
+        reported; the others are still written)."""
+        save = self.adapter.stats.save
+        files, b.files = b.files, []
+        for path, copy in files:
+            try:
+                save({"tensor": copy}, path)
+            except Exception as e:  # noqa: BLE001 - one file lost, not the step
+                self.report_error(f"writing a tensor file of step {b.step}", e)
 
     def _force_to_disk(self, step: int, files: list[str], folders: list[str]) -> None:
         """fsync ``files``, then ``folders`` (the renames and new entries that made them

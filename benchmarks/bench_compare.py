@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -148,8 +149,10 @@ def run_sampled(cmd: list[str], timeout: float | None = None, max_mb: float | No
 
     import psutil
 
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    # Output to files, not pipes: a pipe is not read while the memory is sampled, and a child
+    # that prints more than its 64 KiB (msprobe's progress on a 1M-entry pair) blocks on it.
+    sink_out, sink_err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    p = subprocess.Popen(cmd, stdout=sink_out, stderr=sink_err, text=True, start_new_session=True)
     proc, peak, stopped, t0 = psutil.Process(p.pid), 0, None, time.perf_counter()
     while p.poll() is None:
         total = 0
@@ -167,8 +170,16 @@ def run_sampled(cmd: list[str], timeout: float | None = None, max_mb: float | No
             os.killpg(p.pid, signal.SIGKILL)
             break
         time.sleep(0.02)
-    out, err = p.communicate()
+    p.wait()
+    out, err = (_read_back(f) for f in (sink_out, sink_err))
     return {"stdout": out, "stderr": err, "rc": p.returncode, "peak_mb": peak / 2**20, "stopped": stopped}
+
+
+def _read_back(sink: Any) -> str:
+    sink.seek(0)
+    text = sink.read()
+    sink.close()
+    return text
 
 
 def time_ours(a: Path, b: Path, out: Path) -> tuple[float, float, str, float]:

@@ -107,6 +107,7 @@ class Leaf(NamedTuple):
     row: int             # index into the step's rows
     numel: int
     kind: str
+    filled: bool = False  # the entry's statistics are in already (a host tensor's, read at once)
 
 
 class RowBuilder:
@@ -196,12 +197,9 @@ class RowBuilder:
         meta = stats.describe(t)
         shape = list(meta.shape)
         requires_grad = meta.requires_grad
-        entry: dict[str, Any] = {"type": meta.type_name, "dtype": meta.dtype, "shape": shape,
-                                 "Max": None, "Min": None, "Mean": None, "Norm": None}
-        if requires_grad is not None:
-            entry["requires_grad"] = requires_grad
         handle_index = -1
         digest = file_name = tensor_id = None
+        handles = self.handles
         key = stats.identity(t)
         seen = self._seen.get(key) if key is not None else None
         if seen is not None and seen[0]() is not None:
@@ -209,7 +207,6 @@ class RowBuilder:
         else:
             stat_kind = meta.kind
             if stat_kind != OPAQUE:
-                handles = self.handles
                 handle_index = len(handles)
                 handles.append(stats.reduce(t, stat_kind))
             if self._want_hash:
@@ -219,6 +216,19 @@ class RowBuilder:
                     tensor_id = self._next_id
                     self._next_id = tensor_id + 1
                 self._seen[key] = (weakref.ref(stats.owner(t)), handle_index, digest, tensor_id)
+        # a host tensor's statistics are read already: into its entry now, which is cheaper
+        # here than on the writer thread (whose Python holds the GIL the training thread needs)
+        h = handles[handle_index] if handle_index >= 0 else None
+        if type(h) is list:
+            mx, mn, mean, norm = _entry_statistics(h, meta.numel, meta.kind)
+            filled = True
+        else:
+            mx = mn = mean = norm = None
+            filled = False
+        entry: dict[str, Any] = {"type": meta.type_name, "dtype": meta.dtype, "shape": shape,
+                                 "Max": mx, "Min": mn, "Mean": mean, "Norm": norm}
+        if requires_grad is not None:
+            entry["requires_grad"] = requires_grad
         if digest is not None:
             entry["md5"] = digest
         if self._save is not None:
@@ -227,40 +237,62 @@ class RowBuilder:
         if tensor_id is not None:
             entry["tensor_id"] = tensor_id
         rows = self.rows
-        self.leaves.append(Leaf(entry, handle_index, len(rows), meta.numel, meta.kind))
+        self.leaves.append(Leaf(entry, handle_index, len(rows), meta.numel, meta.kind, filled))
         rows.append([seq, node, kind, direction, slot, index, meta.dtype, shape, meta.numel,
                      digest, file_name, requires_grad, None, tensor_id])
         return entry
 
 
+def _entry_statistics(v: Sequence[float], numel: int, kind: str) -> tuple:
+    """An entry's ``Max, Min, Mean, Norm`` from a tensor's gathered statistics ``v``."""
+    if kind == FLOAT:
+        mx, mn, s, q = v[0], v[1], v[2], v[3]
+        mean = s / numel
+        norm = math.sqrt(q) if q >= 0 else q
+        if not math.isfinite(mx - mn + mean + norm):   # msprobe's NaN/Infinity literals
+            json_float = msprobe_writer.json_float
+            return json_float(mx), json_float(mn), json_float(mean), json_float(norm)
+        return mx, mn, mean, norm
+    return int(v[0]), int(v[1]), None, None
+
+
 def apply_statistics(leaves: Sequence[Leaf], values: Sequence[Any], n_rows: int) -> dict[str, list]:
-    """Put the gathered statistics of a step into its JSON entries; returns the statistics
-    columns of its ``n_rows`` rows (None where a row has none)."""
+    """Put the gathered statistics of a step into its JSON entries (those not filled yet);
+    returns the statistics columns of its ``n_rows`` rows (None where a row has none)."""
+    import numpy as np
+
     columns = {name: [None] * n_rows for name in STAT_COLUMNS}
-    maxs, mins, means, norms = columns["max"], columns["min"], columns["mean"], columns["l2norm"]
-    nans, infs = columns["nan_count"], columns["inf_count"]
-    json_float = msprobe_writer.json_float
-    for i, leaf in enumerate(leaves):
-        if i & 63 == 63:
-            time.sleep(0)       # let the training thread take the GIL back between chunks
-        if leaf.handle_index < 0:
-            continue
-        v = values[leaf.handle_index]
-        if v is None:
-            continue
-        e, r = leaf.entry, leaf.row
-        if leaf.kind == FLOAT:
-            mx, mn, s, q, nan, inf = v
-            mean = s / leaf.numel
-            norm = math.sqrt(q) if q >= 0 else q
-            maxs[r], mins[r], means[r], norms[r], nans[r], infs[r] = mx, mn, mean, norm, int(nan), int(inf)
-            if not math.isfinite(mx - mn + mean + norm):   # msprobe's NaN/Infinity literals
-                mx, mn, mean, norm = json_float(mx), json_float(mn), json_float(mean), json_float(norm)
-            e["Max"], e["Min"], e["Mean"], e["Norm"] = mx, mn, mean, norm
-        elif leaf.kind == INTEGER:
-            mx, mn = int(v[0]), int(v[1])
-            e["Max"], e["Min"] = mx, mn
-            maxs[r], mins[r], nans[r], infs[r] = float(mx), float(mn), 0, 0
+    floats: list[tuple] = []      # (row, values, numel) of each floating tensor with statistics
+    ints: list[tuple] = []
+    for start in range(0, len(leaves), 256):
+        if start:
+            time.sleep(0)   # let the training thread take the GIL back between chunks
+        for e, handle_index, r, numel, kind, filled in leaves[start:start + 256]:
+            if handle_index < 0:
+                continue
+            v = values[handle_index]
+            if v is None:
+                continue
+            if not filled:
+                e["Max"], e["Min"], e["Mean"], e["Norm"] = _entry_statistics(v, numel, kind)
+            if kind == FLOAT:
+                floats.append((r, v, numel))
+            elif kind == INTEGER:
+                ints.append((r, v))
+    if floats:
+        rows, vs, numels = zip(*floats)
+        a = np.array(vs, dtype=np.float64).reshape(len(vs), 6)
+        q = a[:, 3]
+        stat = {"max": a[:, 0], "min": a[:, 1], "mean": a[:, 2] / np.array(numels, dtype=np.float64),
+                "l2norm": np.where(q >= 0, np.sqrt(np.maximum(q, 0)), q),
+                "nan_count": a[:, 4].astype(np.int64), "inf_count": a[:, 5].astype(np.int64)}
+        for name, col in stat.items():
+            out = columns[name]
+            for r, x in zip(rows, col.tolist()):
+                out[r] = x
+    for r, v in ints:
+        columns["max"][r], columns["min"][r] = float(int(v[0])), float(int(v[1]))
+        columns["nan_count"][r] = columns["inf_count"][r] = 0
     return columns
 
 

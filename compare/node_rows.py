@@ -71,8 +71,10 @@ def node_rows(con: Any) -> Any:
       {worst_sql("slot in ('input', 'kwarg')")} as in_verdict,
       {worst_sql("slot = 'output'")} as out_verdict,
       {worst_sql("slot in ('parameter', 'parameter_grad')")} as param_verdict,
-      arg_max(reason, [coalesce(err, -1), -row_id]) filter (where slot = 'output') as out_reason,
-      arg_max(name_a, [coalesce(err, -1), -row_id]) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
+      -- the worst row's (the first of equals); a struct key, which DuckDB compares as it
+      -- would the list [err, -row_id] in 60% of the time (100k entries: 0.12 -> 0.07 s)
+      arg_max(reason, {{'e': coalesce(err, -1), 'r': -row_id}}) filter (where slot = 'output') as out_reason,
+      arg_max(name_a, {{'e': coalesce(err, -1), 'r': -row_id}}) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
       -- NaN/Inf in each side's entry: every tensor of it is a row of its group (matched or not)
       bool_or(nonfinite_a) filter (where slot in ('input', 'kwarg')) as nf_in_a,
       bool_or(nonfinite_a) filter (where slot = 'output') as nf_out_a,

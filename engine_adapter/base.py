@@ -70,6 +70,11 @@ class StatsBackend(ABC):
         """
         return None
 
+    def inspect(self, t: Any) -> tuple:
+        """:meth:`describe` and :meth:`identity` at once, as one plain tuple ``(type_name,
+        dtype, shape, numel, requires_grad, kind, identity)`` (a backend may do it faster)."""
+        return (*self.describe(t), self.identity(t))
+
     def owner(self, t: Any) -> Any:
         """The object whose life bounds ``t``'s :meth:`identity` key (weakly referenced): while
         it lives, the memory under the key cannot have been given to other data. The tensor

@@ -84,6 +84,21 @@ class TorchStats(StatsBackend):
         except RuntimeError:        # no storage (sparse, meta, some tensor subclasses)
             return None
 
+    def inspect(self, t: torch.Tensor) -> tuple:
+        # describe() and identity() in one call: the dump asks both of every tensor it sees
+        dtype = t.dtype
+        numel = t.numel()
+        kind = _KIND.get(dtype, OPAQUE) if numel and t.layout is _STRIDED else OPAQUE
+        try:
+            if t.is_contiguous() or _dense(t):
+                key: tuple | None = (t.data_ptr(), dtype, numel, t._version)
+            else:
+                key = (t.data_ptr(), dtype, t.shape, t.stride(), t._version)
+        except RuntimeError:
+            key = None
+        return ("torch.Tensor", _DTYPE_STR.get(dtype) or _dtype_str(dtype), t.shape, numel,
+                t.requires_grad, kind, key)
+
     def owner(self, t: torch.Tensor) -> Any:
         # the storage: its Python object lives as long as the memory does (torch keeps it for
         # every view), so a key stays valid after the first tensor object read is gone while

@@ -99,6 +99,10 @@ def _clean(text: str) -> str:
     return text
 
 
+_sqrt, _isfinite = math.sqrt, math.isfinite
+_new_leaf = tuple.__new__      # a Leaf without NamedTuple's keyword-handling constructor
+
+
 class Leaf(NamedTuple):
     """A tensor whose statistics come at the end of the step."""
 
@@ -193,19 +197,18 @@ class RowBuilder:
 
     def _tensor(self, t: Any, seq: int, node: str, kind: str, direction: str, slot: str,
                 index: str) -> dict:
+        # the hot path of the dump (every tensor of every hooked call): one backend call for
+        # what the tensor is and where its bytes are, the reduction only for bytes not yet read
         stats = self.stats
-        meta = stats.describe(t)
-        shape = list(meta.shape)
-        requires_grad = meta.requires_grad
+        type_name, dtype, shape, numel, requires_grad, stat_kind, key = stats.inspect(t)
+        shape = list(shape)
+        handles = self.handles
         handle_index = -1
         digest = file_name = tensor_id = None
-        handles = self.handles
-        key = stats.identity(t)
         seen = self._seen.get(key) if key is not None else None
         if seen is not None and seen[0]() is not None:
             _, handle_index, digest, tensor_id = seen
         else:
-            stat_kind = meta.kind
             if stat_kind != OPAQUE:
                 handle_index = len(handles)
                 handles.append(stats.reduce(t, stat_kind))
@@ -220,12 +223,19 @@ class RowBuilder:
         # here than on the writer thread (whose Python holds the GIL the training thread needs)
         h = handles[handle_index] if handle_index >= 0 else None
         if type(h) is list:
-            mx, mn, mean, norm = _entry_statistics(h, meta.numel, meta.kind)
             filled = True
+            if stat_kind == FLOAT:
+                mx, mn, s, q = h[0], h[1], h[2], h[3]
+                mean = s / numel
+                norm = _sqrt(q) if q >= 0 else q
+                if not _isfinite(mx - mn + mean + norm):   # msprobe's NaN/Infinity literals
+                    mx, mn, mean, norm = _entry_statistics(h, numel, stat_kind)
+            else:
+                mx, mn, mean, norm = int(h[0]), int(h[1]), None, None
         else:
             mx = mn = mean = norm = None
             filled = False
-        entry: dict[str, Any] = {"type": meta.type_name, "dtype": meta.dtype, "shape": shape,
+        entry: dict[str, Any] = {"type": type_name, "dtype": dtype, "shape": shape,
                                  "Max": mx, "Min": mn, "Mean": mean, "Norm": norm}
         if requires_grad is not None:
             entry["requires_grad"] = requires_grad
@@ -237,8 +247,8 @@ class RowBuilder:
         if tensor_id is not None:
             entry["tensor_id"] = tensor_id
         rows = self.rows
-        self.leaves.append(Leaf(entry, handle_index, len(rows), meta.numel, meta.kind, filled))
-        rows.append([seq, node, kind, direction, slot, index, meta.dtype, shape, meta.numel,
+        self.leaves.append(_new_leaf(Leaf, (entry, handle_index, len(rows), numel, stat_kind, filled)))
+        rows.append([seq, node, kind, direction, slot, index, dtype, shape, numel,
                      digest, file_name, requires_grad, None, tensor_id])
         return entry
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from collectors.msprobe_nodes import repair_tree
 from collectors.msprobe_reader import read_msprobe_dump
 from tests.compare.dumps import stat, write_dump
@@ -71,3 +73,42 @@ def test_without_a_backward_twin_the_break_goes_to_the_top_and_the_rest_keeps_it
     parents, fixed = repair_tree({"a": "c", "b": "a", "c": "b", "d": "b", "e": "nowhere"})
     assert _reaches_a_root(parents) and fixed == 4
     assert parents == {"a": None, "b": None, "c": None, "d": "b", "e": None}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_whole_tree_depths_in_numpy_equal_the_parent_walk_or_decline_a_broken_tree(seed):
+    """The vectorised depths (pointer doubling) of random trees equal :func:`_depths`'s; a tree
+    with a cycle or a parent that is no node is declined (None) exactly when
+    :func:`repair_tree` finds it broken."""
+    import random
+
+    import pyarrow as pa
+
+    from collectors.msprobe_nodes import _depths, _reach, _whole_tree_depths
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 300)
+    names = [f"M.n{i}.Linear.forward.0" for i in range(n)]
+    construct = {}
+    for i, name in enumerate(names):
+        r = rng.random()
+        if i == 0 or r < 0.05:
+            construct[name] = None
+        elif r < 0.08 and seed % 3 == 0:
+            construct[name] = names[rng.randrange(n)]          # maybe a cycle
+        elif r < 0.10 and seed % 5 == 0:
+            construct[name] = "M.nowhere.Linear.forward.0"     # no node at all
+        elif r < 0.13:
+            construct[name] = "M.entry.Only.forward.0"          # an entry, not in construct
+        else:
+            construct[name] = names[rng.randrange(i)]
+    entries = names[: n // 2] + ["M.entry.Only.forward.0"]
+    parents = [p for p in construct.values()]
+    got = _whole_tree_depths(pa.array(list(construct)), pa.array(parents, pa.string()),
+                             pa.array(entries))
+    ok, _ = _reach(dict(construct), set(construct) | set(entries))
+    if all(ok.values()):
+        expected = _depths(construct)
+        assert got is not None and got.to_pylist() == [expected[k] for k in construct]
+    else:
+        assert got is None

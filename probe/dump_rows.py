@@ -271,38 +271,42 @@ def apply_statistics(leaves: Sequence[Leaf], values: Sequence[Any], n_rows: int)
     returns the statistics columns of its ``n_rows`` rows (None where a row has none)."""
     import numpy as np
 
-    columns = {name: [None] * n_rows for name in STAT_COLUMNS}
-    floats: list[tuple] = []      # (row, values, numel) of each floating tensor with statistics
-    ints: list[tuple] = []
-    for start in range(0, len(leaves), 256):
-        if start:
-            time.sleep(0)   # let the training thread take the GIL back between chunks
-        for e, handle_index, r, numel, kind, filled in leaves[start:start + 256]:
-            if handle_index < 0:
-                continue
-            v = values[handle_index]
-            if v is None:
-                continue
-            if not filled:
+    if not leaves:
+        return {name: [None] * n_rows for name in STAT_COLUMNS}
+    entries, handle_indexes, rows, numels, kinds, filled = zip(*leaves)
+    got = [values[h] if h >= 0 else None for h in handle_indexes]
+    if not all(filled):             # a device tensor's entry waits for the gather
+        for e, v, numel, kind, done in zip(entries, got, numels, kinds, filled):
+            if not done and v is not None:
                 e["Max"], e["Min"], e["Mean"], e["Norm"] = _entry_statistics(v, numel, kind)
-            if kind == FLOAT:
-                floats.append((r, v, numel))
-            elif kind == INTEGER:
-                ints.append((r, v))
-    if floats:
-        rows, vs, numels = zip(*floats)
-        a = np.array(vs, dtype=np.float64).reshape(len(vs), 6)
+    fl = [i for i, (v, k) in enumerate(zip(got, kinds)) if v is not None and k == FLOAT]
+    it = [i for i, (v, k) in enumerate(zip(got, kinds)) if v is not None and k == INTEGER]
+    floats = {name: np.full(n_rows, np.nan) for name in ("max", "min", "mean", "l2norm")}
+    counts = {name: np.zeros(n_rows, dtype=np.int64) for name in ("nan_count", "inf_count")}
+    has = np.zeros(n_rows, dtype=bool)
+    if fl:
+        a = np.array([got[i] for i in fl], dtype=np.float64).reshape(len(fl), 6)
+        r = np.array([rows[i] for i in fl], dtype=np.int64)
         q = a[:, 3]
-        stat = {"max": a[:, 0], "min": a[:, 1], "mean": a[:, 2] / np.array(numels, dtype=np.float64),
-                "l2norm": np.where(q >= 0, np.sqrt(np.maximum(q, 0)), q),
-                "nan_count": a[:, 4].astype(np.int64), "inf_count": a[:, 5].astype(np.int64)}
-        for name, col in stat.items():
-            out = columns[name]
-            for r, x in zip(rows, col.tolist()):
-                out[r] = x
-    for r, v in ints:
-        columns["max"][r], columns["min"][r] = float(int(v[0])), float(int(v[1]))
-        columns["nan_count"][r] = columns["inf_count"][r] = 0
+        floats["max"][r], floats["min"][r] = a[:, 0], a[:, 1]
+        floats["mean"][r] = a[:, 2] / np.array([numels[i] for i in fl], dtype=np.float64)
+        floats["l2norm"][r] = np.where(q >= 0, np.sqrt(np.maximum(q, 0)), q)
+        counts["nan_count"][r], counts["inf_count"][r] = a[:, 4], a[:, 5]
+        has[r] = True
+    if it:
+        r = np.array([rows[i] for i in it], dtype=np.int64)
+        floats["max"][r] = [float(int(got[i][0])) for i in it]
+        floats["min"][r] = [float(int(got[i][1])) for i in it]
+        floats["mean"][r] = floats["l2norm"][r] = np.nan    # None below
+        has[r] = True
+    missing = np.flatnonzero(~has).tolist()
+    columns = {name: col.tolist() for name, col in (*floats.items(), *counts.items())}
+    for name, col in columns.items():
+        for i in missing:
+            col[i] = None
+    if it:      # an integer tensor has no mean or norm
+        for i in it:
+            columns["mean"][rows[i]] = columns["l2norm"][rows[i]] = None
     return columns
 
 

@@ -134,15 +134,25 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
         min(case when dir_raw <> 'forward' then seq end) as seq_b,
         min(seq) as seq0
       from {side}_e group by grp
+    ), l as (
+      select *, split_part(body, '.', -1) as last from x
+    ), m as (
+      select *, case when prefix = 'Primitive' then split_part(body, '.', 1) else last end as api from l
     ), y as (
+      -- string functions, not regular expressions (the same text in half the time): path is
+      -- the body before its last dot, the class its last part, canon0 the API's name without
+      -- dunder marks; a text with a newline, which RE2's '.' does not take, keeps the
+      -- expressions' answer
       select *,
         case when kind = 'module' then
-             case when contains(body, '.') then regexp_extract(body, '^(.*)\\.[^.]*$', 1) else '' end
+             case when not contains(body, '.') then ''
+                  when contains(body, chr(10)) then regexp_extract(body, '^(.*)\\.[^.]*$', 1)
+                  else body[:length(body) - length(last) - 1] end
              else body end as path,
-        case when kind = 'module' then regexp_extract(body, '([^.]*)$', 1) else prefix || '.' || body end as cls,
-        lower(regexp_replace(case when prefix = 'Primitive' then split_part(body, '.', 1)
-                                  else regexp_extract(body, '([^.]*)$', 1) end, '^__(.*)__$', '\\1')) as canon0
-      from x
+        case when kind = 'module' then last else prefix || '.' || body end as cls,
+        lower(case when length(api) >= 4 and starts_with(api, '__') and ends_with(api, '__')
+                        and not contains(api, chr(10)) then api[3:-3] else api end) as canon0
+      from m
     )
     select grp, kind, prefix, path, cls, {cls_norm} as cls_norm, {canon} as canon, call,
       fwd, bwd, pgrad, seq_f, seq_b, seq0

@@ -38,6 +38,7 @@ QUEUE_TENSOR_STEPS = 2
 #: msprobe's files of a step, in the order :func:`collectors.msprobe_writer.write_step` writes them
 STEP_FILES = ("dump.json", "construct.json", "stack.json")
 _FILE_COLUMN = ROW_COLUMNS.index("tensor_file")
+_FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
 
 
 @dataclass
@@ -146,15 +147,23 @@ class DumpWriter:
     def _force_to_disk(self, step: int, files: list[str], folders: list[str]) -> None:
         """fsync ``files``, then ``folders`` (the renames and new entries that made them
         visible). A failure is reported; the step is still written."""
+        fds: list[int] = []
         try:
             for path in (*files, *folders):
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                fds.append(os.open(path, os.O_RDONLY))
+            if len(files) > 1 and _FADV_DONTNEED is not None:
+                # start the writeback of every file before waiting on the first: the disk
+                # takes them as one stream instead of one fsync at a time (Linux starts
+                # writing dirty pages on this advice; the tensor task's ~150 files a step)
+                for fd in fds[:len(files)]:
+                    os.posix_fadvise(fd, 0, 0, _FADV_DONTNEED)
+            for fd in fds:
+                os.fsync(fd)
         except OSError as e:
             self.report_error(f"forcing step {step} to disk", e)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def _write_store(self, b: StepBatch, statistics: dict[str, list], stacks: dict[str, list[str]]) -> None:
         from collectors.records import table_from_columns

@@ -23,7 +23,9 @@ of msprobe's at module and at mix level (statistics), at most 1/3 for the tensor
 exit status is 1 when a pooled ratio misses its target. msprobe is skipped cleanly when its
 environment is absent.
 
-``--threads`` sets torch's intra-op threads of every process (default 1, as the issue measured:
+``--fsync`` is our dump's (default ``step``, the product's default: each finished step is forced
+to disk on the writer thread, which bounds the tensor task by the disk; msprobe forces nothing,
+as ``--fsync never``). ``--threads`` sets torch's intra-op threads of every process (default 1, as the issue measured:
 on a 2-core machine the second core is then left to the dump's writer thread and the OS,
 as it would be left to data loading in a real run).
 
@@ -77,7 +79,7 @@ def _one_step(model, opt, batch) -> None:
     opt.step()
 
 
-def run_mode(mode: str, steps: int, warmup: int, preset: str, threads: int) -> dict:
+def run_mode(mode: str, steps: int, warmup: int, preset: str, threads: int, fsync: str = "step") -> dict:
     """Run one mode in this process; returns per-step times in ms."""
     import torch
 
@@ -91,7 +93,8 @@ def run_mode(mode: str, steps: int, warmup: int, preset: str, threads: int) -> d
         from probe.session import DumpSession
         what = mode.split("-", 1)[1]
         level, task = ("module", "tensor") if what == "tensor" else (what, "statistics")
-        session = DumpSession(model, out=out, level=level, task=task, auto_step=False, quiet=True)
+        session = DumpSession(model, out=out, level=level, task=task, auto_step=False, quiet=True,
+                              fsync=fsync)
         session.start()
         after_step, stop = session.step, session.stop
     elif mode.startswith("msprobe-"):
@@ -128,7 +131,8 @@ def run_mode(mode: str, steps: int, warmup: int, preset: str, threads: int) -> d
 
 def _spawn(python: str, mode: str, args) -> dict | None:
     cmd = [python, os.path.abspath(__file__), "--run-mode", mode, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--preset", args.preset, "--threads", str(args.threads)]
+           "--warmup", str(args.warmup), "--preset", args.preset, "--threads", str(args.threads),
+           "--fsync", args.fsync]
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONWARNINGS="ignore")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -202,10 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--msprobe-python", default=DEFAULT_MSPROBE_PY)
     ap.add_argument("--rounds", type=int, default=5, help="rounds of every mode, interleaved")
     ap.add_argument("--tasks", default="statistics,tensor", help="which targets to time")
+    ap.add_argument("--fsync", default="step", choices=("step", "never"),
+                    help="our dump's fsync (default: the product's default, each step forced to disk; "
+                         "msprobe forces nothing)")
     ap.add_argument("--run-mode", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.run_mode:
-        print(json.dumps(run_mode(args.run_mode, args.steps, args.warmup, args.preset, args.threads)))
+        print(json.dumps(run_mode(args.run_mode, args.steps, args.warmup, args.preset, args.threads,
+                                  args.fsync)))
         return 0
 
     tasks = {t.strip() for t in args.tasks.split(",") if t.strip()}
@@ -226,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             if r is not None:
                 res.add(env, mode, r)
         print(f"  round {k + 1}/{args.rounds} done in {time.monotonic() - t0:.0f} s", flush=True)
-    print(f"\npreset {args.preset}, {args.threads} thread(s), {args.steps} steps x {args.rounds} rounds "
+    print(f"\npreset {args.preset}, {args.threads} thread(s), our fsync={args.fsync}, "
+          f"{args.steps} steps x {args.rounds} rounds "
           "per mode; ms per step: lower quartile of all steps (wall, process CPU), and the added "
           "time's spread over rounds (wall: lower quartile/median/upper quartile)")
     for env, _, mode in plan:

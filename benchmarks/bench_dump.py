@@ -25,9 +25,9 @@ environment is absent.
 
 ``--fsync`` is our dump's (default ``step``, the product's default: each finished step is forced
 to disk on the writer thread, which bounds the tensor task by the disk; msprobe forces nothing,
-as ``--fsync never``). ``--threads`` sets torch's intra-op threads of every process (default 1, as the issue measured:
-on a 2-core machine the second core is then left to the dump's writer thread and the OS,
-as it would be left to data loading in a real run).
+as ``--fsync never``). ``--threads`` sets torch's intra-op threads of every process (default 1,
+as the issue measured: on a 2-core machine the second core is then left to the dump's writer
+thread and the OS, as it would be left to data loading in a real run).
 
     python benchmarks/bench_dump.py [--rounds 5] [--steps 20] [--threads 1] [--tasks statistics,tensor]
 """

@@ -108,6 +108,11 @@ class PendingDump:
         if fork:
             self._start()
 
+    @property
+    def forked(self) -> bool:
+        """Whether a child process is reading the file (this process is free meanwhile)."""
+        return self._pid is not None
+
     def _start(self) -> None:
         import pickle
 

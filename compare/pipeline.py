@@ -65,6 +65,13 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
             side_a.start()
         else:
             side_a.run()
+        if parallel and pending.forked:
+            # A's tensor names while B's worker reads and normalises B, the longer of the two
+            # (100k entries: ~0.1 s CPU out of the busy part after B arrives, where every
+            # core is taken)
+            from compare.tensor_rows import tensor_names
+
+            side_a.names = tensor_names(dump.tensors)
         dump, made = pending.result_prepared()
         _tick(bar, "read B")
         if made is not None:                         # normalised by the worker that read it
@@ -170,6 +177,7 @@ class _Normaliser:
         self.thread: Any = None
         self.error: BaseException | None = None
         self.table: Any = None                  # the side's tensor table, once run
+        self.names: Any = None                  # its tensor names, when made before _finish
 
     def run(self) -> None:
         from compare.normalise import normalise_side
@@ -205,7 +213,7 @@ class _Normaliser:
         from dataclasses import replace
 
         dump, table = self.dump, self.table
-        self.dump = self.table = None
+        self.dump = self.table = self.names = None
         return replace(dump, tensors=None, nodes=None), dump.tensors, table
 
 

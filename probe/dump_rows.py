@@ -99,7 +99,6 @@ def _clean(text: str) -> str:
     return text
 
 
-_sqrt, _isfinite = math.sqrt, math.isfinite
 _new_leaf = tuple.__new__      # a Leaf without NamedTuple's keyword-handling constructor
 
 
@@ -224,14 +223,7 @@ class RowBuilder:
         h = handles[handle_index] if handle_index >= 0 else None
         if type(h) is list:
             filled = True
-            if stat_kind == FLOAT:
-                mx, mn, s, q = h[0], h[1], h[2], h[3]
-                mean = s / numel
-                norm = _sqrt(q) if q >= 0 else q
-                if not _isfinite(mx - mn + mean + norm):   # msprobe's NaN/Infinity literals
-                    mx, mn, mean, norm = _entry_statistics(h, numel, stat_kind)
-            else:
-                mx, mn, mean, norm = int(h[0]), int(h[1]), None, None
+            mx, mn, mean, norm = _entry_statistics(h, numel, stat_kind)
         else:
             mx = mn = mean = norm = None
             filled = False

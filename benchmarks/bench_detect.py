@@ -349,7 +349,8 @@ def judge_run(out: Path, name: str, truth: Truth) -> Score:
     from collectors.store import open_store
 
     table = open_store(out).sql(
-        "SELECT rank, step, step_time_ms, compute_time_ms, comm_time_ms, data_time_ms, loss, "
+        "SELECT rank, step, step_time_ms, compute_time_ms, compute_cpu_ms, comm_time_ms, "
+        "data_time_ms, loss, "
         "grad_norm FROM steps").arrow()
     m = StepMatrix.of(table, "real")
     score = run_window(m, truth, name, real=True)

@@ -189,6 +189,7 @@ SELECT job AS run, rank, step,
        max(CASE WHEN name = 'tokens_per_s' THEN value END) AS tokens_per_s,
        max(CASE WHEN name = 'grad_norm' THEN value END) AS grad_norm,
        max(CASE WHEN name = 'compute_time_ms' THEN value END) AS compute_time_ms,
+       max(CASE WHEN name = 'compute_cpu_ms' THEN value END) AS compute_cpu_ms,
        max(CASE WHEN name = 'comm_time_ms' THEN value END) AS comm_time_ms,
        max(CASE WHEN name = 'data_time_ms' THEN value END) AS data_time_ms,
        min(time_ns) AS time_ns

@@ -9,7 +9,10 @@ Written ``KIND:TARGET:ARG``:
   first forward of the step): the layer's weights, outputs and gradients grow step after step
   until the loss turns NaN (a diverging layer, for the monitor's numerics to find);
 - ``nan:<module name>:<step>`` writes NaN into that module's forward output at that step;
-- ``slow:<rank>:<factor>`` makes that rank's compute take ``factor`` times as long;
+- ``slow:<rank>:<factor>`` makes that rank's compute take ``factor`` times as long: on a CPU
+  rank it does ``factor - 1`` times its step's compute CPU time more work (a slower
+  processor: the extra shows in its CPU time as in its wall time, unlike a neighbour taking
+  its core, which shows only in wall time); on a device the host waits that much longer;
 - ``perturb:<api name>:<call index>`` makes one API a wrong kernel at one call: the
   ``index``-th call of the API in every step (numbered as a dump names it:
   ``perturb:Functional.linear:3`` is ``Functional.linear.3.forward``) returns its output
@@ -185,10 +188,19 @@ class FaultPlanter:
             return _poison(output)
         return hook
 
-    def slow_down(self, compute_seconds: float) -> None:
-        """Sleep so this rank's compute takes ``slow_factor`` times as long."""
-        if self.slow_factor > 1.0:
+    def slow_down(self, compute_seconds: float, cpu_seconds: float | None = None) -> None:
+        """Make this rank's compute take ``slow_factor`` times as long: with ``cpu_seconds``
+        (the step's compute CPU time, a CPU rank) by working on this thread until its CPU
+        clock has run ``slow_factor - 1`` times that more; else by sleeping ``slow_factor - 1``
+        times ``compute_seconds`` (a slower device, which the host waits for)."""
+        if self.slow_factor <= 1.0:
+            return
+        if cpu_seconds is None:
             time.sleep(compute_seconds * (self.slow_factor - 1.0))
+            return
+        end = time.thread_time() + cpu_seconds * (self.slow_factor - 1.0)
+        while time.thread_time() < end:
+            sum(range(2000))                                # ~20 us of interpreter work
 
     def hang_before_collective(self, step: int) -> None:
         """At the ``hang`` fault's step, stop here (before the all-reduce) for good."""

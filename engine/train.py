@@ -232,12 +232,16 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     model, optimizer, device = ctx.model, ctx.optimizer, ctx.device
     cuda = device.type == "cuda"
     t0 = time.perf_counter()
+    # a CPU rank's compute CPU time too (the whole process's: intra-op threads included): a
+    # neighbour taking its core stretches the wall time only, more work stretches both
+    cpu = time.process_time if not cuda else None
     step_range = mstx.range_start(f"step {step}", domain="step")
     r = mstx.range_start("fetch", domain="dataloader")
     tokens, targets = make_batch(ctx.config, step, ctx.rank, ctx.world_size, spec.seed, spec.global_batch)
     tokens, targets = tokens.to(device, non_blocking=True), targets.to(device, non_blocking=True)
     mstx.range_end(r, domain="dataloader")
     t1 = time.perf_counter()
+    c1 = cpu() if cpu else 0.0
     optimizer.zero_grad(set_to_none=True)
     r = mstx.range_start("forward", domain="engine")
     low = DTYPES[spec.dtype]
@@ -251,9 +255,10 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     if cuda:
         torch.cuda.synchronize(device)
     t2 = time.perf_counter()
-    planter.slow_down(t2 - t1)
+    planter.slow_down(t2 - t1, cpu() - c1 if cpu else None)
     planter.hang_before_collective(step)
     t2b = time.perf_counter()
+    c2b = cpu() if cpu else 0.0
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     # every rank's loss rides in the gradients' all-reduce (one slot per rank, zero elsewhere):
     # after it, each rank has every loss, so a non-finite one stops all ranks at the same step
@@ -273,6 +278,7 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     if cuda:
         torch.cuda.synchronize(device)
     t3 = time.perf_counter()
+    c3 = cpu() if cpu else 0.0
     grad_flat = flat[:n]
     stats = torch.cat([torch.stack([torch.linalg.vector_norm(grad_flat),
                                     (~torch.isfinite(grad_flat)).sum().to(flat.dtype)]), flat[n:]])
@@ -285,9 +291,10 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     if not math.isfinite(grad_norm) and all(math.isfinite(v) for v in losses):
         bad_grad_ranks = _ranks_with_bad_gradients(grads, ctx.rank, world, device)
     t4 = time.perf_counter()
+    c4 = cpu() if cpu else 0.0
     mstx.range_end(step_range, domain="step")
     step_time = t4 - t0
-    return {
+    metrics = {
         "loss": loss_value,
         "step_time_ms": step_time * 1e3,
         "data_time_ms": (t1 - t0) * 1e3,
@@ -298,7 +305,10 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
         "grad_norm": grad_norm,
         "nonfinite_grads": nonfinite,
         "lr": optimizer.param_groups[0]["lr"],
-    }, _health(step, losses, grad_norm, bad_grad_ranks)
+    }
+    if cpu:
+        metrics["compute_cpu_ms"] = ((c2b - c1) + (c4 - c3)) * 1e3
+    return metrics, _health(step, losses, grad_norm, bad_grad_ranks)
 
 
 def _ranks_with_bad_gradients(grads: list, rank: int, world: int, device: torch.device) -> list[int]:

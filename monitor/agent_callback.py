@@ -31,8 +31,9 @@ class MonitorAgentCallback(TrainCallback):
 
     ``addr`` defaults to env ``PROBE_MONITOR`` (``host:port``), ``job`` to env
     ``PROBE_MONITOR_JOB`` or the run name. Each step's metrics dict (loss, step_time_ms,
-    tokens_per_s, grad_norm, data_time_ms, comm_time_ms, compute_time_ms, nonfinite_grads, and
-    flops/mfu/hfu when the profiler added them) is recorded, plus device memory on CUDA.
+    tokens_per_s, grad_norm, data_time_ms, comm_time_ms, compute_time_ms, compute_cpu_ms on a
+    CPU rank, nonfinite_grads, and flops/mfu/hfu when the profiler added them) is recorded,
+    plus device memory on CUDA.
     A ``trace`` command starts a profiler session (:mod:`profiler.session`) at the first asked
     step and stops it after the last one; the trace files go to the service.
 

@@ -2,9 +2,9 @@
 
 The input is a :class:`StepMatrix` (or anything :meth:`StepMatrix.of` takes: the table
 :meth:`monitor.storage.MonitorStore.step_table` returns, any Arrow table or list of dicts with
-``rank``, ``step`` and some of ``step_time_ms``, ``compute_time_ms``, ``comm_time_ms``,
-``data_time_ms``, ``loss``, ``grad_norm``, ``nonfinite_grads``, ``device_mem_mb``,
-``proc_rss_mb``, ``traced``). Each detector judges the steps in ``steps`` (all when ``None``)
+``rank``, ``step`` and some of ``step_time_ms``, ``compute_time_ms``, ``compute_cpu_ms``,
+``comm_time_ms``, ``data_time_ms``, ``loss``, ``grad_norm``, ``nonfinite_grads``,
+``device_mem_mb``, ``proc_rss_mb``, ``traced``). Each detector judges the steps in ``steps`` (all when ``None``)
 and uses the rest of the matrix as history. An alert is a dict: ``kind``, ``job``, ``rank``,
 ``step``, ``message`` (the evidence in words) and ``evidence`` (the numbers behind it).
 
@@ -19,6 +19,9 @@ How a timing detector decides (the same four rules for all of them):
    *communication* time on the healthy ranks. So a straggler is judged on its own work, and a
    job-wide slowdown is split into compute, data loading, transfers (the least communication
    time of any rank: the rank nobody waited for) and waiting; waiting is a straggler's doing.
+   Where the ranks report their compute's CPU time (``compute_cpu_ms``, CPU ranks), own work
+   is judged on both clocks and the smaller excess counts: a neighbour holding a rank's core
+   stretches its wall time only (:func:`monitor.step_series.own_excess`).
 3. **Noise measured on this job.** For each deviation level ``theta`` in :data:`LEVELS` the
    detector counts how often the *other* ranks (leave-one-out; for the job-wide series, the
    job's own earlier steps) exceed it, over the last :data:`HISTORY` steps, and how often such

@@ -13,7 +13,7 @@ import numpy as np
 #: An alert: ``kind``, ``job``, ``rank``, ``step``, ``message`` and ``evidence``.
 Alert = dict[str, Any]
 
-TIMING_COLUMNS = ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms")
+TIMING_COLUMNS = ("step_time_ms", "compute_time_ms", "compute_cpu_ms", "comm_time_ms", "data_time_ms")
 MEMORY_COLUMNS = ("device_mem_mb", "proc_rss_mb")
 #: Columns whose NaN/Inf is news (:func:`nonfinite`), not a missing value.
 CHECKED_COLUMNS = ("loss", "grad_norm", "nonfinite_grads")

@@ -22,20 +22,44 @@ def traced_cells(m: StepMatrix) -> np.ndarray:
     return np.nan_to_num(m.col("traced"), nan=0.0) > 0
 
 
-def _own_work(m: StepMatrix) -> np.ndarray:
+def _own_work(m: StepMatrix, compute: str = "compute_time_ms") -> np.ndarray:
     """compute + data loading (or step time minus communication), NaN where traced."""
-    compute, data = m.col("compute_time_ms"), m.col("data_time_ms")
+    compute, data = m.col(compute), m.col("data_time_ms")
     some = ~(np.isnan(compute) & np.isnan(data))
     work = np.where(some, np.nan_to_num(compute) + np.nan_to_num(data),
                     m.col("step_time_ms") - np.nan_to_num(m.col("comm_time_ms")))
     return np.where(traced_cells(m), np.nan, work)
 
 
+def own_excess(m: StepMatrix) -> np.ndarray:
+    """:func:`peer_excess` of own work; where the ranks report their compute's CPU time too
+    (``compute_cpu_ms``: CPU ranks), the smaller of the wall-time and the CPU-time excess.
+
+    A rank whose core a neighbour holds (another process, a shared host) takes longer on the
+    wall clock while its CPU time stays its peers': its own work did not grow, the machine
+    slowed it, and a rank of a job on shared machines takes such turns. A rank with more work,
+    or a slower processor, takes longer on both clocks. (Data loading stays wall time: waiting
+    for data is its nature.)
+
+    >>> m = StepMatrix(np.arange(1), np.arange(3), {
+    ...     "compute_time_ms": np.array([[10.0, 10.0, 30.0]]),
+    ...     "compute_cpu_ms": np.array([[9.0, 9.0, 9.5]])})
+    >>> own_excess(m).round(2).tolist()
+    [[-0.55, -0.55, 0.05]]
+    """
+    x = peer_excess(_own_work(m))
+    if "compute_cpu_ms" not in m.cols:
+        return x
+    x_cpu = peer_excess(np.where(np.isnan(m.cols["compute_cpu_ms"]), np.nan,
+                                 _own_work(m, "compute_cpu_ms")))
+    return np.where(np.isnan(x_cpu), x, np.minimum(x, x_cpu))
+
+
 def derive(m: StepMatrix, start: int | None = None) -> dict[str, np.ndarray]:
     """The series the detectors read, for the rows from ``start`` on (the rows before are
     context); with ``start=None``, for every row not derived yet, stored in ``m.derived``.
 
-    - ``x_own``, ``x_step``: :func:`peer_excess` of own work and of step time; traced cells
+    - ``x_own``, ``x_step``: :func:`own_excess` and :func:`peer_excess` of step time; traced cells
       NaN; near a trace (the step of one and the next), ``x_step`` NaN and ``x_own`` NaN unless
       three ranks are untraced; ``own_bins``, ``step_bins``: their :func:`level_bins`;
     - ``job``: ``[steps, 5]`` of :data:`JOB_SERIES`: the median step time, compute and data
@@ -64,7 +88,7 @@ def derive(m: StepMatrix, start: int | None = None) -> dict[str, np.ndarray]:
                           for s in sub.steps], dtype=bool)[skip:]
     own = _own_work(sub)[skip:]
     step = np.where(traced, np.nan, sub.col("step_time_ms"))[skip:]
-    x_own = peer_excess(own)
+    x_own = own_excess(sub)[skip:]
     x_own[disturbed & ((~np.isnan(own)).sum(axis=1) < 3)] = np.nan
     x_step = peer_excess(step)
     x_step[disturbed] = np.nan

@@ -81,9 +81,9 @@ CREATE TABLE IF NOT EXISTS dumps (dump_id VARCHAR, job VARCHAR, rank INTEGER, st
 """
 
 #: Metric names the detectors read, pivoted per (rank, step) by :meth:`MonitorStore.step_table`.
-STEP_COLUMNS = ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms", "loss",
-                "grad_norm", "nonfinite_grads", "tokens_per_s", "traced", "device_mem_mb",
-                "proc_rss_mb")
+STEP_COLUMNS = ("step_time_ms", "compute_time_ms", "compute_cpu_ms", "comm_time_ms",
+                "data_time_ms", "loss", "grad_norm", "nonfinite_grads", "tokens_per_s", "traced",
+                "device_mem_mb", "proc_rss_mb")
 ALERT_COLUMNS = ("id", "time_ns", "job", "kind", "rank", "step", "message", "evidence", "count",
                  "last_step", "state", "updated_ns")
 

@@ -58,6 +58,21 @@ _KIND = {**{dt: FLOAT for dt in _FLOATS}, **{dt: INTEGER for dt in _INTS}}
 _STRIDED = torch.strided
 
 
+def _identity(t: torch.Tensor, dtype: torch.dtype, numel: int) -> tuple | None:
+    """:meth:`TorchStats.identity` of ``t`` (its ``dtype`` and ``numel`` given: the hot path
+    has them). Views share their base's version counter, so equal keys mean equal bytes while
+    the first tensor lives. A dense tensor (no gaps, no overlap) covers exactly the block
+    [data_ptr, data_ptr + numel) whatever its shape and strides: its reshapes, transposes and
+    permutes hold the same values in another order, and max/min/sum/sum of squares and NaN/Inf
+    counts do not depend on the order."""
+    try:
+        if t.is_contiguous() or _dense(t):
+            return t.data_ptr(), dtype, numel, t._version
+        return t.data_ptr(), dtype, t.shape, t.stride(), t._version
+    except RuntimeError:            # no storage (sparse, meta, some tensor subclasses)
+        return None
+
+
 class TorchStats(StatsBackend):
     """:class:`~engine_adapter.base.StatsBackend` for ``torch.Tensor``."""
 
@@ -72,32 +87,15 @@ class TorchStats(StatsBackend):
                           numel, t.requires_grad, kind)
 
     def identity(self, t: torch.Tensor) -> tuple | None:
-        # Views share their base's version counter, so equal keys mean equal bytes while the
-        # first tensor lives. A dense tensor (no gaps, no overlap) covers exactly the block
-        # [data_ptr, data_ptr + numel) whatever its shape and strides: its reshapes, transposes
-        # and permutes hold the same values in another order, and max/min/sum/sum of squares
-        # and NaN/Inf counts do not depend on the order.
-        try:
-            if t.is_contiguous() or _dense(t):
-                return t.data_ptr(), t.dtype, t.numel(), t._version
-            return t.data_ptr(), t.dtype, t.shape, t.stride(), t._version
-        except RuntimeError:        # no storage (sparse, meta, some tensor subclasses)
-            return None
+        return _identity(t, t.dtype, t.numel())
 
     def inspect(self, t: torch.Tensor) -> tuple:
         # describe() and identity() in one call: the dump asks both of every tensor it sees
         dtype = t.dtype
         numel = t.numel()
         kind = _KIND.get(dtype, OPAQUE) if numel and t.layout is _STRIDED else OPAQUE
-        try:
-            if t.is_contiguous() or _dense(t):
-                key: tuple | None = (t.data_ptr(), dtype, numel, t._version)
-            else:
-                key = (t.data_ptr(), dtype, t.shape, t.stride(), t._version)
-        except RuntimeError:
-            key = None
         return ("torch.Tensor", _DTYPE_STR.get(dtype) or _dtype_str(dtype), t.shape, numel,
-                t.requires_grad, kind, key)
+                t.requires_grad, kind, _identity(t, dtype, numel))
 
     def owner(self, t: torch.Tensor) -> Any:
         # the storage: its Python object lives as long as the memory does (torch keeps it for

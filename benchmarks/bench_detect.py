@@ -40,9 +40,9 @@ Goals (issue 21): healthy runs raise no straggler alert and at most one slow-ste
 within 30; a hang within 10 s naming the stuck rank and the collective the others wait in;
 1,024 simulated ranks do as well, with the service's detection work under 1 ms per step per
 hundred ranks (measured: the rolling window, the store query included, per judged step). The
-10- and 30-step goals are checked on the simulated jobs; the real stragglers (2 ranks, slowed
-from step 0, so with no healthy history to measure the noise on) report their time to detect,
-which on this machine's noise takes more steps (see :mod:`monitor.detectors`, rule 3).
+10- and 30-step goals are checked on the simulated jobs, and the 10-step one on the real 1.5x
+stragglers too (2 ranks, slowed from step 0, so with no healthy history to measure the noise
+on: the young job's noise rates are taken high, see :mod:`monitor.detectors`, rule 3).
 
 Run: ``python benchmarks/bench_detect.py [--sim-only | --real-only] [--ranks 64,256,1024]
 [--steps 300] [--real-steps 200] [--repeat N] [--no-hang] [--keep DIR]``; exit code 1 when a
@@ -471,6 +471,13 @@ def goals(scores: list[Score], costs: dict[int, tuple[float, float]],
         alone = all(not s.false_alerts for s in group)
         out.append((not late and alone, f"{factor}x straggler: detected within {limit} steps in "
                     f"{len(group) - len(late)} of {len(group)} simulated jobs, naming only it: {alone}"))
+    real = [s for s in scores if s.real and s.name == "straggler:1.5"]
+    if real:
+        late = [s for s in real if s.time_to_detect is None or s.time_to_detect > 10]
+        alone = all(a["kind"] != "straggler" for s in real for a in s.false_alerts)
+        out.append((not late and alone, f"1.5x straggler: detected within 10 steps in "
+                    f"{len(real) - len(late)} of {len(real)} real 2-rank runs (slowed from step "
+                    f"0), naming only it: {alone}"))
     hang = [s for s in scores if s.name == "hang" and s.real]
     ok = [s for s in hang if s.detect_s is not None and s.detect_s <= 10 and s.true_alerts]
     if hang:

@@ -123,6 +123,8 @@ class FaultPlanter:
         self.rank = rank
         self.step = -1
         self._handles: list = []
+        #: (wall, CPU) seconds of the last step's compute after its all-reduce, for slow_down
+        self.tail = (0.0, 0.0)
         self.slow_factor = max([f.arg for f in faults if f.kind == "slow" and int(f.target) == rank],
                                default=1.0)
         self._patched: list[tuple[object, str, object]] = []

@@ -255,7 +255,10 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     if cuda:
         torch.cuda.synchronize(device)
     t2 = time.perf_counter()
-    planter.slow_down(t2 - t1, cpu() - c1 if cpu else None)
+    # the compute after the all-reduce (optimizer) is slowed at the next step's: all of the
+    # step's compute then takes the factor, not the forward and backward alone
+    tail_s, tail_cpu_s = planter.tail
+    planter.slow_down(t2 - t1 + tail_s, cpu() - c1 + tail_cpu_s if cpu else None)
     planter.hang_before_collective(step)
     t2b = time.perf_counter()
     c2b = cpu() if cpu else 0.0
@@ -308,6 +311,7 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     }
     if cpu:
         metrics["compute_cpu_ms"] = ((c2b - c1) + (c4 - c3)) * 1e3
+    planter.tail = (t4 - t3, c4 - c3)
     return metrics, _health(step, losses, grad_norm, bad_grad_ranks)
 
 

@@ -31,7 +31,7 @@ def _own_work(m: StepMatrix, compute: str = "compute_time_ms") -> np.ndarray:
     return np.where(traced_cells(m), np.nan, work)
 
 
-def own_excess(m: StepMatrix) -> np.ndarray:
+def own_excess(m: StepMatrix, own: np.ndarray | None = None) -> np.ndarray:
     """:func:`peer_excess` of own work; where the ranks report their compute's CPU time too
     (``compute_cpu_ms``: CPU ranks), the smaller of the wall-time and the CPU-time excess.
 
@@ -39,7 +39,7 @@ def own_excess(m: StepMatrix) -> np.ndarray:
     wall clock while its CPU time stays its peers': its own work did not grow, the machine
     slowed it, and a rank of a job on shared machines takes such turns. A rank with more work,
     or a slower processor, takes longer on both clocks. (Data loading stays wall time: waiting
-    for data is its nature.)
+    for data is its nature.) ``own``: :func:`_own_work` of ``m`` when the caller has it.
 
     >>> m = StepMatrix(np.arange(1), np.arange(3), {
     ...     "compute_time_ms": np.array([[10.0, 10.0, 30.0]]),
@@ -47,11 +47,11 @@ def own_excess(m: StepMatrix) -> np.ndarray:
     >>> own_excess(m).round(2).tolist()
     [[-0.55, -0.55, 0.05]]
     """
-    x = peer_excess(_own_work(m))
-    if "compute_cpu_ms" not in m.cols:
+    x = peer_excess(_own_work(m) if own is None else own)
+    cpu = m.cols.get("compute_cpu_ms")
+    if cpu is None or np.isnan(cpu).all():               # GPU ranks, or a store's empty column
         return x
-    x_cpu = peer_excess(np.where(np.isnan(m.cols["compute_cpu_ms"]), np.nan,
-                                 _own_work(m, "compute_cpu_ms")))
+    x_cpu = peer_excess(np.where(np.isnan(cpu), np.nan, _own_work(m, "compute_cpu_ms")))
     return np.where(np.isnan(x_cpu), x, np.minimum(x, x_cpu))
 
 
@@ -86,9 +86,10 @@ def derive(m: StepMatrix, start: int | None = None) -> dict[str, np.ndarray]:
     traced_steps = set(sub.steps[traced.any(axis=1)].tolist())
     disturbed = np.array([int(s) in traced_steps or int(s) - 1 in traced_steps
                           for s in sub.steps], dtype=bool)[skip:]
-    own = _own_work(sub)[skip:]
+    own = _own_work(sub)
     step = np.where(traced, np.nan, sub.col("step_time_ms"))[skip:]
-    x_own = own_excess(sub)[skip:]
+    x_own = own_excess(sub, own)[skip:]
+    own = own[skip:]
     x_own[disturbed & ((~np.isnan(own)).sum(axis=1) < 3)] = np.nan
     x_step = peer_excess(step)
     x_step[disturbed] = np.nan

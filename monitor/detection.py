@@ -235,12 +235,14 @@ class Detection:
         window.append(StepMatrix.from_points(self.store.step_points(job, since, complete), job))
         found = window.judge(range(done + 1, complete + 1))
         found += self._judge_numerics(job, done, complete)
-        self._evaluated[job] = complete
         self.detect_seconds += time.perf_counter() - t0
         self.judged_steps += complete - done
         raised = self._found(found)
         for closed in self.book.expire(job, complete):
             self.store.update_alert(closed)
+        # judged once its alerts are stored: whoever waits for the step (judged_step) then
+        # reads them, the updates of open ones included
+        self._evaluated[job] = complete
         return raised
 
     def _judge_numerics(self, job: str, done: int, complete: int) -> list[dict[str, Any]]:

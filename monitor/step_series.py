@@ -22,7 +22,7 @@ def traced_cells(m: StepMatrix) -> np.ndarray:
     return np.nan_to_num(m.col("traced"), nan=0.0) > 0
 
 
-def _own_work(m: StepMatrix, compute: str = "compute_time_ms") -> np.ndarray:
+def own_work(m: StepMatrix, compute: str = "compute_time_ms") -> np.ndarray:
     """compute + data loading (or step time minus communication), NaN where traced."""
     compute, data = m.col(compute), m.col("data_time_ms")
     some = ~(np.isnan(compute) & np.isnan(data))
@@ -39,7 +39,7 @@ def own_excess(m: StepMatrix, own: np.ndarray | None = None) -> np.ndarray:
     wall clock while its CPU time stays its peers': its own work did not grow, the machine
     slowed it, and a rank of a job on shared machines takes such turns. A rank with more work,
     or a slower processor, takes longer on both clocks. (Data loading stays wall time: waiting
-    for data is its nature.) ``own``: :func:`_own_work` of ``m`` when the caller has it.
+    for data is its nature.) ``own``: :func:`own_work` of ``m`` when the caller has it.
 
     >>> m = StepMatrix(np.arange(1), np.arange(3), {
     ...     "compute_time_ms": np.array([[10.0, 10.0, 30.0]]),
@@ -47,12 +47,19 @@ def own_excess(m: StepMatrix, own: np.ndarray | None = None) -> np.ndarray:
     >>> own_excess(m).round(2).tolist()
     [[-0.55, -0.55, 0.05]]
     """
-    x = peer_excess(_own_work(m) if own is None else own)
+    x, x_cpu = clock_excess(m, own)
+    return x if x_cpu is None else np.where(np.isnan(x_cpu), x, np.minimum(x, x_cpu))
+
+
+def clock_excess(m: StepMatrix, own: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`peer_excess` of own work on the wall clock, and on the CPU clock (compute's CPU
+    time + data loading) where some rank reported ``compute_cpu_ms`` (else None)."""
+    x = peer_excess(own_work(m) if own is None else own)
     cpu = m.cols.get("compute_cpu_ms")
     if cpu is None or np.isnan(cpu).all():               # GPU ranks, or a store's empty column
-        return x
-    x_cpu = peer_excess(np.where(np.isnan(cpu), np.nan, _own_work(m, "compute_cpu_ms")))
-    return np.where(np.isnan(x_cpu), x, np.minimum(x, x_cpu))
+        return x, None
+    return x, peer_excess(np.where(np.isnan(cpu), np.nan, own_work(m, "compute_cpu_ms")))
 
 
 def derive(m: StepMatrix, start: int | None = None) -> dict[str, np.ndarray]:
@@ -86,7 +93,7 @@ def derive(m: StepMatrix, start: int | None = None) -> dict[str, np.ndarray]:
     traced_steps = set(sub.steps[traced.any(axis=1)].tolist())
     disturbed = np.array([int(s) in traced_steps or int(s) - 1 in traced_steps
                           for s in sub.steps], dtype=bool)[skip:]
-    own = _own_work(sub)
+    own = own_work(sub)
     step = np.where(traced, np.nan, sub.col("step_time_ms"))[skip:]
     x_own = own_excess(sub, own)[skip:]
     own = own[skip:]

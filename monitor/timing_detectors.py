@@ -12,7 +12,7 @@ import numpy as np
 from monitor.noise_model import (ALPHA, HISTORY, LEVELS, WINDOWS, Verdict, level_bins,
                                  persistent, row_median)
 from monitor.step_matrix import Alert, StepMatrix
-from monitor.step_series import JOB_SERIES, derive, traced_cells
+from monitor.step_series import JOB_SERIES, clock_excess, derive, traced_cells
 
 #: A straggler must cost: its own work at least this much above its peers' median on average
 #: over the window (each step's excess capped at 100%, so one hiccup is one slow step). Less is
@@ -143,18 +143,36 @@ def _straggler_alert(m: StepMatrix, job: str | None, row: int, col: int, v: Verd
     rank, step = int(m.ranks[col]), int(m.steps[row])
     ratio = float(np.exp(np.median(series[v.hits, col])))
     what = "step time" if cause == "communication" else "own work (compute + data)"
+    clocks = _clock_ratios(m, col, v.hits) if cause != "communication" else None
     return {
         "kind": "straggler", "job": job, "rank": rank, "step": step,
         "message": (f"rank {rank} is a straggler ({cause}): its {what} is {ratio:.2f}x its "
-                    f"peers' median, above {v.level:g}x in {v.k} of its last {v.n} steps; the "
+                    f"peers' median"
+                    + (f" (wall clock {clocks[0]:.2f}x, CPU clock {clocks[1]:.2f}x: more work "
+                       "or a slower processor, not a busy core)" if clocks else "")
+                    + f", above {v.level:g}x in {v.k} of its last {v.n} steps; the "
                     f"other ranks are above {v.level:g}x in {v.p:.1%} of theirs (chance "
                     f"{v.chance:.0e})"),
         "evidence": {"cause": cause, "ratio": ratio, "level": v.level, "k": v.k, "n": v.n,
                      "noise_rate": v.p, "run_rate": v.p11, "chance": v.chance,
                      "excess_ms": excess,
+                     **({"wall_ratio": clocks[0], "cpu_ratio": clocks[1]} if clocks else {}),
                      "outlier_steps": [int(m.steps[i]) for i in v.hits],
                      "ranks_at_step": int((~np.isnan(series[row])).sum())},
     }
+
+
+def _clock_ratios(m: StepMatrix, col: int, rows: np.ndarray) -> tuple[float, float] | None:
+    """The rank's own work over its peers' median on the wall clock and on the CPU clock
+    (medians over ``rows``), where the ranks reported their compute's CPU time; else None."""
+    if "compute_cpu_ms" not in m.cols or rows.size == 0:
+        return None
+    wall, on_cpu = clock_excess(StepMatrix(m.steps[rows], m.ranks,
+                                           {k: v[rows] for k, v in m.cols.items()}, m.job))
+    if on_cpu is None or np.isnan(wall[:, col]).all() or np.isnan(on_cpu[:, col]).all():
+        return None
+    return (float(np.exp(np.nanmedian(wall[:, col]))),
+            float(np.exp(np.nanmedian(on_cpu[:, col]))))
 
 
 # -- slow steps (job-wide) ---------------------------------------------------------------------

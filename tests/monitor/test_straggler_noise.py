@@ -115,3 +115,13 @@ def test_a_cpu_time_missing_on_some_ranks_falls_back_to_the_wall_time():
     m = with_cpu(rank_pair(0, n_steps=80, slow=1.5, onset=60, jitter=0.08))
     m.cols["compute_cpu_ms"][:, 1] = np.nan
     assert {a["rank"] for a in stragglers(m)} == {1}
+
+
+def test_a_straggler_alert_on_cpu_ranks_gives_both_clocks():
+    alerts = stragglers(with_cpu(rank_pair(1, n_steps=80, slow=1.5, onset=60, jitter=0.08)))
+    ev = alerts[0]["evidence"]
+    assert ev["cpu_ratio"] == pytest.approx(1.5, rel=0.1) and ev["wall_ratio"] == pytest.approx(1.5, rel=0.1)
+    assert "CPU clock 1." in alerts[0]["message"]
+    # without the CPU time: neither in the evidence nor in the words
+    plain = stragglers(rank_pair(1, n_steps=80, slow=1.5, onset=60, jitter=0.08))[0]
+    assert "cpu_ratio" not in plain["evidence"] and "CPU clock" not in plain["message"]

@@ -79,12 +79,18 @@ def hangs(reports: Sequence[Mapping[str, Any]], *, threshold_s: float, job: str 
     """
     by_rank = {int(r["rank"]): r for r in reports}
     world = sorted(world if world is not None else by_rank)
-    stuck: dict[tuple[str, int], list[int]] = {}
+    # every rank in a collective, by (group, seq); a collective is stuck when one of them has
+    # waited in it longer than the threshold (the others in it entered later: they wait too)
+    inside: dict[tuple[str, int], list[int]] = {}
+    long_waits: set[tuple[str, int]] = set()
     for rank, r in sorted(by_rank.items()):
         p = r.get("pending")
-        if (p and not r.get("final") and p.get("op") not in P2P_OPS
-                and float(p.get("waiting_s") or 0.0) > threshold_s):
-            stuck.setdefault((p.get("group") or "world", int(p["seq"])), []).append(rank)
+        if p and not r.get("final") and p.get("op") not in P2P_OPS:
+            key = (p.get("group") or "world", int(p["seq"]))
+            inside.setdefault(key, []).append(rank)
+            if float(p.get("waiting_s") or 0.0) > threshold_s:
+                long_waits.add(key)
+    stuck = {key: inside[key] for key in long_waits}
     alerts: list[Alert] = []
     for (group, seq), at_seq in sorted(stuck.items()):
         members = _group_members(group, world)

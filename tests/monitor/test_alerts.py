@@ -103,7 +103,8 @@ def test_a_planted_hang_is_named_within_seconds_with_every_ranks_stacks(service,
                          timeout=240, poll=0.1, what="a hang alert")[0]
         raised = time.time()
         ev = json.loads(alert["evidence"])
-        assert alert["rank"] == 1 and ev["culprits"] == [1] and ev["waiting_ranks"] == [0, 2, 3]
+        assert alert["rank"] == 1 and ev["culprits"] == [1] and ev["waiting_ranks"] == [0, 2, 3], \
+            alert["message"]
         assert alert["message"].startswith("hang: rank 1 never entered all_reduce #5 (group world")
         assert ev["op"] == "all_reduce" and ev["seq"] == 5
         # the others entered the all-reduce when rank 1 stopped: that long ago, at most 10 s

@@ -325,6 +325,17 @@ def test_a_hang_names_the_rank_that_never_entered_and_what_the_others_wait_in():
     assert alert["evidence"]["culprits"] == [1] and alert["evidence"]["waiting_ranks"] == [0, 2, 3]
 
 
+def test_a_rank_that_entered_the_collective_later_waits_in_it_too():
+    """Rank 0 entered the all-reduce after ranks 2 and 3 (a loaded machine): its own wait is
+    below the threshold while theirs is above it. It waits in the same collective; it is no
+    rank "in all_reduce #8 instead" (the full end-to-end suite once named it, not rank 1)."""
+    reps = _reports()
+    reps[0]["pending"] = dict(reps[0]["pending"], waiting_s=4.0)
+    [alert] = hangs(reps, threshold_s=5.0)
+    assert alert["rank"] == 1 and alert["evidence"]["culprits"] == [1]
+    assert alert["evidence"]["waiting_ranks"] == [0, 2, 3] and alert["evidence"]["elsewhere"] == []
+
+
 def test_no_hang_before_the_threshold_nor_for_point_to_point_waits():
     assert hangs(_reports(wait_s=3.0), threshold_s=5.0) == []
     assert hangs(_reports(op="recv"), threshold_s=5.0) == []

@@ -160,8 +160,7 @@ def simulate(kind: str, ranks: int, steps: int, seed: int = 0) -> tuple[StepMatr
 
 def rows_at(m: StepMatrix, i: int) -> StepMatrix:
     """Row ``i`` of ``m`` as a one-step matrix (what the service gets as a step completes)."""
-    return StepMatrix(m.steps[i:i + 1], m.ranks, {k: v[i:i + 1] for k, v in m.cols.items()},
-                      m.job, reported={k: v[i:i + 1] for k, v in m.reported.items()})
+    return m.take(slice(i, i + 1))
 
 
 # -- running the detectors the way the service does --------------------------------------------

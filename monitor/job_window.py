@@ -78,7 +78,7 @@ class JobWindow:
         keep = np.flatnonzero(new.steps > last)[-self.size:]
         if keep.size == 0:
             return
-        new = _rows(new, keep)
+        new = new.take(keep)
         k = keep.size
         ranks = np.union1d(self.ranks, new.ranks)
         if len(ranks) != len(self.ranks):
@@ -128,7 +128,3 @@ def _nothing(like: np.ndarray) -> Any:
         return False
     return 0 if np.issubdtype(like.dtype, np.integer) else np.nan
 
-
-def _rows(m: StepMatrix, idx: np.ndarray) -> StepMatrix:
-    return StepMatrix(m.steps[idx], m.ranks, {k: v[idx] for k, v in m.cols.items()}, m.job,
-                      reported={k: v[idx] for k, v in m.reported.items()})

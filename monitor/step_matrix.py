@@ -118,6 +118,17 @@ class StepMatrix:
         got = self.cols.get(name)
         return got if got is not None else np.full((len(self.steps), len(self.ranks)), np.nan)
 
+    def take(self, rows: Any) -> "StepMatrix":
+        """The matrix of ``rows`` (indices, a slice or a mask), its columns and reported masks
+        with them (not the derived series).
+
+        >>> m = StepMatrix.of([{"rank": 0, "step": s, "loss": float(s)} for s in range(4)])
+        >>> m.take(slice(2, 3)).steps.tolist(), m.take([0, 3]).col("loss").tolist()
+        ([2], [[0.0], [3.0]])
+        """
+        return StepMatrix(self.steps[rows], self.ranks, {k: v[rows] for k, v in self.cols.items()},
+                          self.job, reported={k: v[rows] for k, v in self.reported.items()})
+
     def rows_of(self, steps: Iterable[int] | None) -> list[int]:
         """Row indices of the wanted steps that the matrix has (all rows when None)."""
         if steps is None:

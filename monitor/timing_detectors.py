@@ -167,8 +167,7 @@ def _clock_ratios(m: StepMatrix, col: int, rows: np.ndarray) -> tuple[float, flo
     (medians over ``rows``), where the ranks reported their compute's CPU time; else None."""
     if "compute_cpu_ms" not in m.cols or rows.size == 0:
         return None
-    wall, on_cpu = clock_excess(StepMatrix(m.steps[rows], m.ranks,
-                                           {k: v[rows] for k, v in m.cols.items()}, m.job))
+    wall, on_cpu = clock_excess(m.take(rows))
     if on_cpu is None or np.isnan(wall[:, col]).all() or np.isnan(on_cpu[:, col]).all():
         return None
     return (float(np.exp(np.nanmedian(wall[:, col]))),

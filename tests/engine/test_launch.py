@@ -102,10 +102,7 @@ def test_the_straggler_is_named_by_its_own_work_not_the_synchronised_step_time(t
     assert open_store(tmp_path).sql(STRAGGLER_QUERY).fetchall()[0][0] == 1
     # the planted slowness is more work (a slower processor), so it shows on the CPU clock too:
     # rank 1's compute CPU time about 3x rank 0's, where a neighbour would stretch the wall only
-    cpu = dict(open_store(tmp_path).sql(
-        "SELECT rank, median(compute_cpu_ms / nullif(compute_time_ms, 0)) FROM steps "
-        "WHERE step > 0 GROUP BY rank").fetchall())
     ratio = open_store(tmp_path).sql(
         "SELECT median(b.compute_cpu_ms / a.compute_cpu_ms) FROM steps a JOIN steps b "
         "ON a.step = b.step AND a.rank = 0 AND b.rank = 1 WHERE a.step > 0").fetchall()[0][0]
-    assert 2.0 < ratio < 4.0, (ratio, cpu)
+    assert 2.0 < ratio < 4.0, ratio

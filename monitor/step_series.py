@@ -59,7 +59,9 @@ def clock_excess(m: StepMatrix, own: np.ndarray | None = None
     cpu = m.cols.get("compute_cpu_ms")
     if cpu is None or np.isnan(cpu).all():               # GPU ranks, or a store's empty column
         return x, None
-    return x, peer_excess(np.where(np.isnan(cpu), np.nan, own_work(m, "compute_cpu_ms")))
+    # a CPU time that is no time (NaN, infinite, not above 0) is none: that cell keeps the wall
+    return x, peer_excess(np.where(np.isfinite(cpu) & (cpu > 0), own_work(m, "compute_cpu_ms"),
+                                   np.nan))
 
 
 def derive(m: StepMatrix, start: int | None = None) -> dict[str, np.ndarray]:

@@ -125,3 +125,13 @@ def test_a_straggler_alert_on_cpu_ranks_gives_both_clocks():
     # without the CPU time: neither in the evidence nor in the words
     plain = stragglers(rank_pair(1, n_steps=80, slow=1.5, onset=60, jitter=0.08))[0]
     assert "cpu_ratio" not in plain["evidence"] and "CPU clock" not in plain["message"]
+
+
+def test_cpu_times_that_are_no_times_leave_the_wall_clock_to_judge():
+    """NaN, infinite, negative or zero CPU times from a rank: its cells are judged on the wall
+    clock, and no absurd ratio reaches the alert."""
+    m = with_cpu(rank_pair(1, n_steps=80, slow=1.5, onset=60, jitter=0.08))
+    m.cols["compute_cpu_ms"][60:, 1] = np.resize([np.nan, np.inf, -5.0, 0.0], 20)
+    alerts = stragglers(m)
+    assert {a["rank"] for a in alerts} == {1}
+    assert "cpu_ratio" not in alerts[0]["evidence"]

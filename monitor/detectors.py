@@ -19,10 +19,9 @@ How a timing detector decides (the same four rules for all of them):
    *communication* time on the healthy ranks. So a straggler is judged on its own work, and a
    job-wide slowdown is split into compute, data loading, transfers (the least communication
    time of any rank: the rank nobody waited for) and waiting; waiting is a straggler's doing.
-   Where the ranks report their compute's CPU time (``compute_cpu_ms``, CPU ranks), a step
-   computed on one core at a time is judged on the CPU clock (a neighbour holding a core
-   stretches that rank's wall time only), one that ran threads in parallel on the smaller
-   excess of the two clocks (:func:`monitor.step_series.own_excess`).
+   Where the ranks report their compute's CPU time (``compute_cpu_ms``, CPU ranks), own work
+   is judged on both clocks and the smaller excess counts: a neighbour holding a rank's core
+   stretches its wall time only (:func:`monitor.step_series.own_excess`).
 3. **Noise measured on this job.** For each deviation level ``theta`` in :data:`LEVELS` the
    detector counts how often the *other* ranks (leave-one-out; for the job-wide series, the
    job's own earlier steps) exceed it, over the last :data:`HISTORY` steps, and how often such

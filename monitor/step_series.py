@@ -14,10 +14,6 @@ from monitor.step_matrix import MEMORY_COLUMNS, StepMatrix
 #: (2 MB of 20 GB; and at least 1 MB): smaller changes are the allocator's rounding.
 MEM_RISE = 1e-4
 
-#: A cell whose compute's CPU time is at most this times its wall time ran on one core at a time
-#: (the process's other threads, such as the monitor's agent, add a little CPU time of their own).
-ONE_CORE = 1.05
-
 #: The job-wide series :func:`derive` keeps per step, in this order.
 JOB_SERIES = ("step", "compute", "data loading", "communication", "comm_all")
 
@@ -37,41 +33,22 @@ def own_work(m: StepMatrix, compute: str = "compute_time_ms") -> np.ndarray:
 
 def own_excess(m: StepMatrix, own: np.ndarray | None = None) -> np.ndarray:
     """:func:`peer_excess` of own work; where the ranks report their compute's CPU time too
-    (``compute_cpu_ms``: CPU ranks), the CPU clock's excess where it can be trusted.
+    (``compute_cpu_ms``: CPU ranks), the smaller of the wall-time and the CPU-time excess.
 
     A rank whose core a neighbour holds (another process, a shared host) takes longer on the
     wall clock while its CPU time stays its peers': its own work did not grow, the machine
     slowed it, and a rank of a job on shared machines takes such turns. A rank with more work,
     or a slower processor, takes longer on both clocks. (Data loading stays wall time: waiting
-    for data is its nature.)
-
-    - A cell whose compute took no more CPU time than wall time (:data:`ONE_CORE`: it ran on
-      one core at a time) is judged on the CPU clock alone: there the CPU time is the work
-      done, and the wall clock of its *peers* is what a neighbour stretches as well (a busy
-      peer's longer wall time made a slower rank's wall-clock excess small: a 1.5x rank named
-      at step 40 on the wall clock's evidence, at step 17 on the CPU clock's, in a run with a
-      CPU hog beside it).
-    - A cell that took more CPU than wall time ran threads in parallel, whose waiting at a
-      barrier for a descheduled sibling may spin and count as CPU time: the smaller of the two
-      excesses counts.
-
-    ``own``: :func:`own_work` of ``m`` when the caller has it.
+    for data is its nature.) ``own``: :func:`own_work` of ``m`` when the caller has it.
 
     >>> m = StepMatrix(np.arange(1), np.arange(3), {
     ...     "compute_time_ms": np.array([[10.0, 10.0, 30.0]]),
     ...     "compute_cpu_ms": np.array([[9.0, 9.0, 9.5]])})
     >>> own_excess(m).round(2).tolist()
-    [[-0.03, -0.03, 0.05]]
-    >>> m.cols["compute_cpu_ms"] = np.array([[19.0, 19.0, 31.0]])    # two threads each
-    >>> own_excess(m).round(2).tolist()
-    [[-0.55, -0.55, 0.49]]
+    [[-0.55, -0.55, 0.05]]
     """
     x, x_cpu = clock_excess(m, own)
-    if x_cpu is None:
-        return x
-    wall, cpu = m.col("compute_time_ms"), m.col("compute_cpu_ms")
-    one_core = cpu <= wall * ONE_CORE
-    return np.where(np.isnan(x_cpu), x, np.where(one_core, x_cpu, np.minimum(x, x_cpu)))
+    return x if x_cpu is None else np.where(np.isnan(x_cpu), x, np.minimum(x, x_cpu))
 
 
 def clock_excess(m: StepMatrix, own: np.ndarray | None = None

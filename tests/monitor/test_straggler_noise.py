@@ -135,35 +135,3 @@ def test_cpu_times_that_are_no_times_leave_the_wall_clock_to_judge():
     alerts = stragglers(m)
     assert {a["rank"] for a in alerts} == {1}
     assert "cpu_ratio" not in alerts[0]["evidence"]
-
-
-#: A neighbour holding the *healthy* rank's core on and off (rank 0's wall time, not its CPU time):
-#: the slower rank's wall-clock excess over it shrinks in those steps.
-PEER_HELD = tuple((0, s, s + 1, 1.6) for s in range(60, 100, 3))
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_a_straggler_whose_peer_a_neighbour_slows_is_found_by_its_cpu_time(seed):
-    """On one core at a time (CPU time below wall time) the CPU clock alone judges own work: the
-    1.5x rank is named within 10 steps, though rank 0's wall clock, stretched by a neighbour in
-    two steps of three, makes rank 1's wall-clock excess small in those steps (the smaller of the
-    two clocks' excesses found it at step 40 of a real run with a CPU hog, the CPU clock at 17)."""
-    m = rank_pair(seed, n_steps=100, slow=1.5, onset=60, jitter=0.08, turns=PEER_HELD)
-    held = with_cpu(m, stolen=PEER_HELD)
-    alerts = stragglers(held)
-    assert {a["rank"] for a in alerts} == {1}
-    assert 60 <= alerts[0]["step"] <= 70
-    x = derive(held)["x_own"]
-    assert np.nanmedian(x[60:100, 1]) == pytest.approx(np.log(1.5), abs=0.1)
-
-
-def test_cells_that_ran_threads_in_parallel_keep_the_smaller_excess():
-    """CPU time above wall time: threads in parallel, whose spinning at a barrier counts as CPU
-    time; there the wall clock caps the CPU clock's excess (rank 1 spun 1.6x the CPU of its
-    peer without taking longer: no straggler)."""
-    m = rank_pair(0, n_steps=120, jitter=0.05)
-    cpu = m.cols["compute_time_ms"] * 1.9                     # two threads, mostly busy
-    cpu[40:, 1] *= 1.6
-    spun = StepMatrix(m.steps, m.ranks, dict(m.cols, compute_cpu_ms=cpu), m.job)
-    assert stragglers(spun) == []
-    assert np.nanmedian(derive(spun)["x_own"][40:, 1]) < 0.1

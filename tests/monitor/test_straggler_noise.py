@@ -135,3 +135,15 @@ def test_cpu_times_that_are_no_times_leave_the_wall_clock_to_judge():
     alerts = stragglers(m)
     assert {a["rank"] for a in alerts} == {1}
     assert "cpu_ratio" not in alerts[0]["evidence"]
+
+
+def test_a_rank_whose_threads_spin_without_taking_longer_is_no_straggler():
+    """Threads in parallel (CPU time above wall time) whose waiting at a barrier spins count
+    as CPU time: rank 1 spent 1.6x its peer's CPU time without taking longer. Own work counts
+    the smaller of the two clocks' excesses, so the wall clock caps it: no straggler."""
+    m = rank_pair(0, n_steps=120, jitter=0.05)
+    cpu = m.cols["compute_time_ms"] * 1.9                     # two threads, mostly busy
+    cpu[40:, 1] *= 1.6
+    spun = StepMatrix(m.steps, m.ranks, dict(m.cols, compute_cpu_ms=cpu), m.job)
+    assert stragglers(spun) == []
+    assert np.nanmedian(derive(spun)["x_own"][40:, 1]) < 0.1

@@ -12,7 +12,8 @@
 #define BLOCK 2048
 
 /* max, min, sum, sum of squares over blocks of float lanes (vectorised) summed into doubles;
-   NaN/Inf are counted in a second pass only when the sum is not finite. */
+   NaN/Inf are counted in a second pass only when the sum is not finite, and when every value
+   is finite the sums are taken again in double (a float lane overflowed). */
 #define BODY(T)                                                                         \
     T mx[LANES], mn[LANES];                                                             \
     double S = 0, Q = 0;                                                                \
@@ -47,6 +48,11 @@
             NN += isnan(x[j]) ? 1 : 0; NI += isinf(x[j]) ? 1 : 0;                       \
         }                                                                               \
         if (NN) { MX = NAN; MN = NAN; }                                                 \
+        else if (!NI) {          /* all finite: a lane's float sum overflowed (|x| > ~1.8e19 \
+                                    squared); sum again in double */                    \
+            S = 0; Q = 0;                                                               \
+            for (int64_t j = 0; j < n; j++) { double v = x[j]; S += v; Q += v * v; }    \
+        }                                                                               \
     }                                                                                   \
     out[0] = MX; out[1] = MN; out[2] = S; out[3] = Q; out[4] = NN; out[5] = NI;
 
@@ -128,6 +134,15 @@ void probe_stats_f64(const double *x, int64_t n, double *out) { stats_f64(x, n, 
             pw[0] += w * w; pm[0] += a * a; pv[0] += b * b; pu[0] += u * u;             \
         }                                                                               \
         for (int k = 0; k < LANES; k++) { P += pw[k]; M += pm[k]; V += pv[k]; U += pu[k]; } \
+    }                                                                                   \
+    if (!isfinite(P) || !isfinite(M) || !isfinite(V) || !isfinite(U)) {                 \
+        /* a lane's float sum overflowed, or the data is not finite: again in double */ \
+        P = M = V = U = 0;                                                              \
+        for (int64_t j = 0; j < n; j++) {                                               \
+            double w = p[j], a = m[j], b = v[j];                                        \
+            double u = (c[3] * w + c[0] * a / (sqrt(b) * c[1] + c[2])) * c[4];          \
+            P += w * w; M += a * a; V += b * b; U += u * u;                             \
+        }                                                                               \
     }                                                                                   \
     double NN = 0, NI = 0;                                                              \
     if (!isfinite(P)) {                                                                 \

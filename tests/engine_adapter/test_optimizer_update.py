@@ -91,3 +91,18 @@ def test_others_are_left_to_the_copy(name, monkeypatch):
 def test_reads_update_says_beforehand_what_measure_param_does(name):
     opt = {**KNOWN, **UNKNOWN}[name]([torch.nn.Parameter(torch.ones(3))])
     assert reads_update(opt, opt.param_groups[0]) == (name in KNOWN)
+
+
+def test_the_adam_kernel_sums_squares_past_float32_in_double():
+    """A second moment of 1e20 (gradients of 1e10, a diverging run): its sum of squares is
+    1e42 per 100 elements, past float32; the kernel's float lanes overflowed to inf, and the
+    state's norm read Infinity. They are summed again in double."""
+    if not optimizer_update.native_kernel():
+        pytest.skip("no C compiler: torch computes the norms")
+    n = 100
+    p, m, v = torch.ones(n), torch.full((n,), 1e10), torch.full((n,), 1e20)
+    got = optimizer_update._adam_native(p, m, v, [0.01, 1.0, 1e-8, 0.0, 1.0])
+    assert got[0] == pytest.approx(n) and got[1] == pytest.approx(n * 1e20, rel=1e-6)
+    assert got[2] == pytest.approx(n * 1e40, rel=1e-6) and math.isfinite(got[2])
+    assert got[3] == pytest.approx(n * 1e-4, rel=1e-5)      # u = 0.01 * 1e10 / 1e10
+    assert got[4:] == (0.0, 0.0)

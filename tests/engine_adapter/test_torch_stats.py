@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine_adapter import torch_stats
+from engine_adapter.base import FLOAT, INTEGER
 from engine_adapter.torch_stats import TorchStats
 
 
@@ -65,3 +66,80 @@ def test_views_of_the_same_bytes_share_a_key_and_other_bytes_do_not():
     before = stats.identity(x)
     x.add_(1)
     assert stats.identity(x) != before                  # an in-place change is new data
+
+
+# -- the accelerator path (run on CPU tensors here; on the GPU where there is one) -------------
+
+def _device_stats(x: torch.Tensor) -> list[float]:
+    stats = TorchStats()
+    return stats.gather([torch_stats._reduce_device(x, stats.describe(x).kind)])[0]
+
+
+def _same(got: list[float], want: list[float]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if math.isnan(w):
+            assert math.isnan(g)
+        else:
+            assert g == pytest.approx(w, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("chunk", [torch_stats.DEVICE_CHUNK, 7])
+@pytest.mark.parametrize("case", ["normal", "huge", "nan", "infs", "half", "bfloat16", "int"])
+def test_the_device_path_gives_the_host_paths_statistics(case, chunk, monkeypatch):
+    """Over one chunk or many (chunk 7): the same six numbers as the host kernel, the sum and
+    the sum of squares in float64 (values of 1e20: the sum of squares is 1e41, not inf)."""
+    monkeypatch.setattr(torch_stats, "DEVICE_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(3)
+    x = {"normal": lambda: torch.randn(1000, generator=gen),
+         "huge": lambda: torch.tensor([1e20, -3e20, 2.0] * 10),
+         "nan": lambda: torch.tensor([1.0, float("nan"), float("inf"), 2.0] * 5),
+         "infs": lambda: torch.tensor([1.0, float("inf"), -float("inf"), float("inf")] * 5),
+         "half": lambda: torch.randn(300, generator=gen).half(),
+         "bfloat16": lambda: torch.randn(300, generator=gen).bfloat16(),
+         "int": lambda: torch.arange(-50, 50, dtype=torch.int32)}[case]()
+    got = _device_stats(x)
+    _same(got, torch_stats._reduce_host(x, TorchStats().describe(x).kind))
+    if case == "huge":
+        assert got[3] == pytest.approx(1e42, rel=1e-6)
+    if case in ("nan", "infs"):
+        assert got[4:] == ([5.0, 5.0] if case == "nan" else [0.0, 15.0])
+
+
+def test_a_device_handle_is_one_float64_tensor_that_gather_reads_with_the_others():
+    stats = TorchStats()
+    handles = [torch_stats._reduce_device(torch.arange(4.0), FLOAT),
+               torch_stats._reduce_device(torch.arange(3, dtype=torch.int64), INTEGER),
+               stats.reduce(torch.arange(4.0), FLOAT)]             # a host list beside them
+    assert handles[0].dtype == torch.float64 and handles[0].shape == (6,)
+    assert stats.gather(handles) == [[3.0, 0.0, 6.0, 14.0, 0.0, 0.0], [2.0, 0.0],
+                                     [3.0, 0.0, 6.0, 14.0, 0.0, 0.0]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_statistics_on_the_gpu_are_the_hosts(dtype):
+    stats = TorchStats()
+    x = torch.randn(3_000_000, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x[17] = float("inf")
+    got = stats.gather([stats.reduce(x.cuda(), FLOAT)])[0]
+    _same(got, torch_stats._reduce_host(x, FLOAT))
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("n", [3, 40, 100_003])
+def test_values_whose_squares_overflow_float32_give_a_finite_sum_of_squares(native, n, monkeypatch):
+    """|x| = 1e20: x * x is 1e40, past float32's 3.4e38. The kernel's float lanes (and NumPy's
+    float32 dot) overflowed to inf, so the dump's Norm read Infinity for a finite tensor (a
+    diverging layer, just what the dump is for); the sums are taken again in double."""
+    if not native:
+        monkeypatch.setattr(torch_stats, "_kernel", False)
+    elif not torch_stats._load_kernel():
+        pytest.skip("no C compiler: the NumPy path is used")
+    x = torch.full((n,), 1e20)
+    x[0] = -3e20
+    got = TorchStats().gather([TorchStats().reduce(x, FLOAT)])[0]
+    want = expected(x)
+    assert got[3] == pytest.approx(want[3], rel=1e-6) and math.isfinite(got[3])
+    assert got[2] == pytest.approx(want[2], rel=1e-6)
+    assert got[4:] == [0.0, 0.0]

@@ -22,7 +22,6 @@ one stacked reduction per tensor left on the device and read once per step.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import warnings
 import zlib
@@ -35,6 +34,7 @@ from mindspore import nn, ops
 
 from engine_adapter.base import FLOAT, INTEGER, OPAQUE, EngineAdapter, HookSink, StatsBackend, TensorMeta
 from engine_adapter.guard import ReentryGuard
+from engine_adapter.host_stats import array_stats
 
 _FLOATS = {ms.float16, ms.float32, ms.float64, getattr(ms, "bfloat16", ms.float16)}
 _INTS = {ms.int8, ms.int16, ms.int32, ms.int64, ms.uint8, ms.uint16, ms.uint32, ms.uint64}
@@ -84,11 +84,7 @@ class MindSporeStats(StatsBackend):
             return [float(a.max()), float(a.min())]
         if a.dtype == np.float16:
             a = a.astype(np.float32)
-        s = float(a.sum(dtype=np.float64))
-        if math.isfinite(s):
-            return [float(a.max()), float(a.min()), s, float(np.dot(a, a)), 0.0, 0.0]
-        return [float(a.max()), float(a.min()), s, float(np.dot(a, a)),
-                float(np.count_nonzero(np.isnan(a))), float(np.count_nonzero(np.isinf(a)))]
+        return array_stats(a)
 
     def gather(self, handles: Sequence[Any]) -> list[list[float] | None]:
         out: list[list[float] | None] = [None] * len(handles)

@@ -27,7 +27,6 @@ step however many tensor objects and views show it.
 
 from __future__ import annotations
 
-import math
 import os
 import zlib
 from typing import Any, Sequence
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend, TensorMeta
+from engine_adapter.host_stats import array_stats
 
 _FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 _INTS = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
@@ -292,14 +292,7 @@ def _reduce_host(x: torch.Tensor, kind: str) -> list[float]:
     a = x.detach().numpy().reshape(-1)
     if kind == INTEGER:
         return [float(a.max()), float(a.min())]
-    s, q = float(x.sum()), float(np.dot(a, a))
-    if math.isfinite(s) and math.isfinite(q):
-        return [float(a.max()), float(a.min()), s, q, 0.0, 0.0]
-    nan, inf = float(np.count_nonzero(np.isnan(a))), float(np.count_nonzero(np.isinf(a)))
-    if not nan and not inf:          # all finite: float32 overflowed (|x| > ~1.8e19 squared)
-        d = a.astype(np.float64)
-        s, q = float(d.sum()), float(np.dot(d, d))
-    return [float(a.max()), float(a.min()), s, q, nan, inf]
+    return array_stats(a, float(x.sum()))
 
 
 def _numpy_ok(dtype: torch.dtype) -> bool:

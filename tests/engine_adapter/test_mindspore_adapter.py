@@ -139,3 +139,19 @@ def test_probe_dump_runs_a_mindspore_script_with_steps_from_its_optimizer(tmp_pa
     assert sorted(p.name for p in out.glob("step*")) == ["step0", "step2"]
     data = json.loads((out / "step2/rank0/dump.json").read_text())["data"]
     assert {"Cell.0.Dense.forward.0", "Cell.2.Dense.backward.0", "Cell.0.Dense.parameters_grad.0"} <= set(data)
+
+
+def test_mindspore_statistics_of_values_past_float32_squared_are_finite():
+    """Host tensors of 1e20: the sum of squares (1e42 here) was float32's dot, inf; the same
+    finite numbers as PyTorch's now."""
+    import numpy as np
+
+    from engine_adapter.mindspore_adapter import MindSporeStats
+    from engine_adapter.torch_stats import TorchStats
+
+    a = np.array([1e20, -3e20, 2.0] * 10, dtype=np.float32)
+    s, t = MindSporeStats(), ms.Tensor(a)
+    got = s.gather([s.reduce(t, s.describe(t).kind)])[0]
+    x = torch.from_numpy(a)
+    want = TorchStats().gather([TorchStats().reduce(x, TorchStats().describe(x).kind)])[0]
+    assert got == pytest.approx(want, rel=1e-6) and got[3] == pytest.approx(1e42, rel=1e-6)

@@ -3,16 +3,17 @@
 For a floating tensor the statistics are ``[max, min, sum, sumsq, nan_count, inf_count]``,
 computed where the tensor lives:
 
-- on an accelerator, one stacked reduction per tensor (``aminmax``, ``sum``, a dot product for
-  the sum of squares, NaN and Inf counts) left on the device as a handle; nothing reaches the
-  host until :meth:`TorchStats.gather` stacks every handle of the step and reads it with one
+- on an accelerator, one stacked reduction per tensor (``aminmax``; the sum, the sum of squares
+  and the NaN and Inf counts in float64 over chunks of :data:`DEVICE_CHUNK` elements: see
+  :func:`_reduce_device`) left on the device as a handle; nothing reaches the host until
+  :meth:`TorchStats.gather` stacks every handle of the step and reads it with one
   ``tolist()`` per device: no host-device synchronisation per tensor;
 - on the CPU the tensor already is on the host: one pass of a small native kernel (compiled
   once per machine with the system C compiler, cached under ``~/.cache/probe``) reads max,
   min, sum, sum of squares and NaN/Inf counts at memory speed, a large tensor on torch's own
   OpenMP threads (each reads the share it just wrote, still in its core's cache). Without a compiler the same
-  numbers come from a zero-copy NumPy view (SIMD ``max``/``min``, BLAS dot, one ``torch.sum``;
-  NaN/Inf counted only when the sum is not finite). The handle is then the finished list.
+  numbers come from a zero-copy NumPy view (:func:`engine_adapter.host_stats.array_stats`).
+  The handle is then the finished list.
 
 :meth:`TorchStats.identity` keys a tensor by its bytes (address, dtype, extent, version), valid
 while its storage lives (:meth:`TorchStats.owner`), so the recorder reads the same data once a

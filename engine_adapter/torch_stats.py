@@ -269,10 +269,11 @@ def _reduce_device(t: torch.Tensor, kind: str) -> torch.Tensor:
         f64 = torch.float64
         mn, mx = torch.aminmax(x)
         parts = []
-        for part in x.split(DEVICE_CHUNK):
-            part = part.to(f64)
-            counts = torch.stack([torch.count_nonzero(torch.isnan(part)),
-                                  torch.count_nonzero(torch.isinf(part))]).to(f64)
+        for chunk in x.split(DEVICE_CHUNK):
+            # the counts from the chunk as it is (half the bytes of its float64 copy)
+            counts = torch.stack([torch.count_nonzero(torch.isnan(chunk)),
+                                  torch.count_nonzero(torch.isinf(chunk))]).to(f64)
+            part = chunk.to(f64)
             parts.append(torch.cat([torch.stack([part.sum(), torch.dot(part, part)]), counts]))
         rest = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
         return torch.cat([torch.stack([mx, mn]).to(f64), rest])

@@ -290,6 +290,8 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     mstx.range_end(r, domain="engine")
     loss_value = loss.item()
     grad_norm, nonfinite, *losses = stats.tolist()
+    if math.isinf(grad_norm) and nonfinite == 0:
+        grad_norm = norm_in_float64(grad_flat)     # float32's sum of squares overflowed
     bad_grad_ranks = None
     if not math.isfinite(grad_norm) and all(math.isfinite(v) for v in losses):
         bad_grad_ranks = _ranks_with_bad_gradients(grads, ctx.rank, world, device)
@@ -313,6 +315,20 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
         metrics["compute_cpu_ms"] = ((c2b - c1) + (c4 - c3)) * 1e3
     planter.tail = (t4 - t3, c4 - c3)
     return metrics, _health(step, losses, grad_norm, bad_grad_ranks)
+
+
+def norm_in_float64(x: torch.Tensor, chunk: int = 1 << 22) -> float:
+    """The L2 norm of ``x`` summed in float64, ``chunk`` elements at a time (no float64 copy of
+    the whole): for finite gradients past ~1.8e19, whose float32 norm is inf. The step reports
+    the float32 norm, read with its losses in one transfer, and asks this only then: a finite
+    gradient's norm read inf, and the monitor named it a NaN/Inf gradient.
+
+    >>> norm_in_float64(torch.full((100,), 1e20)), float(torch.linalg.vector_norm(torch.full((100,), 1e20)))
+    (1.0000000200408773e+21, inf)
+    """
+    with torch.no_grad():
+        total = sum(torch.dot(c, c) for c in (part.to(torch.float64) for part in x.reshape(-1).split(chunk)))
+        return math.sqrt(float(total))
 
 
 def _ranks_with_bad_gradients(grads: list, rank: int, world: int, device: torch.device) -> list[int]:

@@ -95,3 +95,18 @@ def test_dump_and_profile_of_a_nan_run_exit_4_after_writing_unless_allow_nan(tmp
                   "--out", str(tmp_path / "p"))
     assert p.returncode == 0, p.stderr
     assert "for 3 steps (0-2)" in p.stdout and "step 1: loss = nan" in p.stderr
+
+
+def test_finite_gradients_past_float32s_squares_train_on_with_their_norm(tmp_path):
+    """lm_head scaled by 1e21: every gradient is finite, their norm ~1e21; float32's sum of
+    squares overflowed, the step read the norm as inf and stopped the run at step 0 as a
+    NaN/Inf gradient. The norm is summed again in float64 then."""
+    from collectors.store import open_store
+
+    out = tmp_path / "big"
+    r = run_probe("train", "--max-steps", "3", "--fault", "scale:lm_head.weight:1e21", "--quiet",
+                  "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "for 3 steps (0-2)" in r.stdout
+    norms = [v for (v,) in open_store(out).sql("select grad_norm from steps order by step").fetchall()]
+    assert len(norms) == 3 and all(1e20 < v < 1e22 for v in norms), norms

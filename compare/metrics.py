@@ -49,18 +49,53 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
 
 
 def load_array(path: str) -> np.ndarray | None:
-    """Read a dumped tensor file without torch; ``None`` when the format needs torch."""
+    """Read a dumped tensor file without torch; ``None`` when the format needs torch or the file
+    cannot be read (the row keeps its statistics). A bfloat16 tensor, which NumPy has no dtype
+    for, is read as the float32 numbers it holds."""
     try:
         if path.endswith(".npy"):
             return np.load(path, allow_pickle=False)
         if path.endswith(".safetensors"):
             from safetensors.numpy import load_file
 
-            tensors = load_file(path)
+            try:
+                tensors = load_file(path)
+            except TypeError:                 # "data type 'bfloat16' not understood"
+                return _bfloat16_safetensors(path)
             return next(iter(tensors.values())) if tensors else None
-    except Exception:  # noqa: BLE001 - an unreadable or numpy-less dtype (bfloat16): keep the statistics
+    except Exception:  # noqa: BLE001 - an unreadable file: keep the statistics
         return None
     return None
+
+
+#: the largest safetensors header read (the format's own limit is 100 MB)
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def _bfloat16_safetensors(path: str) -> np.ndarray | None:
+    """The one BF16 tensor of a safetensors file as float32 (a bfloat16 is the top half of the
+    float32 of the same value), or None when the file holds anything else."""
+    import json
+    import math
+
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size <= _MAX_HEADER:
+            return None
+        header = json.loads(f.read(size))
+        entries = [v for k, v in header.items() if k != "__metadata__"]
+        if len(entries) != 1 or entries[0].get("dtype") != "BF16":
+            return None
+        shape = [int(d) for d in entries[0]["shape"]]
+        start, end = (int(o) for o in entries[0]["data_offsets"])
+        if end - start != 2 * math.prod(shape):
+            return None
+        f.seek(8 + size + start)
+        raw = f.read(end - start)
+    if len(raw) != end - start:
+        return None
+    bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+    return bits.view(np.float32).reshape(shape)
 
 
 def add_tensor_metrics(rows: pa.Table, progress: bool = False) -> pa.Table:

@@ -2,8 +2,8 @@
 
 Statistics-mode metrics (differences and relative errors of max/min/mean/norm) are SQL in
 :mod:`compare.tensor_rows`; this module adds the element-wise metrics when both sides of a row
-have a readable tensor file (``.npy``, or ``.safetensors`` through safetensors' numpy API;
-``.pt`` files need torch, which compare never imports, so those rows keep their statistics).
+have a readable tensor file (``.npy``; ``.safetensors`` through safetensors' numpy API, bfloat16
+read here; ``.pt`` files as :mod:`compare.pt_reader` reads them, without torch).
 
 >>> import numpy as np
 >>> m = tensor_metrics(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0015]))
@@ -55,6 +55,10 @@ def load_array(path: str) -> np.ndarray | None:
     try:
         if path.endswith(".npy"):
             return np.load(path, allow_pickle=False)
+        if path.endswith(".pt"):                  # msprobe's PyTorch tensor files
+            from compare.pt_reader import read_pt
+
+            return read_pt(path)
         if path.endswith(".safetensors"):
             from safetensors.numpy import load_file
 

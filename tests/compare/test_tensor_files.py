@@ -60,3 +60,57 @@ def test_a_tensor_dump_of_a_bfloat16_model_compares_element_by_element(tmp_path)
     assert rows and all(r["cosine"] is not None for r in rows)
     weight = next(r for r in rows if r["name_a"] == "Module.2.Linear.forward.0.parameters.weight")
     assert weight["cosine"] == pytest.approx(1.0, abs=1e-5) and weight["max_rel_err"] == pytest.approx(0.05, abs=0.01)
+
+
+# -- msprobe's PyTorch tensor files (torch.save), read without torch ---------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_a_torch_save_file_is_read_as_its_values(tmp_path, dtype):
+    from compare.pt_reader import read_pt
+
+    t = (torch.randn(6, 5, generator=torch.Generator().manual_seed(2)) * 10).to(dtype)
+    path = tmp_path / "t.pt"
+    torch.save(t, path)
+    got = read_pt(str(path))
+    want = t.float().numpy() if dtype == torch.bfloat16 else t.numpy()
+    assert got.shape == (6, 5) and np.array_equal(got, want)
+
+
+def test_a_saved_view_is_read_with_its_offset_and_strides(tmp_path):
+    from compare.metrics import load_array
+
+    base = torch.arange(60.0).reshape(6, 10)
+    view = base[1:5, 2:9:3].t()                   # offset, step and transpose over one storage
+    torch.save(view, tmp_path / "v.pt")
+    assert np.array_equal(load_array(str(tmp_path / "v.pt")), view.numpy())
+
+
+class _Boom:
+    def __reduce__(self):
+        import os
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+@pytest.mark.parametrize("what", ["code", "dict", "not a zip", "missing storage"])
+def test_a_pt_file_that_is_not_one_tensor_is_none_and_runs_nothing(tmp_path, what):
+    import zipfile
+
+    from compare.pt_reader import read_pt
+
+    path = tmp_path / "x.pt"
+    if what == "code":
+        torch.save(_Boom(), path)                 # a pickle that would call os.system
+    elif what == "dict":
+        torch.save({"a": torch.ones(2)}, path)
+    elif what == "not a zip":
+        path.write_bytes(b"\x80\x02}q\x00.")
+    else:
+        torch.save(torch.ones(3), path)
+        with zipfile.ZipFile(path) as z:
+            names = {n: z.read(n) for n in z.namelist()}
+        with zipfile.ZipFile(path, "w") as z:
+            for n, b in names.items():
+                if "/data/" not in n:
+                    z.writestr(n, b)
+    assert read_pt(str(path)) is None

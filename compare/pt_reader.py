@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import collections
+import math
 import pickle
 import zipfile
 from typing import IO, Any
@@ -42,6 +43,8 @@ def _rebuild(storage: np.ndarray, offset: int, size: tuple, stride: tuple, *_: A
     size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
     if any(s < 0 for s in size + stride) or offset < 0:
         raise ValueError("negative size, stride or offset")
+    if math.prod(size) > MAX_ELEMENTS:
+        raise ValueError("tensor too large")
     if size and all(size):
         last = offset + sum((n - 1) * st for n, st in zip(size, stride))
         if last >= storage.size:
@@ -73,7 +76,11 @@ class _Unpickler(pickle.Unpickler):
         kind, key, numel = pid[1].dtype, str(pid[2]), int(pid[4])
         if not 0 <= numel <= MAX_ELEMENTS:
             raise pickle.UnpicklingError("storage too large")
-        raw = self.archive.read(f"{self.prefix}data/{key}")
+        name = f"{self.prefix}data/{key}"
+        width = 2 if kind == "bfloat16" else np.dtype(kind).itemsize
+        if self.archive.getinfo(name).file_size != numel * width:
+            raise pickle.UnpicklingError("the storage's size is not its elements'")
+        raw = self.archive.read(name)
         if kind == "bfloat16":
             bits = np.frombuffer(raw, dtype="<u2", count=numel).astype(np.uint32) << 16
             return bits.view(np.float32)

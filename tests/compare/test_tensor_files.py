@@ -114,3 +114,19 @@ def test_a_pt_file_that_is_not_one_tensor_is_none_and_runs_nothing(tmp_path, wha
                 if "/data/" not in n:
                     z.writestr(n, b)
     assert read_pt(str(path)) is None
+
+
+def test_an_expanded_tensor_is_read_whole_and_a_storage_of_the_wrong_size_is_refused(tmp_path):
+    import zipfile
+
+    from compare.pt_reader import read_pt
+
+    torch.save(torch.arange(3.0).reshape(3, 1).expand(3, 4), tmp_path / "e.pt")   # stride 0
+    assert np.array_equal(read_pt(str(tmp_path / "e.pt")), np.repeat(np.arange(3.0)[:, None], 4, 1))
+    torch.save(torch.ones(8), tmp_path / "s.pt")
+    with zipfile.ZipFile(tmp_path / "s.pt") as z:
+        names = {n: z.read(n) for n in z.namelist()}
+    with zipfile.ZipFile(tmp_path / "s.pt", "w") as z:
+        for n, b in names.items():
+            z.writestr(n, b[:-4] if "/data/" in n else b)     # the storage one element short
+    assert read_pt(str(tmp_path / "s.pt")) is None

@@ -98,8 +98,9 @@ def _bfloat16_safetensors(path: str) -> np.ndarray | None:
         raw = f.read(end - start)
     if len(raw) != end - start:
         return None
-    bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-    return bits.view(np.float32).reshape(shape)
+    from compare.pt_reader import bfloat16_values
+
+    return bfloat16_values(raw, len(raw) // 2).reshape(shape)
 
 
 def add_tensor_metrics(rows: pa.Table, progress: bool = False) -> pa.Table:

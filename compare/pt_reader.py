@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["read_pt"]
+__all__ = ["bfloat16_values", "read_pt"]
 
 #: the storage types torch pickles, and their element dtype ("bfloat16": 2 bytes, widened)
 _STORAGES = {
@@ -32,6 +32,16 @@ _STORAGES = {
 }
 #: the largest tensor read (elements): a bigger storage is not compared element-wise
 MAX_ELEMENTS = 1 << 31
+
+
+def bfloat16_values(raw: bytes, count: int) -> np.ndarray:
+    """``count`` little-endian bfloat16 numbers as float32 (NumPy has no bfloat16; a bfloat16 is
+    the top half of the float32 of the same value).
+
+    >>> bfloat16_values(bytes([0x80, 0x3f, 0xc0, 0xff]), 2).tolist()       # 1.0, NaN
+    [1.0, nan]
+    """
+    return (np.frombuffer(raw, dtype="<u2", count=count).astype(np.uint32) << 16).view(np.float32)
 
 
 class _Storage:
@@ -82,8 +92,7 @@ class _Unpickler(pickle.Unpickler):
             raise pickle.UnpicklingError("the storage's size is not its elements'")
         raw = self.archive.read(name)
         if kind == "bfloat16":
-            bits = np.frombuffer(raw, dtype="<u2", count=numel).astype(np.uint32) << 16
-            return bits.view(np.float32)
+            return bfloat16_values(raw, numel)
         return np.frombuffer(raw, dtype=kind, count=numel)
 
 

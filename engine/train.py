@@ -317,18 +317,21 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     return metrics, _health(step, losses, grad_norm, bad_grad_ranks)
 
 
-def norm_in_float64(x: torch.Tensor, chunk: int = 1 << 22) -> float:
-    """The L2 norm of ``x`` summed in float64, ``chunk`` elements at a time (no float64 copy of
-    the whole): for finite gradients past ~1.8e19, whose float32 norm is inf. The step reports
-    the float32 norm, read with its losses in one transfer, and asks this only then: a finite
-    gradient's norm read inf, and the monitor named it a NaN/Inf gradient.
+def norm_in_float64(x: torch.Tensor) -> float:
+    """The L2 norm of ``x`` from :class:`engine_adapter.torch_stats.TorchStats`' statistics,
+    whose sum of squares is float64 (the native kernel on the host, float64 chunks on a device):
+    for finite gradients past ~1.8e19, whose float32 norm is inf. The step reports the float32
+    norm, read with its losses in one transfer, and asks this only then: a finite gradient's
+    norm read inf, and the monitor named it a NaN/Inf gradient.
 
     >>> norm_in_float64(torch.full((100,), 1e20)), float(torch.linalg.vector_norm(torch.full((100,), 1e20)))
     (1.0000000200408773e+21, inf)
     """
-    with torch.no_grad():
-        total = sum(torch.dot(c, c) for c in (part.to(torch.float64) for part in x.reshape(-1).split(chunk)))
-        return math.sqrt(float(total))
+    from engine_adapter.base import FLOAT
+    from engine_adapter.torch_stats import TorchStats
+
+    stats = TorchStats()
+    return math.sqrt(stats.gather([stats.reduce(x.detach().reshape(-1), FLOAT)])[0][3])
 
 
 def _ranks_with_bad_gradients(grads: list, rank: int, world: int, device: torch.device) -> list[int]:

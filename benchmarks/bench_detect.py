@@ -39,7 +39,9 @@ Goals (issue 21): healthy runs raise no straggler alert and at most one slow-ste
 1,000 rank-steps; a 1.5x straggler is found within 10 steps naming only that rank, a 1.2x one
 within 30; a hang within 10 s naming the stuck rank and the collective the others wait in;
 1,024 simulated ranks do as well, with the service's detection work under 1 ms per step per
-hundred ranks (measured: the rolling window, the store query included, per judged step). The
+hundred ranks (measured: the rolling window, the store query included, per judged step; on a
+healthy job and on one with a straggler, whose open alert is judged again at every step: the
+larger counts). The
 10- and 30-step goals are checked on the simulated jobs, and the 10-step one on the real 1.5x
 stragglers too (2 ranks, slowed from step 0, so with no healthy history to measure the noise
 on: the young job's noise rates are taken high, see :mod:`monitor.detectors`, rule 3).
@@ -255,8 +257,14 @@ def sim_scores(ranks: list[int], steps: int, seeds: int) -> list[Score]:
     return out
 
 
-def service_cost(ranks: int, steps: int) -> tuple[float, float]:
-    """The service's detection work per judged step for a healthy simulated job of ``ranks``:
+#: The simulated jobs whose service detection work is timed: a healthy one, and the costliest
+#: (an open straggler alert is judged again at every step, its evidence with it).
+COST_KINDS = ("healthy", "straggler:1.5")
+
+
+def service_cost(ranks: int, steps: int, kind: str = "healthy") -> tuple[float, float]:
+    """The service's detection work per judged step for a simulated job of ``ranks`` (``kind``, a
+    scenario of :func:`simulate`):
     the store holds every point (DuckDB), and :meth:`monitor.detection.Detection.detect_once`
     runs once per step (the query of the new step, the window, the detectors, the hang check).
     Returns (CPU ms, wall ms) per step; CPU time (the process's, DuckDB's threads included) is
@@ -268,7 +276,7 @@ def service_cost(ranks: int, steps: int) -> tuple[float, float]:
     from monitor.storage import BatchKey, MonitorStore
     from monitor.watchers import Watchers
 
-    m, _ = simulate("healthy", ranks, steps, seed=7)
+    m, _ = simulate(kind, ranks, steps, seed=7)
     names = [n for n in ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms",
                          "loss", "grad_norm", "nonfinite_grads", "device_mem_mb")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -416,7 +424,7 @@ def real_hang(nproc: int, at_step: int, tmp: Path) -> Score:
 
 # -- the table ---------------------------------------------------------------------------------
 
-def table(scores: list[Score], costs: dict[int, tuple[float, float]],
+def table(scores: list[Score], costs: dict[tuple[str, int], tuple[float, float]],
           hangs_sim: dict[int, tuple[bool, float]]) -> list[str]:
     rows: dict[tuple, list[Score]] = {}
     for s in scores:
@@ -441,17 +449,17 @@ def table(scores: list[Score], costs: dict[int, tuple[float, float]],
                      f"{'-' if math.isnan(ms) else f'{ms:.2f}':>11}")
     lines.append("")
     lines.append("service detection work per judged step (store query, window, detectors, hang "
-                 "check), healthy simulated job:")
-    for r, (cpu, wall) in sorted(costs.items()):
-        lines.append(f"  {r:>5} ranks: {cpu:6.2f} ms CPU ({cpu / r * 100:.2f} ms per 100 ranks), "
-                     f"{wall:6.2f} ms wall")
+                 "check), simulated jobs:")
+    for (kind, r), (cpu, wall) in sorted(costs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lines.append(f"  {kind:<14} {r:>5} ranks: {cpu:6.2f} ms CPU ({cpu / r * 100:.2f} ms per 100 "
+                     f"ranks), {wall:6.2f} ms wall")
     for r, (ok, ms) in sorted(hangs_sim.items()):
         lines.append(f"  simulated hang, {r} ranks: {'named the stuck rank and all_reduce #41' if ok else 'MISSED'}"
                      f" in {ms:.1f} ms")
     return lines
 
 
-def goals(scores: list[Score], costs: dict[int, tuple[float, float]],
+def goals(scores: list[Score], costs: dict[tuple[str, int], tuple[float, float]],
           hangs_sim: dict[int, tuple[bool, float]]) -> list[str]:
     """Each goal of issue 21: met or missed, with the numbers."""
     out = []
@@ -482,10 +490,12 @@ def goals(scores: list[Score], costs: dict[int, tuple[float, float]],
     if hang:
         out.append((len(ok) == len(hang), f"hang: named within 10 s in {len(ok)} of {len(hang)} "
                     f"real runs ({', '.join(f'{s.detect_s:.1f} s' for s in hang if s.detect_s)})"))
-    big = costs.get(1024)
+    big = {kind: cpu / 1024 * 100 for (kind, r), (cpu, _) in costs.items() if r == 1024}
     if big:
-        out.append((big[0] / 1024 * 100 < 1.0, f"1,024 ranks: {big[0] / 1024 * 100:.2f} ms CPU per "
-                    "step per 100 ranks (goal < 1)"))
+        worst = max(big, key=big.get)
+        out.append((big[worst] < 1.0, f"1,024 ranks: {big[worst]:.2f} ms CPU per step per 100 ranks "
+                    f"at most ({worst}; " + ", ".join(f"{k} {v:.2f}" for k, v in big.items())
+                    + ") (goal < 1)"))
     if hangs_sim:
         out.append((all(ok for ok, _ in hangs_sim.values()),
                     "simulated hangs named at every scale"))
@@ -511,14 +521,15 @@ def main() -> int:
     a = p.parse_args()
     sizes = [int(r) for r in a.ranks.split(",")]
     scores: list[Score] = []
-    costs: dict[int, tuple[float, float]] = {}
+    costs: dict[tuple[str, int], tuple[float, float]] = {}
     hangs_sim: dict[int, tuple[bool, float]] = {}
     if a.replay:
         scores += replay(sorted(d for d in a.replay if d.is_dir()))
     elif not a.real_only:
         print("simulated jobs:", file=sys.stderr)
         scores += sim_scores(sizes, a.steps, a.seeds)
-        costs = {r: service_cost(r, min(a.steps, 150)) for r in sizes}
+        costs = {(kind, r): service_cost(r, min(a.steps, 150), kind) for r in sizes
+                 for kind in COST_KINDS}
         hangs_sim = {r: sim_hang(r) for r in sizes}
     if not a.sim_only and not a.replay:
         print("real gloo ranks on this machine:", file=sys.stderr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from monitor.noise_model import LEVELS, cumulate, level_bins, peer_excess, row_median
+from monitor.noise_model import LEVELS, WINDOWS, cumulate, level_bins, peer_excess, row_median
 from monitor.step_matrix import MEMORY_COLUMNS, StepMatrix
 
 #: A memory sample counts as a rise when it is this fraction of the level above the last one
@@ -16,6 +16,41 @@ MEM_RISE = 1e-4
 
 #: The job-wide series :func:`derive` keeps per step, in this order.
 JOB_SERIES = ("step", "compute", "data loading", "communication", "comm_all")
+#: Steps of a rank's turn at running slow (:func:`turn_medians`; the shortest k-of-n window).
+TURN_STEPS = WINDOWS[0]
+
+
+def capped_excess(x: np.ndarray) -> np.ndarray:
+    """Log excesses ``x`` as excess fractions capped at +-100% (one hiccup is one slow step);
+    -inf where ``x`` is NaN (a step not judged is no slow step).
+
+    >>> capped_excess(np.log(np.array([1.5, 4.0, np.nan]))).tolist()
+    [0.5, 1.0, -inf]
+    """
+    e = np.clip(np.expm1(x), -1.0, 1.0)
+    return np.where(np.isnan(e), -np.inf, e)
+
+
+def turn_medians(x: np.ndarray, new: int, w: int = TURN_STEPS) -> np.ndarray:
+    """For each of the last ``new`` rows of the log excesses ``x`` (the rows before them are
+    context), the median :func:`capped_excess` of the ``w`` rows ending there, per rank; -inf
+    where fewer than ``w`` rows end there. Kept per row in the derived series (``own_turn``), so
+    :func:`monitor.timing_detectors.turns` takes the largest of them over its history instead
+    of a median over every window of it at each judged step.
+
+    >>> x = np.log(np.array([[1.0], [1.3], [1.3], [1.0], [1.3], [1.0]]))
+    >>> turn_medians(x, 3).round(2).tolist()
+    [[-inf], [0.3], [0.3]]
+    """
+    e = capped_excess(x)
+    out = np.full((new,) + e.shape[1:], -np.inf)
+    first = len(e) - new
+    if len(e) >= w:
+        windows = np.lib.stride_tricks.sliding_window_view(e, w, axis=0)   # [rows - w + 1, ranks, w]
+        begin = max(first, w - 1)                                          # the first row with a whole window
+        if begin < len(e):
+            out[begin - first:] = np.partition(windows[begin - w + 1:], w // 2, axis=-1)[..., w // 2]
+    return out
 
 
 def traced_cells(m: StepMatrix) -> np.ndarray:
@@ -71,6 +106,7 @@ def derive(m: StepMatrix, start: int | None = None) -> dict[str, np.ndarray]:
     - ``x_own``, ``x_step``: :func:`own_excess` and :func:`peer_excess` of step time; traced cells
       NaN; near a trace (the step of one and the next), ``x_step`` NaN and ``x_own`` NaN unless
       three ranks are untraced; ``own_bins``, ``step_bins``: their :func:`level_bins`;
+      ``own_turn``: :func:`turn_medians` of ``x_own`` (the rows before ``start`` as context);
     - ``job``: ``[steps, 5]`` of :data:`JOB_SERIES`: the median step time, compute and data
       time over untraced ranks, the least communication time (transfers), the median one; NaN
       near a trace;
@@ -108,8 +144,11 @@ def derive(m: StepMatrix, start: int | None = None) -> dict[str, np.ndarray]:
                                     ("comm_time_ms", "median"))):
         job[:, i] = row_median(np.where(traced, np.nan, sub.col(key))[skip:], how)
     job[disturbed] = np.nan
+    context = (m.derived["x_own"][max(0, start - TURN_STEPS + 1):start]
+               if start > 0 and "x_own" in m.derived else x_own[:0])
     out = {"x_own": x_own, "x_step": x_step, "own_bins": level_bins(x_own, LEVELS),
-           "step_bins": level_bins(x_step, LEVELS), "job": job}
+           "step_bins": level_bins(x_step, LEVELS), "job": job,
+           "own_turn": turn_medians(np.vstack([context, x_own]), len(x_own))}
     for name in ("own", "step"):
         b = out[f"{name}_bins"]
         have = start > 0 and f"{name}_cum" in m.derived

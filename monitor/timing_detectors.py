@@ -12,7 +12,8 @@ import numpy as np
 from monitor.noise_model import (ALPHA, HISTORY, LEVELS, WINDOWS, Verdict, level_bins,
                                  persistent, row_median)
 from monitor.step_matrix import Alert, StepMatrix
-from monitor.step_series import JOB_SERIES, clock_excess, derive, traced_cells
+from monitor.step_series import (JOB_SERIES, capped_excess, clock_excess, derive,
+                                 turn_medians)
 
 #: A straggler must cost: its own work at least this much above its peers' median on average
 #: over the window (each step's excess capped at 100%, so one hiccup is one slow step). Less is
@@ -56,7 +57,7 @@ def stragglers(table: Any, steps: Iterable[int] | None = None, *,
     alerts: list[Alert] = []
     for row in m.rows_of(steps):
         own = _costly(persistent(d["own_bins"], row, LEVELS, cum=d["own_cum"], alpha=alpha),
-                      d["x_own"], row)
+                      d["x_own"], row, d["own_turn"])
         by_step = {c: v for c, v in _costly(persistent(d["step_bins"], row, LEVELS,
                                                        cum=d["step_cum"], alpha=alpha),
                                             d["x_step"], row).items() if c not in own}
@@ -72,18 +73,19 @@ def stragglers(table: Any, steps: Iterable[int] | None = None, *,
     return alerts
 
 
-def _costly(found: dict[int, Verdict], x: np.ndarray, row: int) -> dict[int, Verdict]:
+def _costly(found: dict[int, Verdict], x: np.ndarray, row: int,
+            medians: np.ndarray | None = None) -> dict[int, Verdict]:
     """The verdicts whose rank cost the job at least :data:`MIN_EXCESS` over their window, and
-    more than the other ranks' own turns at running slow (:func:`turns`): the mean excess over
-    the peers' median, each step's capped at 100% (a lone 10x hiccup is one slow step, not a
-    slow rank)."""
+    more than the other ranks' own turns at running slow (:func:`turns`, ``medians`` its
+    per-row medians where derived): the mean excess over the peers' median, each step's capped
+    at 100% (a lone 10x hiccup is one slow step, not a slow rank)."""
     out, seen = {}, None
     for col, v in found.items():
         e = np.clip(np.expm1(x[v.first:row + 1, col]), -1.0, 1.0)
         e = e[~np.isnan(e)]
         if not (e.size and e.mean() >= MIN_EXCESS):
             continue
-        seen = turns(x, row) if seen is None else seen
+        seen = turns(x, row, medians=medians) if seen is None else seen
         others = np.delete(seen, col)
         if others.size >= 10:                   # the noisiest tenth aside, as in the noise rates
             others = np.sort(others)[:others.size - others.size // 10]
@@ -92,7 +94,8 @@ def _costly(found: dict[int, Verdict], x: np.ndarray, row: int) -> dict[int, Ver
     return out
 
 
-def turns(x: np.ndarray, row: int, w: int = WINDOWS[0]) -> np.ndarray:
+def turns(x: np.ndarray, row: int, w: int = WINDOWS[0], medians: np.ndarray | None = None
+          ) -> np.ndarray:
     """Per rank, the deepest turn it took at running slower than its peers in the last
     :data:`HISTORY` steps up to ``row``: the largest median excess (capped, as in
     :func:`_costly`) over ``w`` consecutive steps; -inf without a whole window.
@@ -104,24 +107,36 @@ def turns(x: np.ndarray, row: int, w: int = WINDOWS[0]) -> np.ndarray:
     is compared, not its median). A rank slower than its peers over most of those steps (its
     median excess :data:`MIN_EXCESS` or more) is a straggler, not taking turns: -inf.
 
+    ``medians``: each row's median over the ``w`` rows ending there (``turn_medians`` of ``x``,
+    the derived ``own_turn``), so a judged step reads them instead of taking a median over
+    every window of its history (1,024 ranks: ~5 ms a judged step).
+
     >>> x = np.zeros((40, 4)); x[5:15, 0] = np.log(1.3); x[20, 1] = np.log(5.0); x[:, 3] = 1.0
     >>> turns(x, 39).round(2).tolist()
     [0.3, 0.0, 0.0, -inf]
     """
     lo = max(0, row - HISTORY + 1)
-    if row + 1 - lo < w:
+    n = row + 1 - lo
+    if n < w:
         return np.full(x.shape[1], -np.inf)
-    e = np.clip(np.expm1(x[lo:row + 1]), -1.0, 1.0)
-    e = np.where(np.isnan(e), -np.inf, e)                   # a step not judged is no slow step
-    windows = np.lib.stride_tricks.sliding_window_view(e, w, axis=0)
-    deepest = np.partition(windows, w // 2, axis=-1)[..., w // 2].max(axis=0)
-    typical = np.partition(e, len(e) // 2, axis=0)[len(e) // 2]
-    return np.where(typical >= MIN_EXCESS, -np.inf, deepest)
+    if medians is None:
+        medians = turn_medians(x[:row + 1], n, w)[-n:]
+    else:
+        medians = medians[lo:row + 1]
+    whole = medians[w - 1:]                         # the windows inside the history
+    deepest = np.where(np.isnan(whole), -np.inf, whole).max(axis=0)
+    # the median of the history (its middle element, the upper one of an even count) is at
+    # least MIN_EXCESS exactly when at most n // 2 of its steps are below it
+    typical_high = (capped_excess(x[lo:row + 1]) >= MIN_EXCESS).sum(axis=0) >= n - n // 2
+    return np.where(typical_high, -np.inf, deepest)
 
 
 def _excess(m: StepMatrix, name: str, col: int, rows: np.ndarray) -> float | None:
     """Median over ``rows`` of the rank's ``name`` minus the other ranks' median (ms)."""
-    values = np.where(traced_cells(m)[rows], np.nan, m.col(name)[rows])
+    values = m.col(name)[rows]
+    traced = m.cols.get("traced")
+    if traced is not None:          # the judged rows' cells only, not the whole window's
+        values = np.where(np.nan_to_num(traced[rows], nan=0.0) > 0, np.nan, values)
     if rows.size == 0 or np.isnan(values[:, col]).all():
         return None
     d = values[:, col] - row_median(np.delete(values, col, axis=1))

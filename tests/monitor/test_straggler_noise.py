@@ -45,7 +45,8 @@ def test_the_turns_were_a_straggler_to_the_noise_model_before_issue_21(monkeypat
     """The same job judged as before: the noise rates taken as measured (no standard error)
     and the other ranks' turns ignored named rank 0 at the end."""
     monkeypatch.setattr(noise_model, "NOISE_SE", 0.0)
-    monkeypatch.setattr(timing_detectors, "turns", lambda x, row, w=5: np.full(x.shape[1], -np.inf))
+    monkeypatch.setattr(timing_detectors, "turns",
+                        lambda x, row, w=5, medians=None: np.full(x.shape[1], -np.inf))
     found = [(a["rank"], a["step"]) for a in stragglers(rank_pair(0, turns=TURNS, calm_from=160))]
     assert [step for rank, step in found if rank == 0 and step >= 169]
 
@@ -147,3 +148,42 @@ def test_a_rank_whose_threads_spin_without_taking_longer_is_no_straggler():
     spun = StepMatrix(m.steps, m.ranks, dict(m.cols, compute_cpu_ms=cpu), m.job)
     assert stragglers(spun) == []
     assert np.nanmedian(derive(spun)["x_own"][40:, 1]) < 0.1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_turns_read_from_each_rows_kept_median_are_the_ones_the_history_gives(seed):
+    """The service keeps each row's five-step median (``own_turn``) as the row is derived; the
+    turns it reads from them at every step are the turns taken over the whole history, through
+    a rolling window that drops old rows and a rank that joins late (NaN cells: no turn)."""
+    from monitor.job_window import JobWindow
+    from monitor.timing_detectors import turns
+
+    rng = np.random.default_rng(seed)
+    n, ranks = 260, 12
+    work = 10.0 * np.exp(rng.normal(0, 0.15, (n, ranks)))
+    work[rng.random((n, ranks)) < 0.05] = np.nan                     # steps a rank did not report
+    work[:40, ranks - 1] = np.nan                                     # a rank that joins late
+    work[100:130, 3] *= 1.4                                           # a turn at running slow
+    full = StepMatrix(np.arange(n), np.arange(ranks), {}, "j")
+    window = JobWindow("j", size=100)
+    for i in range(n):
+        there = ~np.isnan(work[i])
+        window.append(StepMatrix(full.steps[i:i + 1], full.ranks[there],
+                                 {"compute_time_ms": work[i:i + 1, there]}, "j"))
+        m = window.matrix
+        d = m.derived
+        row = len(m.steps) - 1
+        kept = turns(d["x_own"], row, medians=d["own_turn"])
+        assert np.array_equal(kept, turns(d["x_own"], row)), i
+
+
+def test_the_row_median_of_full_rows_is_the_sorted_middle():
+    """Rows without NaN take their median by selection, rows with NaN by sorting: the same
+    numbers as numpy's median over the values present."""
+    rng = np.random.default_rng(0)
+    for cols in (1, 2, 3, 1023, 1024):
+        v = rng.standard_normal((7, cols))
+        assert np.array_equal(noise_model.row_median(v), np.median(v, axis=1))
+        v[rng.random(v.shape) < 0.2] = np.nan
+        want = [np.median(r[~np.isnan(r)]) if (~np.isnan(r)).any() else np.nan for r in v]
+        assert np.array_equal(noise_model.row_median(v), np.array(want), equal_nan=True)

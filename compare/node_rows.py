@@ -62,9 +62,11 @@ def node_rows(con: Any) -> Any:
     """The per-node rows (pyarrow.Table, in execution order), from the ``rows`` (the tensor rows),
     the matched groups and :func:`node_frame`'s tables in ``con``; the tables built on the way
     are dropped."""
-    con.execute(f"""
-    create or replace table pair_nodes as
-    select grp_a, grp_b, direction,
+    # each matched pair's worst tensors (1) and the pairs with them: parts of the query that
+    # reads them (as tables of their own, writing their columns cost 100k entries 0.07 s more)
+    nodes = con.sql(f"""
+    with pair_nodes as (
+      select grp_a, grp_b, direction,
       max(err) filter (where slot in ('input', 'kwarg')) as in_err,
       max(err) filter (where slot = 'output') as out_err,
       max(err) filter (where slot in ('parameter', 'parameter_grad')) as param_err,
@@ -81,20 +83,16 @@ def node_rows(con: Any) -> Any:
       bool_or(nonfinite_b) filter (where slot in ('input', 'kwarg')) as nf_in_b,
       bool_or(nonfinite_b) filter (where slot = 'output') as nf_out_b
     from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
-    """)
-    con.execute("""
-    create or replace table nodes_all as
-    select e.*, pn.in_err, pn.out_err, pn.param_err, pn.in_verdict, pn.out_verdict, pn.param_verdict,
-      pn.out_reason, pn.worst_param, pn.nf_in_a, pn.nf_out_a, pn.nf_in_b, pn.nf_out_b
-    from node_pairs e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
-    where e.node_a is not null or e.node_b is not null
-    """)
-    nodes = con.sql(f"""
-    with m as (
+    ), n as (
+      select e.*, pn.in_err, pn.out_err, pn.param_err, pn.in_verdict, pn.out_verdict, pn.param_verdict,
+        pn.out_reason, pn.worst_param, pn.nf_in_a, pn.nf_out_a, pn.nf_in_b, pn.nf_out_b
+      from node_pairs e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
+      where e.node_a is not null or e.node_b is not null
+    ), m as (
       select n.*,
         {node_verdict_sql("out_verdict", "param_verdict", "in_verdict")} as verdict,
         greatest(0.0, least(1.0, coalesce(out_err, 0)) - least(1.0, coalesce(in_err, 0))) as precision_score
-      from nodes_all n
+      from n
     )
     select m.node_a, m.node_b, m.kind, m.class_a, m.class_b, m.parent_a, m.parent_b, m.direction,
       m.method as match_method,
@@ -166,7 +164,7 @@ def node_rows(con: Any) -> Any:
     cross join (values ('forward'), ('backward')) d(direction)
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
     """).to_arrow_table()
-    for name in ("pair_nodes", "node_pairs", "both_g", "cov", "nodes_all"):
+    for name in ("node_pairs", "both_g", "cov"):
         con.execute(f"drop table {name}")
     return _in_order(con, nodes)
 

@@ -37,6 +37,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -150,7 +151,8 @@ class MonitorStore:
         self.trace_dir = self.path.with_name(self.path.stem + "-traces")
         self._lock = threading.Lock()
         self._local = threading.local()                   # each reading thread's cursor
-        self._cursors: list[Any] = []                     # every one, closed with the store
+        # every one, closed with the store (a thread that ends lets its cursor go with it)
+        self._cursors: weakref.WeakSet[Any] = weakref.WeakSet()
         self._alert_updates: dict[int, list[Any]] = {}    # alert id -> its pending UPDATE's values
         self._alert_updates_since: float | None = None
         self._con.execute(SCHEMA_SQL)
@@ -373,7 +375,7 @@ class MonitorStore:
     def close(self) -> None:
         with self._lock:
             self._write_alert_updates()
-            for cur in self._cursors:
+            for cur in list(self._cursors):
                 cur.close()
             self._cursors.clear()
             self._con.close()
@@ -387,7 +389,7 @@ class MonitorStore:
         if cur is None:
             cur = self._local.cursor = self._con.cursor()
             with self._lock:
-                self._cursors.append(cur)
+                self._cursors.add(cur)
         return cur
 
     def _query(self, sql: str, params: Sequence[Any] = (), *, alerts: bool = True) -> pa.Table:

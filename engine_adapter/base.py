@@ -182,6 +182,10 @@ class EngineAdapter(ABC):
     def detach(self) -> None:
         """Remove every hook, wrapper and mode this adapter installed. Safe to call twice."""
 
+    def finish_pending(self) -> None:
+        """Report the backward of every call still waiting for some of its gradients (a
+        backward that computed only some of them); the recorder calls it as a step ends."""
+
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
         """While inside, the adapter's interception ignores calls (the dump's own work)."""

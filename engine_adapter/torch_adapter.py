@@ -202,6 +202,10 @@ class TorchAdapter(EngineAdapter):
             return None
         self._handles.append(register_module_forward_pre_hook(hook))
 
+    def finish_pending(self) -> None:
+        from engine_adapter.torch_api import finish_partial_backward
+        finish_partial_backward()
+
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
         with self.guard, _plain_tensors():

@@ -8,10 +8,12 @@ msprobe uses (``Tensor.__mul__``, ``Functional.linear``, ``Torch.matmul``), so `
 
 Inputs are described *before* the call runs, so an in-place op (``add_``, ``__iadd__``,
 ``__setitem__``) records its input as it was at the call and its output as it is after.
-Backward: the differentiable tensor inputs pass through one identity autograd node whose
-backward sees the gradients of the inputs (a C++ view node with a hook for one input, a Python
-autograd Function for several), and a pre-hook on each output's autograd node sees the gradient
-of that output; together they make the ``...backward`` entry. In-place calls and ``out=`` calls have no
+Backward: each differentiable tensor input passes through an identity autograd node whose
+backward sees its gradient (a C++ view node with a hook; a Python autograd Function for
+inputs that are not strided, whose views autograd does not make), and a pre-hook on each
+output's autograd node sees the gradient of that output; together they make the ``...backward``
+entry, once every input's gradient is in (or at the end of the step, with those that came, when
+a backward computed only some of them: ``torch.autograd.grad`` for some inputs). In-place calls and ``out=`` calls have no
 backward entry (an identity node in front of an in-place op is not allowed by autograd).
 
 ``torch.distributed`` collectives are not wrapped here: the dump registers a listener with
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -130,6 +133,61 @@ def _alias(call: Any, t: torch.Tensor) -> torch.Tensor:
     return alias
 
 
+class _Gather:
+    """The gradients of a call's several inputs, each through its own view node (:func:`_alias`
+    per input): ``call.finish(grads)`` once all have arrived. A Python autograd Function over
+    them all (:class:`_Capture`) gives the same gradients at several times the cost (its forward
+    and backward run in Python: a mix-level step of the bundled engine has ~43 such calls).
+    One whose backward computed only some inputs' gradients is finished with those by
+    :func:`finish_partial_backward` at the end of the step."""
+
+    __slots__ = ("call", "grads", "waiting", "__weakref__")
+
+    def __init__(self, call: Any, count: int) -> None:
+        self.call = call
+        self.grads: list[Any] = [None] * count
+        self.waiting = count
+
+    def hook(self, j: int):
+        def on_grad(grad_inputs, grad_outputs):  # noqa: ANN001 - autograd's node hook
+            grads = self.grads
+            if self.waiting == len(grads):
+                _PARTIAL.add(self)
+            grads[j] = grad_inputs[0]
+            self.waiting -= 1
+            if self.waiting == 0:
+                self.finish()
+        return on_grad
+
+    def finish(self) -> None:
+        _PARTIAL.discard(self)
+        grads = tuple(self.grads)
+        self.grads = [None] * len(grads)     # ready for another backward (a retained graph)
+        self.waiting = len(grads)
+        self.call.finish(grads)
+
+
+#: gathers with some of their gradients in (see :class:`_Gather`)
+_PARTIAL: "weakref.WeakSet[_Gather]" = weakref.WeakSet()
+
+
+def finish_partial_backward() -> None:
+    """Finish every call whose backward computed only some of its inputs' gradients."""
+    for gather in list(_PARTIAL):
+        gather.finish()
+
+
+def _alias_each(call: Any, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Each of ``tensors`` through its own view node; ``call.finish(grads)`` once all are in."""
+    gather = _Gather(call, len(tensors))
+    out = []
+    for j, t in enumerate(tensors):
+        alias = t.view_as(t)
+        alias.grad_fn.register_hook(gather.hook(j))
+        out.append(alias)
+    return tuple(out)
+
+
 class _Call:
     """One recorded call waiting for its gradients."""
 
@@ -155,8 +213,9 @@ class _Call:
 
 
 def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
-    """Route the differentiable tensors of ``args``/``kwargs`` through one capture node
-    (:func:`_alias` for one tensor, :class:`_Capture` for several)."""
+    """Route the differentiable tensors of ``args``/``kwargs`` through capture nodes
+    (:func:`_alias` for one tensor, :func:`_alias_each` for several strided ones,
+    :class:`_Capture` otherwise)."""
     slots: list[tuple] = []
     tensors: list[torch.Tensor] = []
     for i, a in enumerate(args):
@@ -175,8 +234,11 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool
             tensors.append(v)
     if not tensors:
         return args, kwargs, False
-    if len(tensors) == 1 and tensors[0].layout == torch.strided:
+    strided = torch.strided
+    if len(tensors) == 1 and tensors[0].layout is strided:
         wrapped = (_alias(call, tensors[0]),)
+    elif all(t.layout is strided for t in tensors):
+        wrapped = _alias_each(call, tensors)
     else:
         wrapped = _Capture.apply(call, *tensors)
     new_args = list(args)

@@ -331,6 +331,7 @@ class DumpRecorder:
     # ----------------------------------------------------------------- writing
     def _flush(self) -> None:
         """Close the step on the hot path; the gather and all file writing go to the writer thread."""
+        self.adapter.finish_pending()
         for key in list(self.param_grads):
             self._emit_param_grads(key, complete_only=False)
         for name, entry in self.open_entries.items():   # calls that never returned (an exception)

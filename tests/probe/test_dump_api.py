@@ -404,3 +404,28 @@ def test_probe_dump_stays_the_context_manager_after_the_session_module_is_import
     importlib.import_module("probe.commands.dump")
     assert callable(probe.dump) and probe.dump.__name__ == "dump"
     assert callable(probe.start) and callable(probe.stop) and callable(probe.step)
+
+
+def test_a_call_with_several_differentiable_inputs_records_each_inputs_gradient(tmp_path):
+    a = torch.randn(3, 4, requires_grad=True)
+    b = torch.randn(4, 2, requires_grad=True)
+    with DumpSession(None, out=tmp_path, level="api", store=False, auto_step=False):
+        out = torch.matmul(a, b)
+        (out * out).sum().backward()
+    data = _load(tmp_path)["data"]
+    bwd = data["Torch.matmul.0.backward"]
+    grad_out = 2 * (a @ b).detach()
+    assert bwd["input"][0]["Norm"] == pytest.approx(float(grad_out.norm()))
+    assert [g["shape"] for g in bwd["output"]] == [[3, 4], [4, 2]]
+    assert bwd["output"][0]["Norm"] == pytest.approx(float(a.grad.norm()))
+    assert bwd["output"][1]["Norm"] == pytest.approx(float(b.grad.norm()))
+
+
+def test_a_backward_of_only_some_inputs_is_recorded_when_the_step_ends(tmp_path):
+    a = torch.randn(3, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    with DumpSession(None, out=tmp_path, level="api", store=False, auto_step=False):
+        out = torch.mul(a, b)
+        (grad_a,) = torch.autograd.grad(out.sum(), [a])     # b's gradient is never computed
+    bwd = _load(tmp_path)["data"]["Torch.mul.0.backward"]
+    assert [g["Norm"] for g in bwd["output"]] == [pytest.approx(float(grad_a.norm()))]

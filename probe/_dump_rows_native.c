@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef void (*stats_fn)(const void *x, int64_t n, double *out);
 
@@ -41,6 +42,11 @@ typedef struct {
     stats_fn f32, f64;
     /* the step's state, shared with the Python RowBuilder */
     PyObject *rows, *leaves, *handles, *seen, *ids;
+    /* the step's statistics as records of 8 doubles, one per leaf whose statistics are read:
+       row, is_float, max, min, mean, norm, nan_count, inf_count (for the writer's columns);
+       covered: leaves with such a record or with no statistics at all (opaque) */
+    PyObject *flat;
+    Py_ssize_t covered;
     int tensor_ids;
 } Rows;
 
@@ -53,7 +59,7 @@ static PyObject *s_dtype, *s_numel, *s_layout, *s_shape, *s_requires_grad, *s_is
 #define ROWS_MEMBERS(X)                                                                      \
     X(tensor_types) X(dtypes) X(strided) X(dense) X(reduce) X(slow_value) X(slow_tensor)      \
     X(leaf_type) X(json_float) X(float_kind) X(int_kind) X(opaque_kind) X(type_name)           \
-    X(rows) X(leaves) X(handles) X(seen) X(ids)
+    X(rows) X(leaves) X(handles) X(seen) X(ids) X(flat)
 
 static int Rows_traverse(Rows *self, visitproc visit, void *arg) {
 #define VISIT(m) Py_VISIT(self->m);
@@ -107,11 +113,13 @@ static int Rows_init(Rows *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-/* reset(rows, leaves, handles, seen, ids): the new step's lists (ids: a one-item list, the next id) */
+/* reset(rows, leaves, handles, seen, ids, flat): the new step's lists (ids: a one-item list,
+   the next id; flat: an empty bytearray for the statistics records) */
 static PyObject *Rows_reset(Rows *self, PyObject *args) {
-    PyObject *rows, *leaves, *handles, *seen, *ids;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!", &PyList_Type, &rows, &PyList_Type, &leaves,
-                          &PyList_Type, &handles, &PyDict_Type, &seen, &PyList_Type, &ids))
+    PyObject *rows, *leaves, *handles, *seen, *ids, *flat;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!", &PyList_Type, &rows, &PyList_Type, &leaves,
+                          &PyList_Type, &handles, &PyDict_Type, &seen, &PyList_Type, &ids,
+                          &PyByteArray_Type, &flat))
         return NULL;
     if (PyList_GET_SIZE(ids) != 1) {
         PyErr_SetString(PyExc_ValueError, "ids: a list of one int");
@@ -122,7 +130,38 @@ static PyObject *Rows_reset(Rows *self, PyObject *args) {
     Py_INCREF(handles); Py_XSETREF(self->handles, handles);
     Py_INCREF(seen); Py_XSETREF(self->seen, seen);
     Py_INCREF(ids); Py_XSETREF(self->ids, ids);
+    Py_INCREF(flat); Py_XSETREF(self->flat, flat);
+    self->covered = 0;
     Py_RETURN_NONE;
+}
+
+static PyObject *Rows_covered(Rows *self, PyObject *unused) {
+    return PyLong_FromSsize_t(self->covered);
+}
+
+/* one statistics record (see Rows.flat) from a finished handle, as apply_statistics makes
+   the columns: an integer tensor's max and min as int() makes them, no mean or norm, counts 0 */
+static int append_record(Rows *self, Py_ssize_t row, PyObject *h, Py_ssize_t numel, int is_float) {
+    double rec[8];
+    Py_ssize_t need = is_float ? 6 : 2;
+    if (PyList_GET_SIZE(h) < need) { PyErr_SetString(PyExc_ValueError, "short statistics"); return -1; }
+    double v[6] = {0, 0, 0, 0, 0, 0};
+    for (Py_ssize_t k = 0; k < need; k++) {
+        v[k] = PyFloat_AsDouble(PyList_GET_ITEM(h, k));
+        if (v[k] == -1.0 && PyErr_Occurred()) return -1;
+    }
+    rec[0] = (double)row;
+    rec[1] = is_float;
+    if (is_float) {
+        rec[2] = v[0]; rec[3] = v[1]; rec[4] = v[2] / (double)numel;
+        rec[5] = v[3] >= 0 ? sqrt(v[3]) : v[3]; rec[6] = v[4]; rec[7] = v[5];
+    } else {
+        rec[2] = trunc(v[0]); rec[3] = trunc(v[1]); rec[4] = NAN; rec[5] = NAN; rec[6] = 0; rec[7] = 0;
+    }
+    Py_ssize_t at = PyByteArray_GET_SIZE(self->flat);
+    if (PyByteArray_Resize(self->flat, at + (Py_ssize_t)sizeof rec) < 0) return -1;
+    memcpy(PyByteArray_AS_STRING(self->flat) + at, rec, sizeof rec);
+    return 0;
 }
 
 static PyObject *call_method0(PyObject *obj, PyObject *name) {
@@ -360,8 +399,12 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     if (h != NULL && PyList_CheckExact(h)) {
         if (entry_statistics(self, h, numel, kind == self->float_kind, st) < 0) goto done;
         filled = 1;
+        if (append_record(self, PyList_GET_SIZE(self->rows), h, numel, kind == self->float_kind) < 0)
+            goto done;
+        self->covered++;
     } else {
         for (int k = 0; k < 4; k++) { st[k] = Py_None; Py_INCREF(Py_None); }
+        if (h == NULL) self->covered++;            /* no statistics to gather */
     }
     entry = PyDict_New();
     if (entry == NULL) goto done;
@@ -461,7 +504,9 @@ static PyMethodDef Rows_methods[] = {
     {"value", (PyCFunction)(void (*)(void))Rows_value, METH_FASTCALL,
      "value(x, seq, node, kind, direction, slot, index): the JSON entry of x, its rows recorded"},
     {"reset", (PyCFunction)Rows_reset, METH_VARARGS,
-     "reset(rows, leaves, handles, seen, ids): the lists of a new step"},
+     "reset(rows, leaves, handles, seen, ids, flat): the lists of a new step"},
+    {"covered", (PyCFunction)Rows_covered, METH_NOARGS,
+     "covered(): the step's leaves whose statistics are in flat, or that have none"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -340,7 +340,7 @@ class DumpRecorder:
         values = self._values
         batch = StepBatch(self.step, self.data, self.tree, self.stacks, values.leaves,
                           values.handles, values.rows, self._files,
-                          released=values.seen_table())
+                          released=values.seen_table(), records=values.statistics_records())
         if self._writer is None:
             self._writer = DumpWriter(self.adapter, self.config, rank=self.rank, run=self.run,
                                       store=self.store, report_error=self.report_error)

@@ -144,8 +144,16 @@ class RowBuilder:
         #: identity -> (the key's owner, weakly; its handle index; digest; tensor id)
         self._seen: dict[Any, tuple] = {}
         self._ids = [0]             # the next tensor id (a list: the native half shares it)
+        self._flat = bytearray()    # the native half's statistics records (see records_statistics)
         if self._native is not None:
-            self._native.reset(self.rows, self.leaves, self.handles, self._seen, self._ids)
+            self._native.reset(self.rows, self.leaves, self.handles, self._seen, self._ids, self._flat)
+
+    def statistics_records(self) -> bytearray | None:
+        """The step's statistics as the native half recorded them (:func:`records_statistics`
+        reads them), when it read every leaf's; None otherwise (use :func:`apply_statistics`)."""
+        if self._native is None or self._native.covered() != len(self.leaves):
+            return None
+        return self._flat
 
     def seen_table(self) -> dict:
         """The step's identity table (for the writer to let go of: freeing a mix-level step's
@@ -359,6 +367,39 @@ def apply_statistics(leaves: Sequence[Leaf], values: Sequence[Any], n_rows: int)
     for name, k in (("nan_count", 4), ("inf_count", 5)):
         full = np.zeros(n_rows, dtype=np.int64)
         full[r] = np.where(is_float, a[:, k], 0)
+        columns[name] = pa.array(full, type=types[name], mask=~has)
+    return columns
+
+
+def records_statistics(flat: bytes | bytearray, n_rows: int) -> dict[str, Any]:
+    """The statistics columns of a step's ``n_rows`` rows (as :func:`apply_statistics` returns
+    them) from the native row builder's records: 8 float64 per leaf with statistics (row,
+    is_float, max, min, mean, norm, nan_count, inf_count), every entry filled already.
+
+    >>> import struct
+    >>> cols = records_statistics(struct.pack("8d", 1, 1, 4.0, -3.0, 1.0, 5.0, 0, 0), 2)
+    >>> cols["max"].to_pylist(), cols["nan_count"].to_pylist()
+    ([None, 4.0], [None, 0])
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    types = _stat_types()
+    a = np.frombuffer(flat, dtype=np.float64).reshape(-1, 8)
+    r = a[:, 0].astype(np.int64)
+    is_float = a[:, 1] > 0
+    has = np.zeros(n_rows, dtype=bool)
+    has[r] = True
+    has_float = np.zeros(n_rows, dtype=bool)
+    has_float[r[is_float]] = True
+    columns = {}
+    for k, (name, valid) in enumerate((("max", has), ("min", has), ("mean", has_float), ("l2norm", has_float))):
+        full = np.zeros(n_rows, dtype=np.float64)
+        full[r] = a[:, 2 + k]
+        columns[name] = pa.array(full, type=types[name], mask=~valid)
+    for k, name in ((6, "nan_count"), (7, "inf_count")):
+        full = np.zeros(n_rows, dtype=np.int64)
+        full[r] = a[:, k]
         columns[name] = pa.array(full, type=types[name], mask=~has)
     return columns
 

@@ -38,7 +38,7 @@ from collectors import msprobe_writer
 from engine_adapter.base import EngineAdapter
 from ground.background import BackgroundQueue
 from probe.dump_config import DumpConfig
-from probe.dump_rows import ROW_COLUMNS, Leaf, TensorTables, apply_statistics
+from probe.dump_rows import ROW_COLUMNS, Leaf, TensorTables, apply_statistics, records_statistics
 from probe.dump_tree import CallTree, node_depths
 
 #: finished steps waiting for the writer at most
@@ -68,6 +68,9 @@ class StepBatch:
     files: list = field(default_factory=list)
     #: what the training thread let go of with this step, freed here instead of on its thread
     released: Any = None
+    #: the step's statistics records when the native row builder read every leaf's
+    #: (:func:`probe.dump_rows.records_statistics`), else None
+    records: Any = None
 
 
 @dataclass(eq=False)
@@ -136,8 +139,11 @@ class DumpWriter:
 
     def _write(self, b: StepBatch) -> None:
         b.tree.finish()
-        values = self.adapter.stats.gather(b.handles) if b.handles else []
-        statistics = apply_statistics(b.leaves, values, len(b.rows))
+        if b.records is not None:      # every entry filled on the training thread
+            statistics = records_statistics(b.records, len(b.rows))
+        else:
+            values = self.adapter.stats.gather(b.handles) if b.handles else []
+            statistics = apply_statistics(b.leaves, values, len(b.rows))
         stacks, grouped = self._stacks(b.stacks)
         config = self.config
         folder = msprobe_writer.step_dir(config.out, b.step, self.rank)
@@ -218,7 +224,7 @@ class DumpWriter:
         self._store_tables.append(self._tables.table(b.step, time.time_ns(), b.rows, statistics))
         written = self._nodes_written
         construct, node_info = b.tree.construct, b.tree.node_info
-        if any(name not in written for name in node_info):   # the tree is the same every step
+        if not written.issuperset(node_info):   # the tree is the same every step
             stack_ids = {}
             for gid, (group, _) in grouped.items():
                 for name in group:

@@ -91,3 +91,26 @@ def test_the_native_builder_and_its_python_half_are_collected(monkeypatch):
     del rows
     gc.collect()
     assert ref() is None
+
+
+def test_the_native_statistics_records_give_the_columns_apply_statistics_gives(monkeypatch):
+    from probe.dump_rows import records_statistics
+
+    rows = _builder(monkeypatch, True)
+    torch.manual_seed(1)
+    base = torch.randn(16, 8)
+    values = [base, base.view(-1), torch.randn(50_000), torch.tensor([1.0, float("nan")]),
+              torch.tensor([float("inf"), -2.0], dtype=torch.float64), torch.arange(7) - 3,
+              torch.zeros(0), torch.ones(2, dtype=torch.bool), torch.full((3,), 1e30), 4, 2.5, None]
+    for i, v in enumerate(values):
+        rows.value(v, i, f"n{i}", "api", "forward", "input", str(i))
+    records = rows.statistics_records()
+    assert records is not None and len(records) == 7 * 8 * 8   # 7 leaves with statistics, 8 doubles each
+    expected = apply_statistics(rows.leaves, rows.stats.gather(rows.handles), len(rows.rows))
+    got = records_statistics(records, len(rows.rows))
+    assert {k: repr(v.to_pylist()) for k, v in got.items()} == {k: repr(v.to_pylist()) for k, v in expected.items()}
+
+    class Sub(torch.Tensor):
+        pass
+    rows.value(torch.randn(3).as_subclass(Sub), 99, "n", "api", "forward", "input", "0")  # Python's
+    assert rows.statistics_records() is None

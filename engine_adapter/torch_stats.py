@@ -102,8 +102,8 @@ class TorchStats(StatsBackend):
         """What the dump's native row builder (``probe/_dump_rows_native.c``) needs to read a
         plain tensor as :meth:`inspect`, :meth:`owner` and :meth:`reduce` do: the tensor types
         it takes, every dtype's name, kind and kernel code (1 float32, 2 float64, 0 neither),
-        the strided layout, the density test, and the addresses of the native kernel's two
-        entry points (0 without the kernel: it then calls :meth:`reduce`)."""
+        the strided layout, and the addresses of the native kernel's two entry points (0
+        without the kernel: it then calls :meth:`reduce`)."""
         import ctypes
 
         kernel = native_kernel()
@@ -115,7 +115,7 @@ class TorchStats(StatsBackend):
                        1 if dt == torch.float32 else 2 if dt == torch.float64 else 0)
                   for dt in {v for v in vars(torch).values() if isinstance(v, torch.dtype)}}
         return {"tensor_types": (torch.Tensor, torch.nn.Parameter), "dtypes": dtypes,
-                "strided": _STRIDED, "dense": _dense, "type_name": "torch.Tensor",
+                "strided": _STRIDED, "type_name": "torch.Tensor",
                 "f32": f32, "f64": f64}
 
     def owner(self, t: torch.Tensor) -> Any:
@@ -304,7 +304,10 @@ def _reduce_host(x: torch.Tensor, kind: str) -> list[float]:
     if kind == FLOAT and x.dtype not in _NATIVE:
         x = x.detach().float()
     if not x.is_contiguous():
-        x = x.detach().contiguous()
+        # a dense tensor (a transpose, a permute) holds the block [data_ptr, + numel) in another
+        # order: read it as it lies (the statistics do not depend on the order), no copy
+        x = x.detach()
+        x = x.as_strided((x.numel(),), (1,)) if _dense(x) else x.contiguous()
     if kind == FLOAT:
         kernel = _kernel if _kernel is not None else _load_kernel()
         if kernel:

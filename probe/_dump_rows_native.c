@@ -6,8 +6,9 @@
  * of it (tests/dump/test_rows_native.py holds the two paths to one another): the JSON entry,
  * the Leaf, the row, the handle, the identity key kept in the step's "seen" dict and the
  * tensor id. The framework's specifics come from the statistics backend (TorchStats.native_spec):
- * the tensor types taken here, a table dtype -> (name, kind, code), the strided layout, the
- * density test, the backend's reduce() for what the native kernel does not read, and the
+ * the tensor types taken here, a table dtype -> (name, kind, code), the strided layout (the
+ * density test is torch's, redone here), the backend's reduce() for what the native kernel does
+ * not read, and the
  * kernel's entry points (addresses of the functions of engine_adapter/stats_kernel.c, built
  * and loaded by the backend).
  */
@@ -32,7 +33,6 @@ typedef struct {
     PyObject *tensor_types;   /* tuple of exact types */
     PyObject *dtypes;         /* dict */
     PyObject *strided;
-    PyObject *dense;          /* callable(t) -> bool */
     PyObject *reduce;         /* callable(t, kind) -> handle */
     PyObject *slow_value;     /* callable(x, seq, node, kind, direction, slot, index) */
     PyObject *slow_tensor;    /* same signature, a tensor */
@@ -57,7 +57,7 @@ static PyObject *s_dtype, *s_numel, *s_layout, *s_shape, *s_requires_grad, *s_is
 
 /* the object holds the Python RowBuilder's bound methods (which hold this object): GC-aware */
 #define ROWS_MEMBERS(X)                                                                      \
-    X(tensor_types) X(dtypes) X(strided) X(dense) X(reduce) X(slow_value) X(slow_tensor)      \
+    X(tensor_types) X(dtypes) X(strided) X(reduce) X(slow_value) X(slow_tensor)      \
     X(leaf_type) X(json_float) X(float_kind) X(int_kind) X(opaque_kind) X(type_name)           \
     X(rows) X(leaves) X(handles) X(seen) X(ids) X(flat)
 
@@ -81,32 +81,32 @@ static void Rows_dealloc(Rows *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Rows(tensor_types, dtypes, strided, dense, reduce, slow_value, slow_tensor, leaf_type,
-        json_float, kinds=(float, int, opaque), type_name, f32_addr, f64_addr, tensor_ids) */
+/* Rows(tensor_types, dtypes, strided, reduce, slow_value, slow_tensor, leaf_type, json_float,
+        kinds=(float, int, opaque), type_name, f32_addr, f64_addr, tensor_ids) */
 static int Rows_init(Rows *self, PyObject *args, PyObject *kw) {
-    PyObject *o[11];
+    PyObject *o[10];
     unsigned long long f32 = 0, f64 = 0;
     int tensor_ids = 0;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOKKp", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6], &o[7], &o[8], &o[9], &o[10], &f32, &f64, &tensor_ids))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOKKp", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8], &o[9], &f32, &f64, &tensor_ids))
         return -1;
-    if (!PyTuple_Check(o[0]) || !PyDict_Check(o[1]) || !PyTuple_Check(o[9]) ||
-        PyTuple_GET_SIZE(o[9]) != 3 || !PyType_Check(o[7])) {
+    if (!PyTuple_Check(o[0]) || !PyDict_Check(o[1]) || !PyTuple_Check(o[8]) ||
+        PyTuple_GET_SIZE(o[8]) != 3 || !PyType_Check(o[6])) {
         PyErr_SetString(PyExc_TypeError, "Rows: bad arguments");
         return -1;
     }
     Rows_clear(self);
-    PyObject **slots[] = {&self->tensor_types, &self->dtypes, &self->strided, &self->dense,
-                          &self->reduce, &self->slow_value, &self->slow_tensor, &self->leaf_type,
+    PyObject **slots[] = {&self->tensor_types, &self->dtypes, &self->strided, &self->reduce,
+                          &self->slow_value, &self->slow_tensor, &self->leaf_type,
                           &self->json_float, NULL, &self->type_name};
-    for (int k = 0; k < 11; k++) {
+    for (int k = 0; k < 10; k++) {
         if (slots[k] == NULL) continue;
         Py_INCREF(o[k]);
         *slots[k] = o[k];
     }
-    self->float_kind = PyTuple_GET_ITEM(o[9], 0); Py_INCREF(self->float_kind);
-    self->int_kind = PyTuple_GET_ITEM(o[9], 1); Py_INCREF(self->int_kind);
-    self->opaque_kind = PyTuple_GET_ITEM(o[9], 2); Py_INCREF(self->opaque_kind);
+    self->float_kind = PyTuple_GET_ITEM(o[8], 0); Py_INCREF(self->float_kind);
+    self->int_kind = PyTuple_GET_ITEM(o[8], 1); Py_INCREF(self->int_kind);
+    self->opaque_kind = PyTuple_GET_ITEM(o[8], 2); Py_INCREF(self->opaque_kind);
     self->f32 = (stats_fn)(uintptr_t)f32;
     self->f64 = (stats_fn)(uintptr_t)f64;
     self->tensor_ids = tensor_ids;
@@ -228,53 +228,75 @@ static PyObject *stats_list(const double *out) {
     return l;
 }
 
-/* the identity key of dump_rows / torch_stats._identity; *contiguous set; NULL with no error:
+/* torch's is_non_overlapping_and_dense from a tensor's shape and strides (tuples of ints):
+   1 or 0, -1 with an error set. The dims of size 2 or more, ordered by stride, must have the
+   strides of a contiguous tensor of that order. */
+static int dense_layout(PyObject *shape, PyObject *stride) {
+    Py_ssize_t dim = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1;
+    if (dim < 0 || !PyTuple_Check(stride) || PyTuple_GET_SIZE(stride) != dim || dim > 64) {
+        PyErr_SetString(PyExc_RuntimeError, "native rows: unexpected shape or strides");
+        return -1;
+    }
+    long long size[64], st[64];
+    int perm[64], n = 0;
+    for (Py_ssize_t k = 0; k < dim; k++) {
+        size[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, k));
+        st[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, k));
+        if ((size[k] == -1 || st[k] == -1) && PyErr_Occurred()) return -1;
+    }
+    if (dim == 1) return size[0] < 2 || st[0] == 1;
+    for (int k = 0; k < dim; k++)               /* the dims that matter, by stride */
+        if (size[k] >= 2) {
+            int j = n++;
+            while (j > 0 && st[perm[j - 1]] > st[k]) { perm[j] = perm[j - 1]; j--; }
+            perm[j] = k;
+        }
+    long long require = 1;
+    for (int k = 0; k < n; k++) {
+        if (st[perm[k]] != require) return 0;
+        require *= size[perm[k]];
+    }
+    return 1;
+}
+
+/* the identity key of dump_rows / torch_stats._identity; *dense_out: the tensor covers exactly
+   [data_ptr, data_ptr + numel) (contiguous, or dense in another order); NULL with no error:
    no identity (no storage) */
 static PyObject *identity_key(Rows *self, PyObject *t, PyObject *dtype, PyObject *numel_obj,
-                              int *contiguous, PyObject **ptr_out) {
-    PyObject *c = NULL, *ptr = NULL, *ver = NULL, *key = NULL;
-    *contiguous = 0;
+                              PyObject *shape, int *dense_out, PyObject **ptr_out) {
+    PyObject *c = NULL, *ptr = NULL, *ver = NULL, *key = NULL, *stride = NULL;
+    *dense_out = 0;
     c = call_method0(t, s_is_contiguous);
     if (c == NULL) goto error;
     int dense = PyObject_IsTrue(c);
     Py_DECREF(c);
     if (dense < 0) goto error;
-    *contiguous = dense;
     if (!dense) {
-        PyObject *d = PyObject_CallOneArg(self->dense, t);
-        if (d == NULL) goto error;
-        dense = PyObject_IsTrue(d);
-        Py_DECREF(d);
+        stride = call_method0(t, s_stride);
+        if (stride == NULL) goto error;
+        dense = dense_layout(shape, stride);
         if (dense < 0) goto error;
     }
     ptr = call_method0(t, s_data_ptr);
     if (ptr == NULL) goto error;
-    if (dense) {
-        ver = PyObject_GetAttr(t, s_version);
-        if (ver == NULL) goto error;
-        key = PyTuple_Pack(4, ptr, dtype, numel_obj, ver);
-    } else {
-        PyObject *shape = PyObject_GetAttr(t, s_shape), *stride = NULL;
-        if (shape == NULL) goto error;
-        stride = call_method0(t, s_stride);
-        if (stride == NULL) { Py_DECREF(shape); goto error; }
-        ver = PyObject_GetAttr(t, s_version);
-        if (ver == NULL) { Py_DECREF(shape); Py_DECREF(stride); goto error; }
-        key = PyTuple_Pack(5, ptr, dtype, shape, stride, ver);
-        Py_DECREF(shape); Py_DECREF(stride);
-    }
+    ver = PyObject_GetAttr(t, s_version);
+    if (ver == NULL) goto error;
+    key = dense ? PyTuple_Pack(4, ptr, dtype, numel_obj, ver)
+                : PyTuple_Pack(5, ptr, dtype, shape, stride, ver);
     Py_DECREF(ver);
+    Py_XDECREF(stride);
+    if (key == NULL) { Py_DECREF(ptr); *ptr_out = NULL; return NULL; }
+    *dense_out = dense;
     *ptr_out = ptr;
     return key;
 error:
     Py_XDECREF(ptr);
+    Py_XDECREF(stride);
+    *ptr_out = NULL;
     if (PyErr_ExceptionMatches(PyExc_RuntimeError)) {   /* no storage: no identity */
         PyErr_Clear();
-        *contiguous = 0;
-        *ptr_out = NULL;
         return NULL;
     }
-    *ptr_out = NULL;
     return NULL;
 }
 
@@ -288,7 +310,7 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
              *entry = NULL, *result = NULL, *st[4] = {NULL, NULL, NULL, NULL};
     PyObject *info, *dtype_name, *kind;
     Py_ssize_t handle_index = -1;
-    int contiguous = 0, filled = 0;
+    int dense = 0, filled = 0;
 
     dtype = PyObject_GetAttr(t, s_dtype);
     if (dtype == NULL) return NULL;
@@ -314,7 +336,7 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     if (shape_list == NULL) goto done;
     rg = PyObject_GetAttr(t, s_requires_grad);
     if (rg == NULL) goto done;
-    key = identity_key(self, t, dtype, numel_obj, &contiguous, &ptr);
+    key = identity_key(self, t, dtype, numel_obj, shape, &dense, &ptr);
     if (key == NULL && PyErr_Occurred()) goto done;
 
     PyObject *seen = NULL;
@@ -336,7 +358,9 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
         if (kind != self->opaque_kind) {
             handle_index = PyList_GET_SIZE(self->handles);
             stats_fn fn = code == CODE_F32 ? self->f32 : code == CODE_F64 ? self->f64 : NULL;
-            int native = fn != NULL && contiguous && ptr != NULL && kind == self->float_kind;
+            /* a dense tensor's values are the block [data_ptr, + numel) in some order: read
+               as they lie (the statistics do not depend on the order), no contiguous copy */
+            int native = fn != NULL && dense && ptr != NULL && kind == self->float_kind;
             if (native) {
                 PyObject *cpu = PyObject_GetAttr(t, s_is_cpu);
                 if (cpu == NULL) goto done;

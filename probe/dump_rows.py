@@ -285,7 +285,7 @@ def _native_rows(builder: RowBuilder) -> Any:
     if spec is None:
         return None
     return _dump_rows_native.Rows(
-        spec["tensor_types"], spec["dtypes"], spec["strided"], spec["dense"], builder.stats.reduce,
+        spec["tensor_types"], spec["dtypes"], spec["strided"], builder.stats.reduce,
         builder.value_py, builder._tensor, Leaf, msprobe_writer.json_float, (FLOAT, INTEGER, OPAQUE),
         spec["type_name"], spec["f32"], spec["f64"], builder._tensor_ids)
 

@@ -47,6 +47,11 @@ def _values() -> list:
         3, -7, 10 ** 30, 2.5, -0.0, True, False, float("nan"), float("inf"), "text", None,
         [base, 1, (2.0, None)], {"a": base, "b": 3}, slice(1, 2), torch.float32, torch.Size([2, 3]),
         Ellipsis, object(),
+        # layouts: dense in another order (read as they lie), overlapping, gapped, size-1 dims
+        torch.randn(2, 3, 4).permute(2, 0, 1), torch.randn(4, 1, 3).transpose(0, 2),
+        torch.randn(3, 1).expand(3, 5), torch.randn(6, 4)[::2], torch.randn(5, 1, 1)[:, :, 0],
+        torch.randn(1, 4).t(), torch.randn(8).as_strided((2, 2), (1, 2)),
+        torch.randn(3, 4, dtype=torch.float64).t(), torch.randn(4, 3).half().t(),
     ]
 
 
@@ -114,3 +119,14 @@ def test_the_native_statistics_records_give_the_columns_apply_statistics_gives(m
         pass
     rows.value(torch.randn(3).as_subclass(Sub), 99, "n", "api", "forward", "input", "0")  # Python's
     assert rows.statistics_records() is None
+
+
+@pytest.mark.parametrize("use_native", [False, True])
+def test_a_dense_view_in_another_order_is_read_as_it_lies_with_the_same_statistics(monkeypatch, use_native):
+    rows = _builder(monkeypatch, use_native)
+    t = torch.randn(3, 4, 5, dtype=torch.float64).permute(2, 0, 1)
+    assert not t.is_contiguous()
+    entry = rows.value(t, 0, "n", "api", "forward", "input", "0")
+    assert (entry["Max"], entry["Min"]) == (float(t.max()), float(t.min()))
+    assert entry["Mean"] == pytest.approx(float(t.mean()), rel=1e-12)
+    assert entry["Norm"] == pytest.approx(float(t.norm()), rel=1e-12)

@@ -217,6 +217,8 @@ class TorchAdapter(EngineAdapter):
         return "" if self._roots == 1 else f"model{self._roots - 1}."
 
     def detach(self) -> None:
+        from engine_adapter.torch_api import forget_partial_backward
+        forget_partial_backward()
         handles, self._handles = self._handles, []
         if self._in_step_hook:
             self._steps_off = True

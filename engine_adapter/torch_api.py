@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import types
-import weakref
 from typing import Any
 
 import torch
@@ -141,7 +140,7 @@ class _Gather:
     One whose backward computed only some inputs' gradients is finished with those by
     :func:`finish_partial_backward` at the end of the step."""
 
-    __slots__ = ("call", "grads", "waiting", "__weakref__")
+    __slots__ = ("call", "grads", "waiting")
 
     def __init__(self, call: Any, count: int) -> None:
         self.call = call
@@ -167,14 +166,21 @@ class _Gather:
         self.call.finish(grads)
 
 
-#: gathers with some of their gradients in (see :class:`_Gather`)
-_PARTIAL: "weakref.WeakSet[_Gather]" = weakref.WeakSet()
+#: gathers with some of their gradients in (see :class:`_Gather`), held strongly: a backward
+#: that computed only some inputs' gradients may free its graph (the gathers' other holders)
+#: before the step ends
+_PARTIAL: set[_Gather] = set()
 
 
 def finish_partial_backward() -> None:
     """Finish every call whose backward computed only some of its inputs' gradients."""
-    for gather in list(_PARTIAL):
-        gather.finish()
+    while _PARTIAL:
+        _PARTIAL.pop().finish()
+
+
+def forget_partial_backward() -> None:
+    """Drop the calls still waiting for some gradients (the dump is detached)."""
+    _PARTIAL.clear()
 
 
 def _alias_each(call: Any, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -423,12 +423,8 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     if (h != NULL && PyList_CheckExact(h)) {
         if (entry_statistics(self, h, numel, kind == self->float_kind, st) < 0) goto done;
         filled = 1;
-        if (append_record(self, PyList_GET_SIZE(self->rows), h, numel, kind == self->float_kind) < 0)
-            goto done;
-        self->covered++;
     } else {
         for (int k = 0; k < 4; k++) { st[k] = Py_None; Py_INCREF(Py_None); }
-        if (h == NULL) self->covered++;            /* no statistics to gather */
     }
     entry = PyDict_New();
     if (entry == NULL) goto done;
@@ -461,6 +457,15 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
                                shape_list, numel_obj, Py_None, Py_None, rg, Py_None, tensor_id};
         for (int k = 0; k < 14; k++) { Py_INCREF(items[k]); PyList_SET_ITEM(row, k, items[k]); }
         if (append_steal(self->rows, row) < 0) goto done;
+    }
+    /* the leaf and its row are in: its statistics record (the writer's columns), or none to
+       gather (opaque); counted only now, so a value that failed halfway leaves the count
+       short of the leaves and the writer takes the Python path */
+    if (filled) {
+        if (append_record(self, row_index, h, numel, kind == self->float_kind) < 0) goto done;
+        self->covered++;
+    } else if (h == NULL) {
+        self->covered++;
     }
     result = entry;
     entry = NULL;

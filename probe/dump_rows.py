@@ -7,6 +7,13 @@ columns a call sets (:data:`ROW_COLUMNS`, in the schema's order); the step's col
 (:data:`STAT_COLUMNS`) arrive as columns of their own when the step's statistics are gathered
 (:func:`apply_statistics`), which also fills the JSON entries.
 
+For the statistics task the common values (a plain tensor, an exact int, float or bool) are
+made by the native half, ``probe._dump_rows_native`` (an optional C extension built at install):
+the same entry, row, leaf, handle, identity and tensor id as :meth:`RowBuilder.value_py`, and one
+statistics record per leaf that :func:`records_statistics` turns into the step's columns on the
+writer thread; what it does not take comes back to the Python path (``PROBE_NO_NATIVE_ROWS=1``
+forces the Python path for everything).
+
 The ``tensor`` task names each tensor's file with :func:`tensor_file_name`: distinct dump names
 get distinct file names, and one name gets the same file name in every run and rank.
 

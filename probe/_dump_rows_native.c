@@ -307,7 +307,7 @@ static PyObject *fallback(PyObject *fn, PyObject *const *args) {
 static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     PyObject *dtype = NULL, *numel_obj = NULL, *layout = NULL, *shape = NULL, *shape_list = NULL,
              *rg = NULL, *key = NULL, *ptr = NULL, *handle = NULL, *tensor_id = NULL,
-             *entry = NULL, *result = NULL, *st[4] = {NULL, NULL, NULL, NULL};
+             *entry = NULL, *result = NULL, *h = NULL, *st[4] = {NULL, NULL, NULL, NULL};
     PyObject *info, *dtype_name, *kind;
     Py_ssize_t handle_index = -1;
     int dense = 0, filled = 0;
@@ -419,7 +419,8 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     }
     if (tensor_id == NULL) { tensor_id = Py_None; Py_INCREF(tensor_id); }
 
-    PyObject *h = handle_index >= 0 ? PyList_GET_ITEM(self->handles, handle_index) : NULL;
+    h = handle_index >= 0 ? PyList_GET_ITEM(self->handles, handle_index) : NULL;
+    Py_XINCREF(h);                  /* held while Python may run (json_float, a collection) */
     if (h != NULL && PyList_CheckExact(h)) {
         if (entry_statistics(self, h, numel, kind == self->float_kind, st) < 0) goto done;
         filled = 1;
@@ -472,7 +473,7 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
 done:
     Py_XDECREF(dtype); Py_XDECREF(numel_obj); Py_XDECREF(layout); Py_XDECREF(shape);
     Py_XDECREF(shape_list); Py_XDECREF(rg); Py_XDECREF(key); Py_XDECREF(ptr);
-    Py_XDECREF(handle); Py_XDECREF(tensor_id); Py_XDECREF(entry);
+    Py_XDECREF(handle); Py_XDECREF(tensor_id); Py_XDECREF(entry); Py_XDECREF(h);
     for (int k = 0; k < 4; k++) Py_XDECREF(st[k]);
     return result;
 }

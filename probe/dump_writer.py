@@ -98,6 +98,9 @@ class DumpWriter:
         self._last_stacks: tuple[dict, dict, dict] | None = None   # (frames, lines, grouped)
         # set: write now (see the module docstring); the tensor task writes at once
         self._window = threading.Event()
+        # 1 while the writer holds a step, waiting for the window (a step handed over between its
+        # taking one and setting this is counted late: written at the next window, not lost)
+        self._holding = 0
         if self.config.task == "tensor":
             self._window.set()
         self._queue: BackgroundQueue[StepBatch] = BackgroundQueue(
@@ -108,12 +111,16 @@ class DumpWriter:
     def submit(self, batch: StepBatch) -> None:
         """Queue a finished step (waits while :data:`QUEUE_STEPS` steps are waiting)."""
         self._queue.put(batch)
-        if len(self._queue) > 1:        # falling behind: write without waiting for a window
+        if self._waiting() > 1:         # falling behind: write without waiting for a window
             self._window.set()
+
+    def _waiting(self) -> int:
+        """Finished steps not written yet: those queued and the one the writer holds."""
+        return len(self._queue) + self._holding
 
     def step_started(self) -> None:
         """The training thread began a step: what waits is written in its backward pass."""
-        if self.config.task != "tensor" and len(self._queue) <= 1:
+        if self.config.task != "tensor" and self._waiting() <= 1:
             self._window.clear()
 
     def backward_started(self) -> None:
@@ -129,7 +136,11 @@ class DumpWriter:
 
     def _handle(self, batches: list[StepBatch]) -> None:
         if not self._window.is_set():
-            self._window.wait(WINDOW_WAIT_S)
+            self._holding = 1
+            try:
+                self._window.wait(WINDOW_WAIT_S)
+            finally:
+                self._holding = 0
         for batch in batches:
             try:
                 with self.adapter.suspended():

@@ -20,7 +20,7 @@ def expected(x: torch.Tensor) -> list[float]:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n", [1, 17, 32767, 32768, 100_003, 300_000])
+@pytest.mark.parametrize("n", [1, 17, 63, 64, 65, 2047, 2049, 32767, 32768, 100_003, 300_000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_native_kernel_gives_numpys_statistics_serial_and_on_torchs_threads(threads, n, dtype):
     before = torch.get_num_threads()

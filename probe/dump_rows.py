@@ -138,8 +138,10 @@ class RowBuilder:
         self._save = save
         self._tensor_ids = tensor_ids
         self._native = None if want_hash or save is not None else _native_rows(self)
-        # the same entries and rows, made in C for plain tensors and exact scalars (the
-        # statistics task's hot path); everything else comes back to value_py/_tensor
+        #: ``value(x, seq, node, kind, direction, slot, index)``: the JSON entry of ``x`` (a
+        #: tensor, a scalar or a container of them), its rows recorded. The native half's for
+        #: plain tensors and exact scalars (the statistics task's hot path), which hands
+        #: everything else back to :meth:`value_py`; else :meth:`value_py` itself.
         self.value = self.value_py if self._native is None else self._native.value
         self.start_step()
 
@@ -167,12 +169,8 @@ class RowBuilder:
         thousand keys and weak references costs the training thread ~0.3 ms)."""
         return self._seen
 
-    def value(self, x: Any, seq: int, node: str, kind: str, direction: str, slot: str, index: str) -> Any:
-        """The JSON entry of ``x`` (a tensor, a scalar or a container of them), its rows recorded."""
-        return self.value_py(x, seq, node, kind, direction, slot, index)
-
     def value_py(self, x: Any, seq: int, node: str, kind: str, direction: str, slot: str, index: str) -> Any:
-        """:meth:`value` in Python (the native half hands back what it does not take)."""
+        """``value`` in Python (the native half hands back what it does not take)."""
         if isinstance(x, self._tensor_type):
             return self._tensor(x, seq, node, kind, direction, slot, index)
         if x is None:
@@ -321,11 +319,9 @@ def apply_statistics(leaves: Sequence[Leaf], values: Sequence[Any], n_rows: int)
     import itertools
 
     import numpy as np
-    import pyarrow as pa
 
-    types = _stat_types()
     if not leaves:
-        return {name: pa.nulls(n_rows, type=types[name]) for name in STAT_COLUMNS}
+        return records_statistics(b"", n_rows)
     entries, handle_indexes, rows, numels, kinds, filled = zip(*leaves)
     if not all(filled):             # a device tensor's entry waits for the gather
         for e, h, numel, kind, done in zip(entries, handle_indexes, numels, kinds, filled):
@@ -354,28 +350,21 @@ def apply_statistics(leaves: Sequence[Leaf], values: Sequence[Any], n_rows: int)
     keep = is_float | is_int
     hi, r, is_float, is_int = hi[keep], r[keep], is_float[keep], is_int[keep]
     a = table[hi]
-    has = np.zeros(n_rows, dtype=bool)
-    has[r] = True
-    has_float = np.zeros(n_rows, dtype=bool)
-    has_float[r[is_float]] = True
     numel = np.fromiter(numels, np.float64, n)[got][keep]
-    mx, mn = a[:, 0].copy(), a[:, 1].copy()
-    mx[is_int], mn[is_int] = np.trunc(mx[is_int]), np.trunc(mn[is_int])
+    # the native builder's records (row, is_float, max, min, mean, norm, nan, inf), one per
+    # leaf with statistics: the columns are made from them in one place
+    records = np.empty((len(r), 8), dtype=np.float64)
+    records[:, 0] = r
+    records[:, 1] = is_float
+    records[:, 2] = np.where(is_int, np.trunc(a[:, 0]), a[:, 0])
+    records[:, 3] = np.where(is_int, np.trunc(a[:, 1]), a[:, 1])
     q = a[:, 3]
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = a[:, 2] / numel
-        norm = np.where(q >= 0, np.sqrt(np.maximum(q, 0)), q)
-    columns = {}
-    for name, col, valid in (("max", mx, has), ("min", mn, has), ("mean", mean, has_float),
-                             ("l2norm", norm, has_float)):
-        full = np.zeros(n_rows, dtype=np.float64)
-        full[r] = col
-        columns[name] = pa.array(full, type=types[name], mask=~valid)
-    for name, k in (("nan_count", 4), ("inf_count", 5)):
-        full = np.zeros(n_rows, dtype=np.int64)
-        full[r] = np.where(is_float, a[:, k], 0)
-        columns[name] = pa.array(full, type=types[name], mask=~has)
-    return columns
+        records[:, 4] = np.where(is_float, a[:, 2] / numel, np.nan)
+        records[:, 5] = np.where(is_float, np.where(q >= 0, np.sqrt(np.maximum(q, 0)), q), np.nan)
+    records[:, 6] = np.where(is_float, a[:, 4], 0)
+    records[:, 7] = np.where(is_float, a[:, 5], 0)
+    return records_statistics(records.tobytes(), n_rows)
 
 
 def records_statistics(flat: bytes | bytearray, n_rows: int) -> dict[str, Any]:

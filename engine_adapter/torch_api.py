@@ -13,8 +13,9 @@ backward sees its gradient (a C++ view node with a hook; a Python autograd Funct
 inputs that are not strided, whose views autograd does not make), and a pre-hook on each
 output's autograd node sees the gradient of that output; together they make the ``...backward``
 entry, once every input's gradient is in (or at the end of the step, with those that came, when
-a backward computed only some of them: ``torch.autograd.grad`` for some inputs). In-place calls and ``out=`` calls have no
-backward entry (an identity node in front of an in-place op is not allowed by autograd).
+a backward computed only some of them: ``torch.autograd.grad`` for some inputs). In-place
+calls and ``out=`` calls have no backward entry (an identity node in front of an in-place op is
+not allowed by autograd).
 
 ``torch.distributed`` collectives are not wrapped here: the dump registers a listener with
 :mod:`engine_adapter.torch_comm`, the one wrapper of collectives, and records

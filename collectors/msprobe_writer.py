@@ -30,7 +30,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import orjson
 
@@ -121,19 +121,47 @@ def _encode(obj: Any, indent: int | None, fast: bool) -> bytes:
     return json.dumps(obj, indent=indent, ensure_ascii=False, default=_fragment_float).encode("utf-8")
 
 
-def _atomic_json(path: Path, obj: Any, indent: int | None, fast: bool) -> None:
-    tmp = path.with_name("." + path.name + ".tmp")
-    key = (path.name, indent)
+def _encoded(name: str, obj: Any, indent: int | None, fast: bool) -> bytes:
+    key = (name, indent)
     last = _last_text.get(key)
     if last is not None and last[0] == obj:      # construct/stack rarely change between steps
-        text = last[1]
-    else:
-        text = _encode(obj, indent, fast)
-        if path.name != "dump.json":
-            _last_text[key] = (obj, text)
-    with open(tmp, "wb") as f:
-        f.write(text)
-    os.replace(tmp, path)
+        return last[1]
+    text = _encode(obj, indent, fast)
+    if name != "dump.json":
+        _last_text[key] = (obj, text)
+    return text
+
+
+def encode_step(*, data: Mapping[str, Any], construct: Mapping[str, str | None],
+                stacks: Mapping[str, list], task: str, level: str, framework: str,
+                dump_data_dir: str | None = None, indent: int | None = None, finite: bool = False,
+                grouped_stacks: Mapping[str, list] | None = None) -> list[tuple[str, bytes]]:
+    """The three msprobe files of one step as ``(file name, bytes)``, in the order
+    :func:`write_files` writes them (see :func:`write_step` for the arguments)."""
+    header = {
+        "task": task,
+        "level": LEVELS.get(level, level),
+        "framework": framework,
+        "dump_data_dir": dump_data_dir,
+        "data": data,
+    }
+    return [
+        ("dump.json", _encoded("dump.json", header, indent, finite)),
+        ("construct.json", _encoded("construct.json", dict(construct), indent, True)),
+        ("stack.json", _encoded("stack.json", group_stacks(stacks) if grouped_stacks is None
+                                else grouped_stacks, indent, True)),
+    ]
+
+
+def write_files(folder: Path, files: Iterable[tuple[str, bytes]]) -> None:
+    """Write each ``(file name, bytes)`` into ``folder`` whole (a temporary file renamed over
+    the name: a reader never sees half a file)."""
+    for name, text in files:
+        path = folder / name
+        tmp = path.with_name("." + name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(text)
+        os.replace(tmp, path)
 
 
 def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[str, Any],
@@ -153,17 +181,9 @@ def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[st
     :func:`group_stacks` of ``stacks``, when the caller has it already.
     """
     folder = step_dir(out, step, rank)
-    header = {
-        "task": task,
-        "level": LEVELS.get(level, level),
-        "framework": framework,
-        "dump_data_dir": dump_data_dir,
-        "data": data,
-    }
-    _atomic_json(folder / "dump.json", header, indent, finite)
-    _atomic_json(folder / "construct.json", dict(construct), indent, True)
-    _atomic_json(folder / "stack.json", group_stacks(stacks) if grouped_stacks is None else grouped_stacks,
-                 indent, True)
+    write_files(folder, encode_step(data=data, construct=construct, stacks=stacks, task=task,
+                                    level=level, framework=framework, dump_data_dir=dump_data_dir,
+                                    indent=indent, finite=finite, grouped_stacks=grouped_stacks))
     return folder
 
 

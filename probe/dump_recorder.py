@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from time import perf_counter
 from typing import Any, Iterable
 
 from collectors import msprobe_writer
@@ -59,6 +60,9 @@ class DumpRecorder:
         self._include_cache: dict[str, bool] = {}
         self._stack_cache: dict[str, tuple] = {}
         self._writer: DumpWriter | None = None
+        # which backward hook of a step opens the writer's window: the one that began the last
+        # recorded step's longest stretch between two backward hooks (None: the first one)
+        self._window_hook: int | None = None
         self.step = -1
         self.active = False
         self._reset()
@@ -101,14 +105,38 @@ class DumpRecorder:
         self.param_grads: dict[int, dict] = {}
         self._tensor_dir: str | None = None
         self._files: list[tuple[str, Any]] = []     # (path, copy) of the tensor files to write
-        self._in_backward = False
         self._values.start_step()
+        self._hooks_seen = 0                  # backward hooks of this step so far
+        self._last_hook_at = 0.0              # when the last one was called
+        self._longest = (0.0, None)           # (longest stretch between two of them, the hook that began it)
+        self._window_open = False
 
-    def _backward_began(self) -> None:
-        """The step's first backward hook: the writer may write the last step now."""
-        self._in_backward = True
+    def _backward_hook(self) -> None:
+        """Every backward hook of the recorder starts here: it times the stretches between
+        them and opens the writer's window at the one that began the last step's longest.
+
+        The writer writes the last step while this step's backward runs, and its Python holds
+        the GIL: where the training thread's hooks come every few tens of microseconds (a
+        block's norms and projections) each of them waited for the writer (~10 waits of ~0.1 ms
+        a step on the 2-core reference machine); in the longest stretch (a large matmul's
+        gradient, ~2-3 ms) it calls none. A step's backward makes the same calls as the last
+        one's, so the index of that hook is known a step ahead; a step that calls fewer hooks
+        opens the window as it ends (:meth:`_flush`)."""
+        now = perf_counter()
+        n = self._hooks_seen
+        if n:
+            stretch = now - self._last_hook_at
+            if stretch > self._longest[0]:
+                self._longest = (stretch, n - 1)
+        self._hooks_seen = n + 1
+        self._last_hook_at = now
+        if not self._window_open and (self._window_hook is None or n == self._window_hook):
+            self._open_window()
+
+    def _open_window(self) -> None:
+        self._window_open = True
         if self._writer is not None:
-            self._writer.backward_started()
+            self._writer.open_window()
 
     # ----------------------------------------------------------------- filters
     def include(self, base: str) -> bool:
@@ -220,8 +248,7 @@ class DumpRecorder:
         """The gradients of the outputs and inputs of the module call ``name``."""
         if not self.active:
             return
-        if not self._in_backward:
-            self._backward_began()
+        self._backward_hook()
         try:
             tree = self.tree
             backward = tree.module_backward(name, module_key)
@@ -243,8 +270,7 @@ class DumpRecorder:
         """One parameter gradient of a module; its entry is made once all ``expected`` are here."""
         if not self.active or (self._filtered and not self.include(base)):
             return
-        if not self._in_backward:
-            self._backward_began()
+        self._backward_hook()
         try:
             pending = self.param_grads.setdefault(module_key, {"base": base, "grads": {}, "expected": expected})
             pending["grads"][param_name] = grad
@@ -305,8 +331,7 @@ class DumpRecorder:
         """The gradients of the outputs and differentiable inputs of ``token``'s call."""
         if token is None or not self.active:
             return
-        if not self._in_backward:
-            self._backward_began()
+        self._backward_hook()
         try:
             tree = self.tree
             name, kind = tree.api_backward(token[0])
@@ -337,6 +362,10 @@ class DumpRecorder:
         for name, entry in self.open_entries.items():   # calls that never returned (an exception)
             entry["output"] = []
             self.data[name] = entry
+        if self._hooks_seen:
+            self._window_hook = self._longest[1]
+        if not self._window_open:       # no backward, or fewer hooks than the last step's
+            self._open_window()
         values = self._values
         batch = StepBatch(self.step, self.data, self.tree, self.stacks, values.leaves,
                           values.handles, values.rows, self._files,

@@ -10,14 +10,19 @@ The queue (:class:`ground.background.BackgroundQueue`) holds at most :data:`QUEU
 shared volume) does not stall training, while a disk slower than training for good makes the
 training thread wait at the end of a step instead of holding unbounded memory.
 
-The statistics task's writer works while the training thread computes gradients: a finished
-step waits until the next step's first backward hook (the recorder calls
-:meth:`DumpWriter.backward_started`), when the training thread spends most of its time in
-autograd's C++ without the GIL, instead of competing for the GIL with the forward pass's
-Python (on the 2-core reference machine a mix-level step's writing added ~6 ms to the next
-step when written at once, ~3.4 ms when written in its backward). It waits at most
-:data:`WINDOW_WAIT_S`, and not at all once a second step is waiting or the writer is drained:
-a forward-only run is written a step late, never held back.
+The statistics task's writer works while the training thread computes gradients, in the
+longest stretch its backward pass spends without calling a hook: the recorder times the
+stretches between its backward hooks and, a step later, opens the window
+(:meth:`DumpWriter.open_window`) in the hook that began the longest one (a step's backward
+makes the same calls as the last one's). The writer's Python holds the GIL; a hook that wants
+it while the writer runs waits for it (~0.1 ms a wait on the 2-core reference machine, a
+context switch each way), and in that stretch no hook comes. A finished step does not wake
+the writer either (the queue ticks every :data:`WINDOW_WAIT_S` instead of waking it on a put:
+a wake-up at the end of a step takes the GIL while the training thread runs the optimizer's
+Python). The training thread's waits a step (its wall time less its CPU time), module / mix
+level of the benchmark's model: window at the first backward hook 0.93 / 1.9 ms, in the
+longest stretch 0.38 / 1.35 ms. A step waits at most :data:`WINDOW_WAIT_S`, and not at all once a second step is
+waiting or the writer is drained: a forward-only run is written a step late, never held back.
 
 With ``fsync="step"`` the writer also forces each step to disk, on its own thread: the step's
 tensor files (copied by the training thread as the step ran, written here) before dump.json names them, then
@@ -103,16 +108,20 @@ class DumpWriter:
         self._holding = 0
         if self.config.task == "tensor":
             self._window.set()
+        # the statistics task's writer is not woken by a finished step (waking takes the GIL
+        # while the training thread runs Python): it wakes when the window opens, when steps
+        # pile up, or every WINDOW_WAIT_S (a tick: what waits longer is written then)
+        tensor = self.config.task == "tensor"
         self._queue: BackgroundQueue[StepBatch] = BackgroundQueue(
             self._handle, name="probe-dump-writer",
-            capacity=QUEUE_TENSOR_STEPS if self.config.task == "tensor" else QUEUE_STEPS, overflow="block",
-            max_batch=1)
+            capacity=QUEUE_TENSOR_STEPS if tensor else QUEUE_STEPS, overflow="block",
+            max_batch=1, interval_s=None if tensor else WINDOW_WAIT_S)
 
     def submit(self, batch: StepBatch) -> None:
         """Queue a finished step (waits while :data:`QUEUE_STEPS` steps are waiting)."""
         self._queue.put(batch)
         if self._waiting() > 1:         # falling behind: write without waiting for a window
-            self._window.set()
+            self.open_window()
 
     def _waiting(self) -> int:
         """Finished steps not written yet: those queued and the one the writer holds."""
@@ -123,9 +132,12 @@ class DumpWriter:
         if self.config.task != "tensor" and self._waiting() <= 1:
             self._window.clear()
 
-    def backward_started(self) -> None:
-        """The training thread is in a backward pass: write what waits."""
+    def open_window(self) -> None:
+        """The training thread starts a stretch of work outside the interpreter (its backward
+        pass, see :class:`probe.dump_recorder.DumpRecorder`): write what waits."""
         self._window.set()
+        if len(self._queue):
+            self._queue.wake()
 
     def drain(self) -> None:
         """Wait until every submitted step is on disk (store records included)."""
@@ -135,6 +147,8 @@ class DumpWriter:
             self._flush_store(self.steps_written[-1])
 
     def _handle(self, batches: list[StepBatch]) -> None:
+        if not batches:                 # a tick with nothing waiting
+            return
         if not self._window.is_set():
             self._holding = 1
             try:
@@ -161,22 +175,29 @@ class DumpWriter:
         dump_data_dir = None
         if config.task == "tensor":
             dump_data_dir = str(folder / "dump_tensor_data")
-            self._write_files(b)
+            copies, b.files = b.files, []
+            self._write_files(b.step, copies)
+            del copies
             if config.fsync == "step":
                 files = [os.path.join(dump_data_dir, row[_FILE_COLUMN]) for row in b.rows
                          if row[_FILE_COLUMN] is not None]
                 self._force_to_disk(b.step, files, [dump_data_dir] if files else [])
-        msprobe_writer.write_step(config.out, step=b.step, rank=self.rank, data=b.data,
-                                  construct=b.tree.construct, stacks=stacks, grouped_stacks=grouped,
-                                  task=config.task,
-                                  level=config.level, framework=self.adapter.framework,
-                                  dump_data_dir=dump_data_dir, finite=True)
+        # the Python of the writing (the JSON bytes, the store's records) holds the GIL the
+        # training thread's hooks need; the file writing and fsync between them let it go
+        msprobe_writer.write_files(folder, msprobe_writer.encode_step(
+            data=b.data, construct=b.tree.construct, stacks=stacks, grouped_stacks=grouped,
+            task=config.task, level=config.level, framework=self.adapter.framework,
+            dump_data_dir=dump_data_dir, finite=True))
         if config.fsync == "step":
             self._force_to_disk(b.step, [str(folder / name) for name in STEP_FILES],
                                 [str(folder), str(folder.parent), config.out])
         self.steps_written.append(b.step)
         if self.store is not None:
-            self._write_store(b, statistics, grouped)
+            self._store_records(b, statistics, grouped)
+            now = time.monotonic()
+            if now - self._last_store_flush >= config.store_flush_s:
+                self._flush_store(b.step)
+                self._last_store_flush = now
 
     def _stacks(self, frames_of: dict) -> tuple[dict, dict]:
         """Each name's stack as msprobe's lines, and stack.json's groups of them; a step that
@@ -195,16 +216,15 @@ class DumpWriter:
         self._last_stacks = (frames_of, stacks, grouped)
         return stacks, grouped
 
-    def _write_files(self, b: StepBatch) -> None:
-        """The step's tensor files from the copies the training thread took (a failed one is
+    def _write_files(self, step: int, files: list) -> None:
+        """A step's tensor files from the copies the training thread took (a failed one is
         reported; the others are still written)."""
         save = self.adapter.stats.save
-        files, b.files = b.files, []
         for path, copy in files:
             try:
                 save({"tensor": copy}, path)
             except Exception as e:  # noqa: BLE001 - one file lost, not the step
-                self.report_error(f"writing a tensor file of step {b.step}", e)
+                self.report_error(f"writing a tensor file of step {step}", e)
 
     def _force_to_disk(self, step: int, files: list[str], folders: list[str]) -> None:
         """fsync ``files``, then ``folders`` (the renames and new entries that made them
@@ -227,7 +247,9 @@ class DumpWriter:
             for fd in fds:
                 os.close(fd)
 
-    def _write_store(self, b: StepBatch, statistics: dict[str, Any], grouped: dict[str, list]) -> None:
+    def _store_records(self, b: StepBatch, statistics: dict[str, Any], grouped: dict[str, list]) -> None:
+        """The step's tensor records, kept for the next flush, and the node records of calls
+        the store has not seen yet."""
         from collectors.records import table_from_columns
 
         if self._tables is None:
@@ -256,10 +278,6 @@ class DumpWriter:
             m = len(node_rows["node"])
             node_rows.update(run=[self.run] * m, rank=[self.rank] * m)
             self.store.write("node", table_from_columns("node", node_rows))
-        now = time.monotonic()
-        if now - self._last_store_flush >= self.config.store_flush_s:
-            self._flush_store(b.step)
-            self._last_store_flush = now
 
     def _flush_store(self, step: int) -> None:
         """The tensor records of every step written since the last flush as one durable segment."""

@@ -1,6 +1,7 @@
 """The statistics writer writes a finished step during the next step's backward pass (when the
-training thread is mostly in autograd's C++, not in the interpreter), at most WINDOW_WAIT_S
-later, and at once when a second step waits or the dump is drained."""
+training thread is mostly in autograd's C++, not in the interpreter), in the stretch the last
+step's backward spent longest without a hook, at most WINDOW_WAIT_S later, and at once when a
+second step waits or the dump is drained."""
 
 from __future__ import annotations
 
@@ -62,3 +63,60 @@ def test_a_second_finished_step_has_the_first_written_at_once(tmp_path, monkeypa
         net(torch.randn(2, 4))
         session.step()                      # two steps waiting: no window to wait for
         assert _wait_for(tmp_path, 0) and _wait_for(tmp_path, 1)
+
+
+class _Slow(torch.autograd.Function):
+    """Identity whose backward takes a while: the longest stretch between two backward hooks."""
+
+    events: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        _Slow.events.append("slow backward")
+        time.sleep(0.05)
+        return g
+
+
+class _SlowModule(nn.Module):
+    def forward(self, x):
+        return _Slow.apply(x)
+
+
+def test_the_window_opens_at_the_hook_that_began_the_last_steps_longest_stretch(tmp_path, monkeypatch):
+    from probe.dump_recorder import DumpRecorder
+
+    events = _Slow.events
+    events.clear()
+    for hook in ("module_backward", "parameter_grad"):
+        original = getattr(DumpRecorder, hook)
+
+        def logged(self, *args, _original=original, **kwargs):
+            events.append("hook")
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(DumpRecorder, hook, logged)
+    opened = dump_writer.DumpWriter.open_window
+    monkeypatch.setattr(dump_writer.DumpWriter, "open_window",
+                        lambda self: (events.append("window"), opened(self))[1])
+    net = nn.Sequential(nn.Linear(4, 4), _SlowModule(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    x = torch.randn(3, 4)
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False) as session:
+        for _ in range(3):
+            events.append("step")
+            net(x).sum().backward()
+            session.step()
+    steps = [[]]
+    for e in events[1:]:
+        if e == "step":
+            steps.append([])
+        else:
+            steps[-1].append(e)
+    # step 0 has no writer yet (and times its stretches); steps 1 and 2 open the window in
+    # the hook right before the slow backward, after several others
+    assert "window" not in steps[0]
+    for later in steps[1:]:
+        at = later.index("window")
+        assert at > 2 and later[at - 1] == "hook" and later[at + 1] == "slow backward"

@@ -108,6 +108,8 @@ class DumpRecorder:
         self._values.start_step()
         self._hooks_seen = 0                  # backward hooks of this step so far
         self._last_hook_at = 0.0              # when the last one was called
+        self._forward_calls = 0               # module and API calls begun this step so far
+        self._forward_calls_at_hook = 0       # ... when the last backward hook was called
         self._longest = (0.0, None)           # (longest stretch between two of them, the hook that began it)
         self._window_open = False
 
@@ -124,12 +126,15 @@ class DumpRecorder:
         opens the window as it ends (:meth:`_flush`)."""
         now = perf_counter()
         n = self._hooks_seen
-        if n:
+        if n and self._forward_calls == self._forward_calls_at_hook:
+            # (a stretch with a forward call in it is not the backward's: the next
+            # micro-batch's forward, under gradient accumulation, is the interpreter's)
             stretch = now - self._last_hook_at
             if stretch > self._longest[0]:
                 self._longest = (stretch, n - 1)
         self._hooks_seen = n + 1
         self._last_hook_at = now
+        self._forward_calls_at_hook = self._forward_calls
         if not self._window_open and (self._window_hook is None or n == self._window_hook):
             self._open_window()
 
@@ -214,6 +219,7 @@ class DumpRecorder:
         """A module call starts: its name, its inputs recorded as they are now."""
         if not self.active or (self._filtered and not self.include(base)):
             return None
+        self._forward_calls += 1
         try:
             name = self.tree.module_call(base, module_key)
             self._module_started(name, args, kwargs)
@@ -295,6 +301,7 @@ class DumpRecorder:
         """An API call starts: its token (name and kind), its inputs recorded as they are now."""
         if not self.active or (self._filtered and not self.include(api)):
             return None
+        self._forward_calls += 1
         try:
             kind = "comm" if api.startswith("Distributed.") else "api"
             name = self.tree.api_call(api, kind)

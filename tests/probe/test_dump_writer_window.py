@@ -120,3 +120,42 @@ def test_the_window_opens_at_the_hook_that_began_the_last_steps_longest_stretch(
     for later in steps[1:]:
         at = later.index("window")
         assert at > 2 and later[at - 1] == "hook" and later[at + 1] == "slow backward"
+
+
+class _SlowForward(nn.Module):
+    """Identity whose forward takes a while: under gradient accumulation, the stretch from one
+    micro-batch's backward to the next one's holds it."""
+
+    def forward(self, x):
+        time.sleep(0.08)
+        return x * 1.0
+
+
+def test_a_stretch_holding_a_forward_call_does_not_open_the_window(tmp_path, monkeypatch):
+    from probe.dump_recorder import DumpRecorder
+
+    events = _Slow.events
+    events.clear()
+    original = DumpRecorder.module_backward
+
+    def logged(self, *args, **kwargs):
+        events.append("hook")
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(DumpRecorder, "module_backward", logged)
+    opened = dump_writer.DumpWriter.open_window
+    monkeypatch.setattr(dump_writer.DumpWriter, "open_window",
+                        lambda self: (events.append("window"), opened(self))[1])
+    net = nn.Sequential(nn.Linear(4, 4), _SlowModule(), nn.Linear(4, 4), _SlowForward(), nn.Linear(4, 1))
+    x = torch.randn(3, 4)
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False) as session:
+        for _ in range(3):
+            events.append("step")
+            for _micro_batch in range(2):       # two backward passes a step
+                events.append("micro-batch")
+                net(x).sum().backward()
+            session.step()
+    last = events[len(events) - 1 - events[::-1].index("step"):]
+    # the window opens in the first micro-batch's backward, before its slow part, not at its
+    # last hook (the stretch after it holds the second micro-batch's slow forward)
+    at = last.index("window")
+    assert last[at + 1] == "slow backward" and at < last.index("micro-batch", 2)

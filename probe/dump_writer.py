@@ -21,8 +21,9 @@ the writer either (the queue ticks every :data:`WINDOW_WAIT_S` instead of waking
 a wake-up at the end of a step takes the GIL while the training thread runs the optimizer's
 Python). The training thread's waits a step (its wall time less its CPU time), module / mix
 level of the benchmark's model: window at the first backward hook 0.93 / 1.9 ms, in the
-longest stretch 0.38 / 1.35 ms. A step waits at most :data:`WINDOW_WAIT_S`, and not at all once a second step is
-waiting or the writer is drained: a forward-only run is written a step late, never held back.
+longest stretch 0.38 / 1.35 ms. A step waits at most :data:`WINDOW_WAIT_S`, and not at all
+once a second step is waiting or the writer is drained: a forward-only run is written a step
+late, never held back.
 
 With ``fsync="step"`` the writer also forces each step to disk, on its own thread: the step's
 tensor files (copied by the training thread as the step ran, written here) before dump.json names them, then

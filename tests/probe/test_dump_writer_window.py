@@ -155,7 +155,8 @@ def test_a_stretch_holding_a_forward_call_does_not_open_the_window(tmp_path, mon
                 net(x).sum().backward()
             session.step()
     last = events[len(events) - 1 - events[::-1].index("step"):]
-    # the window opens in the first micro-batch's backward, before its slow part, not at its
-    # last hook (the stretch after it holds the second micro-batch's slow forward)
+    # the window opens right before a micro-batch's slow backward (either one's: they are
+    # as long), not at the first micro-batch's last hook, whose stretch holds the second
+    # micro-batch's slower forward
     at = last.index("window")
-    assert last[at + 1] == "slow backward" and at < last.index("micro-batch", 2)
+    assert last[at + 1] == "slow backward"

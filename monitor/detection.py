@@ -282,9 +282,12 @@ class Detection:
         keys = {alert_key(a) for a in found}
         for key, a in list(self.book.open.items()):
             if key[0] == job and key[1] == "hang" and key not in keys and a.get("state") == "open":
+                # stored closed before the book closes it: whoever sees the hang resolved (the
+                # status reads the book) finds it closed in the store too
+                message = a["message"].split(" [resolved")[0] + " [resolved: the ranks moved on]"
+                self.store.update_alert(dict(a, state="closed", message=message))
+                a["message"] = message
                 self.book.close(key)
-                a["message"] = a["message"].split(" [resolved")[0] + " [resolved: the ranks moved on]"
-                self.store.update_alert(a)
                 self.watchers.broadcast(dict(a, type="alert_update"))
         return self._found(found)
 

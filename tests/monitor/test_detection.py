@@ -134,6 +134,30 @@ def test_a_hang_is_raised_naming_the_rank_that_never_entered_and_resolved_when_i
     assert stored["state"] == "closed" and "[resolved" in stored["message"]
 
 
+def test_a_resolved_hang_is_stored_closed_before_the_status_says_so(service, stub):
+    """The status reads the open alerts; the store must hold the hang closed by then."""
+    register(stub, "r", 2)
+    for step in range(4):
+        for rank in range(2):
+            push_step(stub, "r", rank, step + 1, step, 100.0, world=2)
+    wait_for(lambda: service.detection.judged_step("r") == 3, what="4 steps judged")
+    heartbeat(stub, "r", 0, 4, ("all_reduce", 5, 6.0), {"world": 5})
+    heartbeat(stub, "r", 1, 4, None, {"world": 4})
+    wait_for(lambda: service.store.alerts("r", kind="hang").to_pylist(), what="a hang")
+    seen = []
+    update = service.store.update_alert
+
+    def recorded(alert):
+        if alert.get("kind") == "hang" and alert.get("state") == "closed":
+            seen.append(service.detection.open_hang("r") is not None)
+        update(alert)
+    service.store.update_alert = recorded
+    for rank in range(2):
+        heartbeat(stub, "r", rank, 5, None, {"world": 5})
+    wait_for(lambda: seen, what="the hang stored closed")
+    assert seen == [True]              # the status still showed it open when it was stored
+
+
 def test_a_waiting_collective_below_the_jobs_threshold_is_no_hang(service, stub):
     register(stub, "w", 2)
     for step in range(4):

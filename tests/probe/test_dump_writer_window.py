@@ -86,7 +86,9 @@ class _SlowModule(nn.Module):
         return _Slow.apply(x)
 
 
-def test_the_window_opens_at_the_hook_that_began_the_last_steps_longest_stretch(tmp_path, monkeypatch):
+def _log_hooks_and_windows(monkeypatch) -> list:
+    """``_Slow.events`` cleared, with a "hook" for each of the recorder's backward hooks and a
+    "window" for each window the writer is given, in the order they come."""
     from probe.dump_recorder import DumpRecorder
 
     events = _Slow.events
@@ -101,6 +103,11 @@ def test_the_window_opens_at_the_hook_that_began_the_last_steps_longest_stretch(
     opened = dump_writer.DumpWriter.open_window
     monkeypatch.setattr(dump_writer.DumpWriter, "open_window",
                         lambda self: (events.append("window"), opened(self))[1])
+    return events
+
+
+def test_the_window_opens_at_the_hook_that_began_the_last_steps_longest_stretch(tmp_path, monkeypatch):
+    events = _log_hooks_and_windows(monkeypatch)
     net = nn.Sequential(nn.Linear(4, 4), _SlowModule(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
     x = torch.randn(3, 4)
     with DumpSession(net, out=tmp_path, store=False, auto_step=False) as session:
@@ -132,19 +139,7 @@ class _SlowForward(nn.Module):
 
 
 def test_a_stretch_holding_a_forward_call_does_not_open_the_window(tmp_path, monkeypatch):
-    from probe.dump_recorder import DumpRecorder
-
-    events = _Slow.events
-    events.clear()
-    original = DumpRecorder.module_backward
-
-    def logged(self, *args, **kwargs):
-        events.append("hook")
-        return original(self, *args, **kwargs)
-    monkeypatch.setattr(DumpRecorder, "module_backward", logged)
-    opened = dump_writer.DumpWriter.open_window
-    monkeypatch.setattr(dump_writer.DumpWriter, "open_window",
-                        lambda self: (events.append("window"), opened(self))[1])
+    events = _log_hooks_and_windows(monkeypatch)
     net = nn.Sequential(nn.Linear(4, 4), _SlowModule(), nn.Linear(4, 4), _SlowForward(), nn.Linear(4, 1))
     x = torch.randn(3, 4)
     with DumpSession(net, out=tmp_path, store=False, auto_step=False) as session:

@@ -140,6 +140,16 @@ class HookSink(Protocol):
     def report_error(self, where: str, error: BaseException) -> None:
         """An exception inside dump code: reported once, never raised into training."""
 
+    def accept_prepared_grads(self, kind: type) -> bool:
+        """Whether :meth:`module_backward` and :meth:`parameter_grad` may be given gradients
+        already read, as instances of ``kind`` (the adapter's own; its values hold the
+        statistics), in place of the tensors. An adapter asks once, when it attaches to a
+        model; False: tensors only."""
+
+    def backward_started(self) -> None:
+        """A recorded step's backward pass reached its first hooked gradient (told by an
+        adapter whose hooks run outside the interpreter and replay them later)."""
+
 
 class EngineAdapter(ABC):
     """One framework behind one interface; see the module docstring."""
@@ -181,6 +191,9 @@ class EngineAdapter(ABC):
     @abstractmethod
     def detach(self) -> None:
         """Remove every hook, wrapper and mode this adapter installed. Safe to call twice."""
+
+    def recording(self, active: bool) -> None:
+        """A step begins; ``active``: the sink records it (the recorder calls it)."""
 
     def finish_pending(self) -> None:
         """Report the backward of every call still waiting for some of its gradients (a

@@ -7,6 +7,10 @@
   ``register_full_backward_hook`` at a fraction of its cost) and a hook on each parameter (its
   gradient), on every sub-module of the model, named by its path as msprobe names it:
   ``Module.layers.0.attn.q_proj.Linear``.
+  When the recorder takes gradients already read (the module level's statistics), the same
+  backward hooks are C++ (:mod:`engine_adapter.torch_grads`, built once per machine): the
+  backward pass runs without the GIL and the gradients are replayed into the same handlers as
+  the step ends (or before the next forward call: gradient accumulation).
 - APIs (``api``/``mix`` levels): thin wrappers of the public ``torch``,
   ``torch.nn.functional`` and ``Tensor`` functions (see :mod:`engine_adapter.torch_api`).
 - Steps: ``torch.optim`` global optimizer step post-hook.
@@ -74,6 +78,7 @@ class TorchAdapter(EngineAdapter):
         self._roots = 0
         self._notes: list[str] = []
         self._compiled_seen = False
+        self._native: Any = None        # the C++ backward capture; False: not used
 
     def make_stats(self) -> StatsBackend:
         return TorchStats()
@@ -82,6 +87,7 @@ class TorchAdapter(EngineAdapter):
     def attach_modules(self, model: Any, sink: HookSink, *, backward: bool = True,
                        include: Callable[[str], bool] | None = None, prefix: str = "") -> list[str]:
         compiled = any(_is_compiled(m) or _compiled_in_place(m) for m in model.modules())
+        native = self._native_capture(sink) if backward else None
         hooked: list[str] = []
         seen: set[int] = set()
         for raw_path, module in model.named_modules(remove_duplicate=False):
@@ -93,7 +99,7 @@ class TorchAdapter(EngineAdapter):
             base = f"{self.module_prefix}.{prefix}{path}.{type(module).__name__}"
             if include is not None and not include(base):
                 continue
-            self._hook_module(module, base, sink, backward, compiled)
+            self._hook_module(module, base, sink, backward, compiled, native)
             hooked.append(path)
         if compiled and not self._compiled_seen:
             self._compiled_seen = True
@@ -103,8 +109,19 @@ class TorchAdapter(EngineAdapter):
                 "boundaries stays compiled (torch._dynamo.disable on the dump hooks)")
         return hooked
 
+    def _native_capture(self, sink: HookSink) -> Any:
+        """The C++ backward capture when ``sink`` takes gradients already read (asked once)."""
+        if self._native is None:
+            self._native = False
+            accept = getattr(sink, "accept_prepared_grads", None)
+            if accept is not None:
+                from engine_adapter.torch_grads import PreparedGrad, load
+                if accept(PreparedGrad):
+                    self._native = load(sink.backward_started) or False
+        return self._native or None
+
     def _hook_module(self, module: torch.nn.Module, base: str, sink: HookSink, backward: bool,
-                     compiled: bool) -> None:
+                     compiled: bool, native: Any = None) -> None:
         key = id(module)
         guard = self.guard
         open_calls: list[tuple[str | None, _ModuleBackward | None]] = []
@@ -114,13 +131,15 @@ class TorchAdapter(EngineAdapter):
             if not sink.active:
                 open_calls.append((None, None))
                 return None
+            if native is not None and native.pending:
+                native.drain()          # the last backward's gradients first (accumulation)
             with guard, _plain_tensors():
                 name = sink.module_forward_pre(base, key, args, kwargs)
                 if name is None or not backward or not torch.is_grad_enabled():
                     open_calls.append((name, None))
                     return None
-                call = _ModuleBackward(sink, guard, name, key)
-                args, kwargs, call.captured = wrap_inputs(call, args, kwargs)
+                call = _ModuleBackward(sink, guard, name, key, native)
+                args, kwargs, call.captured = wrap_inputs(call, args, kwargs, native)
                 open_calls.append((name, call))
                 return (args, kwargs) if call.captured else None
 
@@ -143,8 +162,9 @@ class TorchAdapter(EngineAdapter):
             return
         trainable = [(n, p) for n, p in own_params if p.requires_grad]
         for pname, param in trainable:
-            self._handles.append(param.register_hook(
-                self._param_hook(sink, base, key, pname, len(trainable))))
+            hook = self._param_hook(sink, base, key, pname, len(trainable))
+            self._handles.append(native.watch_param(param, hook) if native is not None
+                                 else param.register_hook(hook))
 
     def _param_hook(self, sink: HookSink, base: str, key: int, pname: str, expected: int):
         guard = self.guard
@@ -202,8 +222,14 @@ class TorchAdapter(EngineAdapter):
             return None
         self._handles.append(register_module_forward_pre_hook(hook))
 
+    def recording(self, active: bool) -> None:
+        if self._native:
+            self._native.begin_step(active)
+
     def finish_pending(self) -> None:
         from engine_adapter.torch_api import finish_partial_backward
+        if self._native:
+            self._native.end_step()
         finish_partial_backward()
 
     @contextlib.contextmanager
@@ -218,6 +244,9 @@ class TorchAdapter(EngineAdapter):
 
     def detach(self) -> None:
         from engine_adapter.torch_api import forget_partial_backward
+        if self._native:
+            self._native.forget()
+        self._native = None
         forget_partial_backward()
         handles, self._handles = self._handles, []
         if self._in_step_hook:
@@ -259,10 +288,13 @@ class _ModuleBackward:
     (an embedding), when the last output gradient arrives.
     """
 
-    __slots__ = ("sink", "guard", "name", "key", "captured", "grad_outputs", "watched", "waiting")
+    __slots__ = ("sink", "guard", "name", "key", "native", "captured", "grad_outputs", "watched",
+                 "waiting")
 
-    def __init__(self, sink: HookSink, guard: ReentryGuard, name: str, key: int) -> None:
+    def __init__(self, sink: HookSink, guard: ReentryGuard, name: str, key: int,
+                 native: Any = None) -> None:
         self.sink, self.guard, self.name, self.key = sink, guard, name, key
+        self.native = native
         self.captured = False
         self.grad_outputs: list[Any] = []
         self.watched = 0
@@ -271,16 +303,20 @@ class _ModuleBackward:
     def watch_outputs(self, output: Any) -> None:
         outs = output if isinstance(output, (tuple, list)) else (output,)
         self.grad_outputs = [None] * len(outs)
+        native = self.native
         for i, o in enumerate(outs):
             if isinstance(o, torch.Tensor) and o.requires_grad:
                 self.watched += 1
-                watch_gradient(o, self._output_hook(i))
+                if native is None or not native.watch_output(o, self._output_hook(i)):
+                    watch_gradient(o, self._output_hook(i))     # (native: a leaf output)
         self.waiting = self.watched
 
     def _output_hook(self, i: int):
         def hook(grad):
             if not self.sink.active:
                 return None
+            if self.native is not None:
+                self.native.drain()     # a Python hook: what the C++ ones queued comes first
             self.grad_outputs[i] = grad
             self.waiting -= 1
             if not self.captured and self.waiting == 0:
@@ -291,6 +327,8 @@ class _ModuleBackward:
     def finish(self, grads: tuple) -> None:
         if not self.sink.active:
             return
+        if self.native is not None:
+            self.native.drain()         # (from a Python hook: _Capture's backward)
         try:
             with self.guard, _plain_tensors():
                 self.sink.module_backward(self.name, self.key, self.grad_outputs, grads)

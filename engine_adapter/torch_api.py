@@ -129,7 +129,7 @@ def _alias(call: Any, t: torch.Tensor) -> torch.Tensor:
     path to ``call.finish``: the same gradient as :class:`_Capture`, without a Python autograd
     Function (its forward and backward cost several times more)."""
     alias = t.view_as(t)
-    alias.grad_fn.register_hook(lambda grad_inputs, grad_outputs: call.finish(grad_inputs[:1]))
+    alias.grad_fn.register_hook(_finish_first(call))
     return alias
 
 
@@ -195,6 +195,31 @@ def _alias_each(call: Any, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, .
     return tuple(out)
 
 
+def _alias_native(call: Any, tensors: list[torch.Tensor], native: Any) -> tuple[torch.Tensor, ...]:
+    """:func:`_alias` / :func:`_alias_each` with the view nodes' hooks in C++
+    (:class:`engine_adapter.torch_grads.NativeGrads`): the gradients reach ``call.finish`` when
+    the native capture replays them."""
+    gather = _Gather(call, len(tensors)) if len(tensors) > 1 else None
+    out = []
+    for j, t in enumerate(tensors):
+        alias = t.view_as(t)
+        on_grad = gather.hook(j) if gather is not None else _finish_first(call)
+        if not native.watch_input(alias, _gathered(on_grad)) and alias.grad_fn is not None:
+            alias.grad_fn.register_hook(on_grad)       # (not reached: a view has a node)
+        out.append(alias)
+    return tuple(out)
+
+
+def _finish_first(call: Any) -> Any:
+    """A view node's hook that hands the gradient of its input to ``call.finish``."""
+    return lambda grad_inputs, grad_outputs: call.finish(grad_inputs[:1])
+
+
+def _gathered(on_grad: Any) -> Any:
+    """``on_grad(grad_inputs, grad_outputs)`` (a view node's hook) as ``handler(grad)``."""
+    return lambda grad: on_grad((grad,), None)
+
+
 class _Call:
     """One recorded call waiting for its gradients."""
 
@@ -219,10 +244,11 @@ class _Call:
             self.grad_outputs = [None] * len(self.grad_outputs)   # recorded: let them go
 
 
-def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
+def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None) -> tuple[tuple, dict, bool]:
     """Route the differentiable tensors of ``args``/``kwargs`` through capture nodes
     (:func:`_alias` for one tensor, :func:`_alias_each` for several strided ones,
-    :class:`_Capture` otherwise)."""
+    :class:`_Capture` otherwise; with ``native``, the C++ capture's hooks on strided ones:
+    :func:`_alias_native`)."""
     slots: list[tuple] = []
     tensors: list[torch.Tensor] = []
     for i, a in enumerate(args):
@@ -242,7 +268,9 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool
     if not tensors:
         return args, kwargs, False
     strided = torch.strided
-    if len(tensors) == 1 and tensors[0].layout is strided:
+    if native is not None and all(t.layout is strided for t in tensors):
+        wrapped = _alias_native(call, tensors, native)
+    elif len(tensors) == 1 and tensors[0].layout is strided:
         wrapped = (_alias(call, tensors[0]),)
     elif all(t.layout is strided for t in tensors):
         wrapped = _alias_each(call, tensors)

@@ -42,6 +42,9 @@ typedef struct {
     stats_fn f32, f64;
     /* the step's state, shared with the Python RowBuilder */
     PyObject *rows, *leaves, *handles, *seen, *ids;
+    /* prepared gradients (set_prepared): their type, and the step's group -> (handle index,
+       tensor id) */
+    PyObject *prepared_type, *groups;
     /* the step's statistics as records of 8 doubles, one per leaf whose statistics are read:
        row, is_float, max, min, mean, norm, nan_count, inf_count (for the writer's columns);
        covered: leaves with such a record or with no statistics at all (opaque) */
@@ -59,7 +62,7 @@ static PyObject *s_dtype, *s_numel, *s_layout, *s_shape, *s_requires_grad, *s_is
 #define ROWS_MEMBERS(X)                                                                      \
     X(tensor_types) X(dtypes) X(strided) X(reduce) X(slow_value) X(slow_tensor)      \
     X(leaf_type) X(json_float) X(float_kind) X(int_kind) X(opaque_kind) X(type_name)           \
-    X(rows) X(leaves) X(handles) X(seen) X(ids) X(flat)
+    X(rows) X(leaves) X(handles) X(seen) X(ids) X(flat) X(prepared_type) X(groups)
 
 static int Rows_traverse(Rows *self, visitproc visit, void *arg) {
 #define VISIT(m) Py_VISIT(self->m);
@@ -131,7 +134,22 @@ static PyObject *Rows_reset(Rows *self, PyObject *args) {
     Py_INCREF(seen); Py_XSETREF(self->seen, seen);
     Py_INCREF(ids); Py_XSETREF(self->ids, ids);
     Py_INCREF(flat); Py_XSETREF(self->flat, flat);
+    PyObject *groups = PyDict_New();
+    if (groups == NULL) return NULL;
+    Py_XSETREF(self->groups, groups);
     self->covered = 0;
+    Py_RETURN_NONE;
+}
+
+/* set_prepared(type): the type of the gradients the C++ backward capture read
+   (engine_adapter/torch_grads.py's PreparedGrad), taken by value() */
+static PyObject *Rows_set_prepared(Rows *self, PyObject *type) {
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "set_prepared: a tuple subclass");
+        return NULL;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(self->prepared_type, type);
     Py_RETURN_NONE;
 }
 
@@ -304,13 +322,135 @@ static PyObject *fallback(PyObject *fn, PyObject *const *args) {
     return PyObject_Vectorcall(fn, args, 7, NULL);
 }
 
+/* the entry, Leaf, row and statistics record of a value whose handle (or none: -1) and tensor
+   id are known: what tensor_value and prepared_value share */
+static PyObject *emit_value(Rows *self, PyObject *const *args, PyObject *dtype_name,
+                            PyObject *shape_list, PyObject *numel_obj, Py_ssize_t numel,
+                            PyObject *rg, PyObject *kind, Py_ssize_t handle_index,
+                            PyObject *tensor_id) {
+    PyObject *entry = NULL, *result = NULL, *h = NULL, *st[4] = {NULL, NULL, NULL, NULL};
+    int filled = 0;
+    h = handle_index >= 0 ? PyList_GET_ITEM(self->handles, handle_index) : NULL;
+    Py_XINCREF(h);                  /* held while Python may run (json_float, a collection) */
+    if (h != NULL && PyList_CheckExact(h)) {
+        if (entry_statistics(self, h, numel, kind == self->float_kind, st) < 0) goto done;
+        filled = 1;
+    } else {
+        for (int k = 0; k < 4; k++) { st[k] = Py_None; Py_INCREF(Py_None); }
+    }
+    entry = PyDict_New();
+    if (entry == NULL) goto done;
+    if (PyDict_SetItem(entry, k_type, self->type_name) < 0 ||
+        PyDict_SetItem(entry, k_dtype, dtype_name) < 0 ||
+        PyDict_SetItem(entry, k_shape, shape_list) < 0 ||
+        PyDict_SetItem(entry, k_max, st[0]) < 0 || PyDict_SetItem(entry, k_min, st[1]) < 0 ||
+        PyDict_SetItem(entry, k_mean, st[2]) < 0 || PyDict_SetItem(entry, k_norm, st[3]) < 0)
+        goto done;
+    if (rg != Py_None && PyDict_SetItem(entry, k_requires_grad, rg) < 0) goto done;
+    if (tensor_id != Py_None && PyDict_SetItem(entry, k_tensor_id, tensor_id) < 0) goto done;
+
+    Py_ssize_t row_index = PyList_GET_SIZE(self->rows);
+    {
+        PyObject *leaf_args = Py_BuildValue("(OnnnOO)", entry, handle_index, row_index, numel, kind,
+                                            filled ? Py_True : Py_False);
+        if (leaf_args == NULL) goto done;
+        /* tuple.__new__(Leaf, (entry, ...)) */
+        PyObject *new_args = PyTuple_Pack(1, leaf_args);
+        Py_DECREF(leaf_args);
+        if (new_args == NULL) goto done;
+        PyObject *leaf = PyTuple_Type.tp_new((PyTypeObject *)self->leaf_type, new_args, NULL);
+        Py_DECREF(new_args);
+        if (append_steal(self->leaves, leaf) < 0) goto done;
+    }
+    {
+        PyObject *row = PyList_New(14);
+        if (row == NULL) goto done;
+        PyObject *items[14] = {args[1], args[2], args[3], args[4], args[5], args[6], dtype_name,
+                               shape_list, numel_obj, Py_None, Py_None, rg, Py_None, tensor_id};
+        for (int k = 0; k < 14; k++) { Py_INCREF(items[k]); PyList_SET_ITEM(row, k, items[k]); }
+        if (append_steal(self->rows, row) < 0) goto done;
+    }
+    /* the leaf and its row are in: its statistics record (the writer's columns), or none to
+       gather (opaque); counted only now, so a value that failed halfway leaves the count
+       short of the leaves and the writer takes the Python path */
+    if (filled) {
+        if (append_record(self, row_index, h, numel, kind == self->float_kind) < 0) goto done;
+        self->covered++;
+    } else if (h == NULL) {
+        self->covered++;
+    }
+    result = entry;
+    entry = NULL;
+done:
+    Py_XDECREF(entry); Py_XDECREF(h);
+    for (int k = 0; k < 4; k++) Py_XDECREF(st[k]);
+    return result;
+}
+
+/* a gradient the C++ backward capture already read (engine_adapter/torch_grads.py's
+   PreparedGrad: dtype, shape, numel, requires_grad, statistics, group): the entry and row
+   tensor_value makes of the tensor; values of one group (the same bytes in the step) share
+   one handle and one tensor id, as tensor_value's identity does */
+static PyObject *prepared_value(Rows *self, PyObject *x, PyObject *const *args) {
+    if (PyTuple_GET_SIZE(x) != 6) {
+        PyErr_SetString(PyExc_ValueError, "native rows: a prepared gradient has 6 items");
+        return NULL;
+    }
+    PyObject *dtype = PyTuple_GET_ITEM(x, 0), *shape = PyTuple_GET_ITEM(x, 1),
+             *numel_obj = PyTuple_GET_ITEM(x, 2), *rg = PyTuple_GET_ITEM(x, 3),
+             *stats = PyTuple_GET_ITEM(x, 4), *group = PyTuple_GET_ITEM(x, 5);
+    PyObject *info = PyDict_GetItemWithError(self->dtypes, dtype);     /* borrowed */
+    if (info == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "native rows: unknown dtype");
+        return NULL;
+    }
+    PyObject *dtype_name = PyTuple_GET_ITEM(info, 0), *kind = PyTuple_GET_ITEM(info, 1);
+    Py_ssize_t numel = PyLong_AsSsize_t(numel_obj);
+    if (numel == -1 && PyErr_Occurred()) return NULL;
+    PyObject *shape_list = NULL, *tensor_id = NULL, *result = NULL;
+    Py_ssize_t handle_index;
+    shape_list = PySequence_List(shape);
+    if (shape_list == NULL) return NULL;
+    PyObject *known = PyDict_GetItemWithError(self->groups, group);   /* borrowed */
+    if (known == NULL && PyErr_Occurred()) goto done;
+    if (known != NULL) {
+        handle_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 0));
+        if (handle_index == -1 && PyErr_Occurred()) goto done;
+        tensor_id = PyTuple_GET_ITEM(known, 1);
+        Py_INCREF(tensor_id);
+    } else {
+        handle_index = PyList_GET_SIZE(self->handles);
+        if (PyList_Append(self->handles, stats) < 0) goto done;
+        if (self->tensor_ids) {
+            PyObject *next = PyList_GET_ITEM(self->ids, 0);
+            tensor_id = next;
+            Py_INCREF(tensor_id);
+            PyObject *after = PyNumber_Add(next, one);
+            if (after == NULL) goto done;
+            PyList_SetItem(self->ids, 0, after);            /* steals after */
+        } else {
+            tensor_id = Py_None; Py_INCREF(tensor_id);
+        }
+        PyObject *rec = Py_BuildValue("(nO)", handle_index, tensor_id);
+        if (rec == NULL) goto done;
+        int r = PyDict_SetItem(self->groups, group, rec);
+        Py_DECREF(rec);
+        if (r < 0) goto done;
+    }
+    result = emit_value(self, args, dtype_name, shape_list, numel_obj, numel, rg, kind,
+                        handle_index, tensor_id);
+done:
+    Py_XDECREF(shape_list); Py_XDECREF(tensor_id);
+    return result;
+}
+
 static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     PyObject *dtype = NULL, *numel_obj = NULL, *layout = NULL, *shape = NULL, *shape_list = NULL,
              *rg = NULL, *key = NULL, *ptr = NULL, *handle = NULL, *tensor_id = NULL,
-             *entry = NULL, *result = NULL, *h = NULL, *st[4] = {NULL, NULL, NULL, NULL};
+             *result = NULL;
     PyObject *info, *dtype_name, *kind;
     Py_ssize_t handle_index = -1;
-    int dense = 0, filled = 0;
+    int dense = 0;
 
     dtype = PyObject_GetAttr(t, s_dtype);
     if (dtype == NULL) return NULL;
@@ -418,63 +558,12 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
         }
     }
     if (tensor_id == NULL) { tensor_id = Py_None; Py_INCREF(tensor_id); }
-
-    h = handle_index >= 0 ? PyList_GET_ITEM(self->handles, handle_index) : NULL;
-    Py_XINCREF(h);                  /* held while Python may run (json_float, a collection) */
-    if (h != NULL && PyList_CheckExact(h)) {
-        if (entry_statistics(self, h, numel, kind == self->float_kind, st) < 0) goto done;
-        filled = 1;
-    } else {
-        for (int k = 0; k < 4; k++) { st[k] = Py_None; Py_INCREF(Py_None); }
-    }
-    entry = PyDict_New();
-    if (entry == NULL) goto done;
-    if (PyDict_SetItem(entry, k_type, self->type_name) < 0 ||
-        PyDict_SetItem(entry, k_dtype, dtype_name) < 0 ||
-        PyDict_SetItem(entry, k_shape, shape_list) < 0 ||
-        PyDict_SetItem(entry, k_max, st[0]) < 0 || PyDict_SetItem(entry, k_min, st[1]) < 0 ||
-        PyDict_SetItem(entry, k_mean, st[2]) < 0 || PyDict_SetItem(entry, k_norm, st[3]) < 0)
-        goto done;
-    if (rg != Py_None && PyDict_SetItem(entry, k_requires_grad, rg) < 0) goto done;
-    if (tensor_id != Py_None && PyDict_SetItem(entry, k_tensor_id, tensor_id) < 0) goto done;
-
-    Py_ssize_t row_index = PyList_GET_SIZE(self->rows);
-    {
-        PyObject *leaf_args = Py_BuildValue("(OnnnOO)", entry, handle_index, row_index, numel, kind,
-                                            filled ? Py_True : Py_False);
-        if (leaf_args == NULL) goto done;
-        /* tuple.__new__(Leaf, (entry, ...)) */
-        PyObject *new_args = PyTuple_Pack(1, leaf_args);
-        Py_DECREF(leaf_args);
-        if (new_args == NULL) goto done;
-        PyObject *leaf = PyTuple_Type.tp_new((PyTypeObject *)self->leaf_type, new_args, NULL);
-        Py_DECREF(new_args);
-        if (append_steal(self->leaves, leaf) < 0) goto done;
-    }
-    {
-        PyObject *row = PyList_New(14);
-        if (row == NULL) goto done;
-        PyObject *items[14] = {args[1], args[2], args[3], args[4], args[5], args[6], dtype_name,
-                               shape_list, numel_obj, Py_None, Py_None, rg, Py_None, tensor_id};
-        for (int k = 0; k < 14; k++) { Py_INCREF(items[k]); PyList_SET_ITEM(row, k, items[k]); }
-        if (append_steal(self->rows, row) < 0) goto done;
-    }
-    /* the leaf and its row are in: its statistics record (the writer's columns), or none to
-       gather (opaque); counted only now, so a value that failed halfway leaves the count
-       short of the leaves and the writer takes the Python path */
-    if (filled) {
-        if (append_record(self, row_index, h, numel, kind == self->float_kind) < 0) goto done;
-        self->covered++;
-    } else if (h == NULL) {
-        self->covered++;
-    }
-    result = entry;
-    entry = NULL;
+    result = emit_value(self, args, dtype_name, shape_list, numel_obj, numel, rg, kind,
+                        handle_index, tensor_id);
 done:
     Py_XDECREF(dtype); Py_XDECREF(numel_obj); Py_XDECREF(layout); Py_XDECREF(shape);
     Py_XDECREF(shape_list); Py_XDECREF(rg); Py_XDECREF(key); Py_XDECREF(ptr);
-    Py_XDECREF(handle); Py_XDECREF(tensor_id); Py_XDECREF(entry); Py_XDECREF(h);
-    for (int k = 0; k < 4; k++) Py_XDECREF(st[k]);
+    Py_XDECREF(handle); Py_XDECREF(tensor_id);
     return result;
 }
 
@@ -512,6 +601,7 @@ static PyObject *Rows_value(Rows *self, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < n; i++)
         if ((PyObject *)tx == PyTuple_GET_ITEM(self->tensor_types, i)) return tensor_value(self, x, args);
     if (x == Py_None) Py_RETURN_NONE;
+    if ((PyObject *)tx == self->prepared_type) return prepared_value(self, x, args);
     if (tx == &PyBool_Type) {
         PyObject *text = x == Py_True ? s_true : s_false;
         Py_INCREF(text);
@@ -535,6 +625,8 @@ static PyMethodDef Rows_methods[] = {
      "value(x, seq, node, kind, direction, slot, index): the JSON entry of x, its rows recorded"},
     {"reset", (PyCFunction)Rows_reset, METH_VARARGS,
      "reset(rows, leaves, handles, seen, ids, flat): the lists of a new step"},
+    {"set_prepared", (PyCFunction)Rows_set_prepared, METH_O,
+     "set_prepared(type): value() takes instances of type as gradients already read"},
     {"covered", (PyCFunction)Rows_covered, METH_NOARGS,
      "covered(): the step's leaves whose statistics are in flat, or that have none"},
     {NULL, NULL, 0, NULL},

@@ -73,6 +73,7 @@ class DumpRecorder:
         self.step = int(step)
         self._reset()
         self.active = self._rank_selected and (self._steps is None or self.step in self._steps)
+        self.adapter.recording(self.active)
         if self._writer is not None:
             self._writer.step_started()
 
@@ -137,6 +138,23 @@ class DumpRecorder:
         self._forward_calls_at_hook = self._forward_calls
         if not self._window_open and (self._window_hook is None or n == self._window_hook):
             self._open_window()
+
+    def backward_started(self) -> None:
+        """The adapter's hooks run outside the interpreter (their gradients are replayed as
+        the step ends): the backward pass leaves the GIL to the writer from its first hook."""
+        if self.active and not self._window_open:
+            self._open_window()
+
+    def accept_prepared_grads(self, kind: type) -> bool:
+        """Gradients already read are taken at the module level, by this recorder's own
+        backward (a task's recorder that reads the tensors itself overrides it), with the
+        native row builder."""
+        cls = type(self)
+        if (self.config.level != "module" or cls.module_backward is not DumpRecorder.module_backward
+                or cls.parameter_grad is not DumpRecorder.parameter_grad
+                or cls._record_backward is not DumpRecorder._record_backward):
+            return False
+        return self._values.accept_prepared(kind)
 
     def _open_window(self) -> None:
         self._window_open = True

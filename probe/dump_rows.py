@@ -157,6 +157,16 @@ class RowBuilder:
         if self._native is not None:
             self._native.reset(self.rows, self.leaves, self.handles, self._seen, self._ids, self._flat)
 
+    def accept_prepared(self, kind: type) -> bool:
+        """Take instances of ``kind`` (a tuple subclass: ``(dtype, shape, numel,
+        requires_grad, statistics, group)``, an adapter's gradients already read) as values:
+        the entry and row their tensor would give, values of one group sharing a handle and a
+        tensor id. Only the native half takes them: False without it."""
+        if self._native is None:
+            return False
+        self._native.set_prepared(kind)
+        return True
+
     def statistics_records(self) -> bytearray | None:
         """The step's statistics as the native half recorded them (:func:`records_statistics`
         reads them), when it read every leaf's; None otherwise (use :func:`apply_statistics`)."""

@@ -1,7 +1,8 @@
 """The statistics writer writes a finished step during the next step's backward pass (when the
-training thread is mostly in autograd's C++, not in the interpreter), in the stretch the last
-step's backward spent longest without a hook, at most WINDOW_WAIT_S later, and at once when a
-second step waits or the dump is drained."""
+training thread is mostly in autograd's C++, not in the interpreter): with the Python backward
+hooks, in the stretch the last step's backward spent longest without a hook (with the C++
+capture, from its first gradient), at most WINDOW_WAIT_S later, and at once when a second step
+waits or the dump is drained."""
 
 from __future__ import annotations
 
@@ -88,9 +89,13 @@ class _SlowModule(nn.Module):
 
 def _log_hooks_and_windows(monkeypatch) -> list:
     """``_Slow.events`` cleared, with a "hook" for each of the recorder's backward hooks and a
-    "window" for each window the writer is given, in the order they come."""
+    "window" for each window the writer is given, in the order they come; the backward hooks
+    are the Python ones (the C++ capture's are replayed as the step ends, and the window opens
+    at its first gradient: tests/engine_adapter/test_torch_grads.py)."""
+    from engine_adapter import torch_grads
     from probe.dump_recorder import DumpRecorder
 
+    monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
     events = _Slow.events
     events.clear()
     for hook in ("module_backward", "parameter_grad"):

@@ -1,0 +1,307 @@
+/* The module dump's backward capture without the interpreter: autograd hooks in C++.
+ *
+ * engine_adapter/torch_grads.py builds this file once per machine (against the torch it runs)
+ * and loads it with ctypes.PyDLL; every entry point below is called with the GIL held.
+ *
+ * The Python capture (engine_adapter/torch_adapter.py: a pre-hook on each module output's
+ * autograd node, a post-hook on the view node each module input goes through, a hook on each
+ * parameter) calls into Python from autograd ~75 times a step of a small model, and each call
+ * takes the GIL that the dump's writer thread holds while it writes the last step. Here the
+ * same hooks read a CPU floating gradient's statistics (the kernel of
+ * engine_adapter/stats_kernel.c, by address, on the data where it lies when it is float32 or
+ * float64 and dense) and queue an event; the backward pass runs
+ * without the GIL, and Python replays the events in order (torch_grads.NativeGrads.drain) into
+ * the same handlers the Python hooks call, with a PreparedGrad (dtype, shape, numel,
+ * requires_grad, statistics, group) in place of the tensor. Any other gradient (on another
+ * device, no elements, not floating) is queued as the tensor itself and replayed at once, with
+ * the events before it, under the GIL: the Python path's work, in the same order.
+ *
+ * A group names the data of a gradient in the step: two events with the same address, dtype,
+ * element count, version (and shape and strides, for a tensor that is not dense) while the
+ * first one's storage lives are the same data (one statistics handle, one tensor id), as
+ * probe/dump_rows.py's identity does for what it reads.
+ */
+#include <Python.h>
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+using torch::autograd::FunctionPostHook;
+using torch::autograd::FunctionPreHook;
+using torch::autograd::variable_list;
+
+namespace {
+
+typedef void (*stats_fn)(const void *x, int64_t n, double *out);
+
+enum Kind : int32_t { CALL = 0, PARAM = 1 };
+enum State : int32_t { UNDEFINED = 0, PREPARED = 1, TENSOR = 2 };
+
+struct Event {
+    int32_t kind;
+    int64_t id;
+    int32_t state;
+    at::ScalarType dtype;
+    std::vector<int64_t> sizes;
+    int64_t numel;
+    bool requires_grad;
+    double stats[6];
+    int64_t group;
+    at::Tensor tensor;   /* TENSOR only: replayed by Python */
+};
+
+using Key = std::tuple<const void *, int, int64_t, int64_t, std::vector<int64_t>>;
+
+struct State_ {
+    std::mutex lock;
+    std::vector<Event> events;
+    std::map<Key, std::pair<int64_t, c10::weak_intrusive_ptr<c10::StorageImpl>>> groups;
+    int64_t next_group = 0;
+    stats_fn f32 = nullptr, f64 = nullptr;
+    PyObject *prepared_type = nullptr;   /* PreparedGrad */
+    PyObject *on_tensor = nullptr;       /* drain(): replay now (a TENSOR event is queued) */
+    PyObject *on_first = nullptr;        /* backward_started(): the step's first event */
+    std::atomic<int> active{0};
+    std::atomic<int> fired{0};
+};
+
+State_ S;
+
+}  // namespace
+
+extern "C" {
+/* events queued and not yet taken (read from Python without a call) */
+int64_t probe_grads_pending = 0;
+}
+
+namespace {
+
+void call_python(PyObject *fn) {
+    if (fn == nullptr || !Py_IsInitialized()) return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == nullptr) PyErr_WriteUnraisable(fn);
+    Py_XDECREF(r);
+    PyGILState_Release(gil);
+}
+
+/* a gradient read here: a CPU floating tensor with elements (float32/float64 as they lie,
+   another float type through a float32 copy, a tensor that is not dense through a contiguous
+   copy: what torch_stats._reduce_host reads) */
+bool readable(const at::Tensor &g) {
+    return S.f32 != nullptr && S.f64 != nullptr && S.prepared_type != nullptr && g.is_cpu() &&
+           g.layout() == at::kStrided && g.numel() > 0 && at::isFloatingType(g.scalar_type());
+}
+
+void read_statistics(const at::Tensor &g, double *out) {
+    at::Tensor x = g;
+    at::ScalarType t = x.scalar_type();
+    if (t != at::kFloat && t != at::kDouble) x = x.to(at::kFloat);
+    /* a dense tensor's values are the block [data_ptr, + numel) in some order */
+    if (!x.is_non_overlapping_and_dense()) x = x.contiguous();
+    (x.scalar_type() == at::kFloat ? S.f32 : S.f64)(x.const_data_ptr(), x.numel(), out);
+}
+
+void record(int32_t kind, int64_t id, const at::Tensor &g) {
+    if (!S.active.load(std::memory_order_relaxed)) return;
+    if (S.fired.exchange(1) == 0) call_python(S.on_first);
+    Event e;
+    e.kind = kind;
+    e.id = id;
+    e.numel = 0;
+    e.requires_grad = false;
+    e.group = -1;
+    e.dtype = at::ScalarType::Undefined;
+    bool slow = false;
+    if (!g.defined()) {
+        e.state = UNDEFINED;
+    } else if (readable(g)) {
+        e.state = PREPARED;
+        e.dtype = g.scalar_type();
+        e.sizes = g.sizes().vec();
+        e.numel = g.numel();
+        e.requires_grad = g.requires_grad();
+        read_statistics(g, e.stats);
+        /* the identity of probe/dump_rows.py: a dense tensor by its block, another by its
+           layout too */
+        Key key{g.const_data_ptr(), static_cast<int>(e.dtype), e.numel, g._version(), {}};
+        if (!g.is_non_overlapping_and_dense()) {
+            std::get<4>(key) = e.sizes;
+            auto st = g.strides();
+            std::get<4>(key).insert(std::get<4>(key).end(), st.begin(), st.end());
+        }
+        std::lock_guard<std::mutex> hold(S.lock);
+        auto it = S.groups.find(key);
+        if (it != S.groups.end() && !it->second.second.expired()) {
+            e.group = it->second.first;
+        } else {
+            e.group = S.next_group++;
+            S.groups.insert_or_assign(key, std::make_pair(e.group, g.storage().getWeakStorageImpl()));
+        }
+        S.events.push_back(std::move(e));
+        probe_grads_pending = static_cast<int64_t>(S.events.size());
+        return;
+    } else {
+        e.state = TENSOR;
+        e.tensor = g;
+        slow = true;
+    }
+    {
+        std::lock_guard<std::mutex> hold(S.lock);
+        S.events.push_back(std::move(e));
+        probe_grads_pending = static_cast<int64_t>(S.events.size());
+    }
+    if (slow) call_python(S.on_tensor);
+}
+
+/* the gradient of output `slot` of a node (a module output's autograd node) */
+struct OutputHook : FunctionPreHook {
+    int64_t id;
+    size_t slot;
+    OutputHook(int64_t id, size_t slot) : id(id), slot(slot) {}
+    variable_list operator()(const variable_list &grads) override {
+        if (slot < grads.size()) record(CALL, id, grads[slot]);
+        return grads;
+    }
+};
+
+/* the gradient a view node hands back to its input (a module input's gradient) */
+struct InputHook : FunctionPostHook {
+    int64_t id;
+    explicit InputHook(int64_t id) : id(id) {}
+    variable_list operator()(const variable_list &outputs, const variable_list &) override {
+        if (!outputs.empty()) record(CALL, id, outputs[0]);
+        return outputs;
+    }
+};
+
+PyObject *value_of(Event &e) {
+    if (e.state == UNDEFINED) Py_RETURN_NONE;
+    if (e.state == TENSOR) return THPVariable_Wrap(std::move(e.tensor));
+    PyObject *shape = PyTuple_New(static_cast<Py_ssize_t>(e.sizes.size()));
+    if (shape == nullptr) return nullptr;
+    for (size_t k = 0; k < e.sizes.size(); k++) {
+        PyObject *n = PyLong_FromLongLong(e.sizes[k]);
+        if (n == nullptr) { Py_DECREF(shape); return nullptr; }
+        PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(k), n);
+    }
+    PyObject *stats = PyList_New(6);
+    if (stats == nullptr) { Py_DECREF(shape); return nullptr; }
+    for (int k = 0; k < 6; k++) {
+        PyObject *v = PyFloat_FromDouble(e.stats[k]);
+        if (v == nullptr) { Py_DECREF(shape); Py_DECREF(stats); return nullptr; }
+        PyList_SET_ITEM(stats, k, v);
+    }
+    PyObject *dtype = reinterpret_cast<PyObject *>(torch::getTHPDtype(e.dtype));
+    PyObject *inner = Py_BuildValue("(OOLOOL)", dtype, shape, static_cast<long long>(e.numel),
+                                    e.requires_grad ? Py_True : Py_False, stats,
+                                    static_cast<long long>(e.group));
+    Py_DECREF(shape);
+    Py_DECREF(stats);
+    if (inner == nullptr) return nullptr;
+    PyObject *value = PyObject_CallOneArg(S.prepared_type, inner);
+    Py_DECREF(inner);
+    return value;
+}
+
+const at::Tensor *tensor_of(PyObject *t) {
+    if (!THPVariable_Check(t)) {
+        PyErr_SetString(PyExc_TypeError, "torch_grads: not a tensor");
+        return nullptr;
+    }
+    return &THPVariable_Unpack(t);
+}
+
+}  // namespace
+
+extern "C" {
+
+/* init(f32, f64, PreparedGrad, drain, backward_started) */
+int probe_grads_init(void *f32, void *f64, PyObject *prepared_type, PyObject *on_tensor,
+                     PyObject *on_first) {
+    /* (None: unset; init(0, 0, None, None, None) lets the last capture's objects go) */
+    PyObject *given[3] = {prepared_type, on_tensor, on_first};
+    PyObject **slots[3] = {&S.prepared_type, &S.on_tensor, &S.on_first};
+    for (int k = 0; k < 3; k++) {
+        PyObject *o = given[k] == Py_None ? nullptr : given[k];
+        Py_XINCREF(o);
+        Py_XSETREF(*slots[k], o);
+    }
+    S.f32 = reinterpret_cast<stats_fn>(f32);
+    S.f64 = reinterpret_cast<stats_fn>(f64);
+    return 0;
+}
+
+/* a step starts (active 1: record what the hooks see) or ends (0); a new step's groups */
+void probe_grads_recording(int active) {
+    S.active.store(active);
+    S.fired.store(0);
+    std::lock_guard<std::mutex> hold(S.lock);
+    S.groups.clear();
+}
+
+/* hook output `t`'s autograd node for its gradient; -1: `t` has no node (a leaf) */
+int probe_grads_watch_output(PyObject *t, int64_t id) {
+    const at::Tensor *v = tensor_of(t);
+    if (v == nullptr) return -2;
+    const auto &fn = v->grad_fn();
+    if (!fn) return -1;
+    fn->add_pre_hook(std::make_unique<OutputHook>(id, v->output_nr()));
+    return 0;
+}
+
+/* hook the view node of `alias` (x.view_as(x)) for the gradient of x; -1: no node */
+int probe_grads_watch_input(PyObject *alias, int64_t id) {
+    const at::Tensor *v = tensor_of(alias);
+    if (v == nullptr) return -2;
+    const auto &fn = v->grad_fn();
+    if (!fn) return -1;
+    fn->add_post_hook(std::make_unique<InputHook>(id));
+    return 0;
+}
+
+/* hook parameter `p` (a leaf) for its gradient; the hook's index for remove_param */
+int64_t probe_grads_watch_param(PyObject *p, int64_t id) {
+    const at::Tensor *v = tensor_of(p);
+    if (v == nullptr) return -2;
+    return static_cast<int64_t>(v->register_hook([id](const at::Tensor &g) {
+        record(PARAM, id, g);
+    }));
+}
+
+int probe_grads_remove_param(PyObject *p, int64_t index) {
+    const at::Tensor *v = tensor_of(p);
+    if (v == nullptr) return -2;
+    v->remove_hook(static_cast<unsigned>(index));
+    return 0;
+}
+
+/* append the queued events to `out` as (kind, id, value) and forget them; how many */
+Py_ssize_t probe_grads_take(PyObject *out) {
+    std::vector<Event> events;
+    {
+        std::lock_guard<std::mutex> hold(S.lock);
+        events.swap(S.events);
+        probe_grads_pending = 0;
+    }
+    for (Event &e : events) {
+        PyObject *value = value_of(e);
+        if (value == nullptr) return -1;
+        PyObject *item = Py_BuildValue("(iLN)", e.kind, static_cast<long long>(e.id), value);
+        if (item == nullptr || PyList_Append(out, item) < 0) { Py_XDECREF(item); return -1; }
+        Py_DECREF(item);
+    }
+    return static_cast<Py_ssize_t>(events.size());
+}
+
+}  // extern "C"

@@ -1,0 +1,196 @@
+"""The module dump's backward capture in C++ (``torch_grads.cpp``): gradients read without the GIL.
+
+The Python capture of :mod:`engine_adapter.torch_adapter` runs a Python hook for each module
+output's gradient, each module input's and each parameter's (~75 a step of the bundled mini
+model): each call takes the GIL, which the dump's writer thread holds while it writes the last
+step, and costs ~20 us. :class:`NativeGrads` puts C++ hooks on the same autograd nodes: a CPU
+float32/float64 gradient's statistics are read in the hook (the kernel of ``stats_kernel.c``)
+and an event is queued; :meth:`NativeGrads.drain` replays the events, in order, into the
+handlers the Python hooks would have called, with a :class:`PreparedGrad` in place of the tensor
+(the dump's row builder takes it as it takes a tensor). A gradient the kernel does not read
+(another device or dtype, not dense) is replayed at once with the tensor itself, under the GIL:
+what the Python path does.
+
+The library is built once per machine against the running torch (``ground.native``, ~15 s with
+the system C++ compiler, cached under ``~/.cache/probe``); without a compiler or torch's headers,
+or with ``PROBE_NO_NATIVE_GRADS=1``, :func:`load` returns None and the Python hooks are used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+from typing import Any, Callable
+
+import torch
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_grads.cpp")
+
+_lib: Any = None          # the loaded library, False when it cannot be
+#: hook ids, unique in the process: a hook left on an old graph never reaches a new handler
+_IDS = itertools.count(1)
+
+
+class PreparedGrad(tuple):
+    """A gradient already read: ``(dtype, shape, numel, requires_grad, statistics, group)``;
+    ``statistics`` is the kernel's ``[max, min, sum, sum of squares, nan count, inf count]`` and
+    ``group`` names the data within the step (equal groups: the same bytes)."""
+
+    __slots__ = ()
+
+
+def _build() -> Any:
+    global _lib
+    if _lib is not None:
+        return _lib
+    _lib = False
+    if os.environ.get("PROBE_NO_NATIVE_GRADS"):
+        return _lib
+    try:
+        import sysconfig
+
+        from ground.native import build_cached
+        from torch.utils.cpp_extension import include_paths, library_paths
+
+        includes = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+        libdir = library_paths()[0]
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+        common = [*includes, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", f"-L{libdir}", "-lc10",
+                  "-ltorch_cpu", "-ltorch_python", "-lstdc++", f"-Wl,-rpath,{libdir}"]
+        path = build_cached(_SOURCE, "torch-grads", [["-std=c++20", *common], ["-std=c++17", *common]],
+                            key_extra=f"{torch.__version__}:{libdir}")
+        if path is None:
+            return _lib
+        lib = ctypes.PyDLL(path)
+        obj, i64, vp = ctypes.py_object, ctypes.c_int64, ctypes.c_void_p
+        lib.probe_grads_init.argtypes = (vp, vp, obj, obj, obj)
+        lib.probe_grads_recording.argtypes = (ctypes.c_int,)
+        lib.probe_grads_recording.restype = None
+        lib.probe_grads_watch_output.argtypes = (obj, i64)
+        lib.probe_grads_watch_input.argtypes = (obj, i64)
+        lib.probe_grads_watch_param.argtypes = (obj, i64)
+        lib.probe_grads_watch_param.restype = i64
+        lib.probe_grads_remove_param.argtypes = (obj, i64)
+        lib.probe_grads_take.argtypes = (obj,)
+        lib.probe_grads_take.restype = ctypes.c_ssize_t
+        _lib = lib
+    except Exception:  # noqa: BLE001 - no compiler, no headers: the Python hooks work everywhere
+        _lib = False
+    return _lib
+
+
+def available() -> bool:
+    """Whether the C++ capture can be used here (built, or buildable, and the kernel loaded)."""
+    from engine_adapter.torch_stats import native_kernel
+
+    return bool(native_kernel()) and bool(_build())
+
+
+def load(on_first: Callable[[], None]) -> "NativeGrads | None":
+    """The C++ capture, or None (no kernel, no compiler, ``PROBE_NO_NATIVE_GRADS`` set).
+    ``on_first()`` is called, under the GIL, at the first gradient of each recorded step."""
+    from engine_adapter.torch_stats import native_kernel
+
+    kernel = native_kernel()
+    lib = _build() if kernel else False
+    if not lib:
+        return None
+    return NativeGrads(lib, kernel, on_first)
+
+
+class NativeGrads:
+    """The C++ hooks of one process (the library's state is global: one dump at a time)."""
+
+    def __init__(self, lib: Any, kernel: Any, on_first: Callable[[], None]) -> None:
+        self._lib = lib
+        self._pending = ctypes.c_int64.in_dll(lib, "probe_grads_pending")
+        #: id -> handler(grad) of the calls of this step (forgotten at :meth:`end_step`)
+        self._calls: dict[int, Callable[[Any], Any]] = {}
+        #: id -> handler(grad) of the parameters (until their hook is removed)
+        self._params: dict[int, Callable[[Any], Any]] = {}
+        self._draining = False
+        f32 = ctypes.cast(kernel[0], ctypes.c_void_p).value
+        f64 = ctypes.cast(kernel[1], ctypes.c_void_p).value
+        lib.probe_grads_init(f32, f64, PreparedGrad, self.drain, on_first)
+
+    # ----------------------------------------------------------------- hooks
+    def watch_output(self, t: torch.Tensor, handler: Callable[[Any], Any]) -> bool:
+        """``handler(grad)`` with the gradient of ``t``; False when ``t`` has no autograd node."""
+        key = next(_IDS)
+        if self._lib.probe_grads_watch_output(t, key) != 0:
+            return False
+        self._calls[key] = handler
+        return True
+
+    def watch_input(self, alias: torch.Tensor, handler: Callable[[Any], Any]) -> bool:
+        """``handler(grad)`` with the gradient that ``alias``'s view node hands to its input."""
+        key = next(_IDS)
+        if self._lib.probe_grads_watch_input(alias, key) != 0:
+            return False
+        self._calls[key] = handler
+        return True
+
+    def watch_param(self, param: torch.Tensor, handler: Callable[[Any], Any]) -> "_ParamHandle":
+        """``handler(grad)`` with each gradient of ``param``; remove with the handle."""
+        key = next(_IDS)
+        index = self._lib.probe_grads_watch_param(param, key)
+        self._params[key] = handler
+        return _ParamHandle(self, param, key, index)
+
+    # ----------------------------------------------------------------- steps
+    def begin_step(self, active: bool) -> None:
+        """A step starts (``active``: it is recorded)."""
+        self._lib.probe_grads_recording(1 if active else 0)
+
+    def end_step(self) -> None:
+        """Replay what is queued, stop recording, forget the step's calls."""
+        self.drain()
+        self._lib.probe_grads_recording(0)
+        self._calls.clear()
+
+    def forget(self) -> None:
+        """The dump is detached: stop recording, drop what is queued, let the hooks' handlers
+        and the callbacks go (a hook left on a graph node queues nothing more)."""
+        self._lib.probe_grads_recording(0)
+        self._lib.probe_grads_take([])
+        self._calls.clear()
+        self._params.clear()
+        self._lib.probe_grads_init(None, None, None, None, None)
+
+    @property
+    def pending(self) -> int:
+        """Events queued, not replayed yet."""
+        return self._pending.value
+
+    def drain(self) -> None:
+        """Replay the queued events, in order, into their handlers."""
+        if self._draining:          # a handler's work queued more: the running drain takes them
+            return
+        self._draining = True
+        try:
+            while self._pending.value:
+                events: list = []
+                self._lib.probe_grads_take(events)
+                calls, params = self._calls, self._params
+                for kind, key, grad in events:
+                    handler = (params if kind else calls).get(key)
+                    if handler is not None:
+                        handler(grad)
+        finally:
+            self._draining = False
+
+
+class _ParamHandle:
+    __slots__ = ("owner", "param", "key", "index")
+
+    def __init__(self, owner: NativeGrads, param: torch.Tensor, key: int, index: int) -> None:
+        self.owner, self.param, self.key, self.index = owner, param, key, index
+
+    def remove(self) -> None:
+        owner, self.owner = self.owner, None
+        if owner is None:
+            return
+        owner._params.pop(self.key, None)
+        if self.index >= 0:
+            owner._lib.probe_grads_remove_param(self.param, self.index)

@@ -1,0 +1,172 @@
+"""The C++ backward capture (engine_adapter/torch_grads.cpp): the module level's gradients read
+without calling into Python during the backward pass, replayed into the same dump.
+
+Each test that needs the library skips when it cannot be built here (no C++ compiler or no
+torch headers); the first test to use it builds it once per machine (~15 s)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from engine_adapter import torch_grads
+from probe.dump_recorder import DumpRecorder
+from probe.session import DumpSession
+
+needs_native = pytest.mark.skipif(not torch_grads.available(),
+                                  reason="the C++ capture cannot be built here (no C++ compiler or torch headers)")
+
+
+class _Pair(nn.Module):
+    """Two differentiable inputs (one gather), a tuple of two outputs."""
+
+    def forward(self, a, b):
+        return a * b, a - b
+
+
+class _Mixed(nn.Module):
+    """A module tree whose gradients take every road of the capture: an embedding (no
+    differentiable input), a bfloat16 and a float64 layer (read through a copy or as they lie),
+    a module of two inputs and two outputs, an empty layer (a gradient without elements: the
+    Python path's, at once), a frozen layer, and a last layer whose output gradient, from
+    ``sum()``, is not dense (a stride-0 expansion)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.lin = nn.Linear(8, 8)
+        self.low = nn.Linear(8, 8).to(torch.bfloat16)
+        self.wide = nn.Linear(8, 8, dtype=torch.float64)
+        self.pair = _Pair()
+        self.empty = nn.Linear(8, 0)
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.act = nn.Tanh()
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, idx):
+        h = self.emb(idx)
+        a = self.lin(h)
+        b = self.low(a.to(torch.bfloat16)).float()
+        c = self.wide(a.double()).float()
+        u, v = self.pair(b, c)
+        e = self.empty(u)
+        z = self.act(self.frozen(u + v) + e.sum())
+        return self.head(z)
+
+
+def _train(out: Path, monkeypatch, native: bool) -> dict:
+    if not native:
+        monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
+    torch.manual_seed(0)
+    net = _Mixed()
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1)
+    idx = torch.randint(0, 10, (4, 3))
+    with DumpSession(net, out=out, auto_step=False, quiet=True) as s:
+        used = s.adapter._native
+        for _ in range(2):
+            for _micro_batch in range(2):                 # gradient accumulation
+                net(idx).sum().backward()
+            y = net(idx).sum()                            # a graph backed through twice
+            y.backward(retain_graph=True)
+            y.backward()
+            opt.step()
+            opt.zero_grad()
+            s.step()
+    monkeypatch.undo()
+    from collectors.store import open_store
+
+    con = open_store(out / "store")
+    columns = [c[0] for c in con.execute("SELECT * FROM tensors LIMIT 0").description
+               if c[0] not in ("host_ts_ns", "run")]
+    records = con.execute(f"SELECT {', '.join(columns)} FROM tensors ORDER BY ALL").fetchall()
+    return {"native": bool(used), "records": records,
+            "files": {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.json"))}}
+
+
+@needs_native
+def test_the_native_capture_writes_the_dump_the_python_hooks_write(tmp_path, monkeypatch):
+    native = _train(tmp_path / "native", monkeypatch, native=True)
+    python = _train(tmp_path / "python", monkeypatch, native=False)
+    assert native["native"] and not python["native"]
+    assert native["files"].keys() == python["files"].keys()
+    assert len(python["records"]) > 100 and native["records"] == python["records"]
+    for name, data in python["files"].items():
+        if name.endswith("stack.json"):     # the two runs are called from two lines of this test
+            assert json.loads(native["files"][name]).keys() == json.loads(data).keys()
+        else:
+            assert native["files"][name] == data, name  # byte for byte: entries, order, tensor ids
+    dump = json.loads(python["files"]["step1/rank0/dump.json"])["data"]
+    # what the model was built to exercise is in the dump
+    assert dump["Module.pair._Pair.backward.0"]["output"][1]["dtype"] == "torch.float32"
+    assert dump["Module.low.Linear.parameters_grad.0"]["weight"][0]["dtype"] == "torch.bfloat16"
+    assert dump["Module.wide.Linear.parameters_grad.0"]["weight"][0]["dtype"] == "torch.float64"
+    assert dump["Module.empty.Linear.parameters_grad.0"]["weight"][0]["Max"] is None
+    assert "Module.emb.Embedding.backward.0" in dump and "Module.frozen.Linear.parameters_grad.0" not in dump
+    assert sum(k.startswith("Module.head.Linear.backward.") for k in dump) == 4
+
+
+@needs_native
+def test_the_backward_pass_calls_no_recorder_hook_they_are_replayed_as_the_step_ends(tmp_path, monkeypatch):
+    log: list[str] = []
+    for hook in ("module_backward", "parameter_grad"):
+        original = getattr(DumpRecorder, hook)
+
+        def logged(self, *args, _original=original, **kwargs):
+            log.append("hook")
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(DumpRecorder, hook, logged)
+    started = DumpRecorder.backward_started
+    monkeypatch.setattr(DumpRecorder, "backward_started",
+                        lambda self: (log.append("backward started"), started(self))[1])
+    net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False, quiet=True) as s:
+        assert s.adapter._native
+        net(torch.randn(3, 4, requires_grad=True)).sum().backward()
+        log.append("backward returned")
+        s.step()
+    assert log[0] == "backward started" and log[1] == "backward returned"
+    assert log.count("hook") == 3 + 4          # three modules, two weights and two biases
+    data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
+    assert data["Module.0.Linear.backward.0"]["output"][0]["shape"] == [3, 4]
+
+
+@needs_native
+def test_the_native_capture_is_used_for_the_module_levels_statistics_only(tmp_path):
+    net = nn.Linear(4, 2)
+    for level, task, native in (("module", "statistics", True), ("mix", "statistics", False),
+                                ("module", "tensor", False), ("module", "md5", False),
+                                ("module", "overflow", False)):
+        with DumpSession(net, out=tmp_path / f"{level}-{task}", level=level, task=task,
+                         store=False, auto_step=False, quiet=True) as s:
+            assert bool(s.adapter._native) is native, (level, task)
+            net(torch.randn(2, 4)).sum().backward()
+
+
+@needs_native
+def test_a_detached_dump_leaves_no_hook_that_records(tmp_path):
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False, quiet=True) as s:
+        native = s.adapter._native
+        net(torch.randn(2, 4)).sum().backward()
+    assert native.pending == 0
+    x = torch.randn(2, 4)
+    y = net(x)
+    with DumpSession(nn.Linear(2, 2), out=tmp_path / "other", store=False, auto_step=False, quiet=True) as s:
+        y.sum().backward()                   # the first dump's parameters: hooks removed
+        assert s.adapter._native.pending == 0
+    assert [p.name for p in tmp_path.iterdir()] != []
+
+
+def test_without_the_library_the_python_hooks_record_the_same_entries(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False, quiet=True) as s:
+        assert not s.adapter._native
+        net(torch.randn(3, 4)).sum().backward()
+    data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
+    assert {"Module.0.Linear.backward.0", "Module.0.Linear.parameters_grad.0"} <= set(data)

@@ -87,7 +87,7 @@ class TorchAdapter(EngineAdapter):
     def attach_modules(self, model: Any, sink: HookSink, *, backward: bool = True,
                        include: Callable[[str], bool] | None = None, prefix: str = "") -> list[str]:
         compiled = any(_is_compiled(m) or _compiled_in_place(m) for m in model.modules())
-        native = self._native_capture(sink) if backward else None
+        native = self._native_capture(sink, model) if backward else None
         hooked: list[str] = []
         seen: set[int] = set()
         for raw_path, module in model.named_modules(remove_duplicate=False):
@@ -109,8 +109,12 @@ class TorchAdapter(EngineAdapter):
                 "boundaries stays compiled (torch._dynamo.disable on the dump hooks)")
         return hooked
 
-    def _native_capture(self, sink: HookSink) -> Any:
-        """The C++ backward capture when ``sink`` takes gradients already read (asked once)."""
+    def _native_capture(self, sink: HookSink, model: Any) -> Any:
+        """The C++ backward capture when ``sink`` takes gradients already read (asked once) and
+        ``model`` trains on the CPU (on a device every gradient would go back to Python one by
+        one: the Python hooks do that already)."""
+        if any(not p.is_cpu for p in model.parameters()):
+            return None
         if self._native is None:
             self._native = False
             accept = getattr(sink, "accept_prepared_grads", None)

@@ -130,3 +130,30 @@ def test_a_dense_view_in_another_order_is_read_as_it_lies_with_the_same_statisti
     assert (entry["Max"], entry["Min"]) == (float(t.max()), float(t.min()))
     assert entry["Mean"] == pytest.approx(float(t.mean()), rel=1e-12)
     assert entry["Norm"] == pytest.approx(float(t.norm()), rel=1e-12)
+
+
+def test_a_prepared_gradient_gives_the_entry_and_row_of_its_tensor(monkeypatch):
+    """A gradient the C++ capture already read (engine_adapter.torch_grads.PreparedGrad) makes
+    the entry and row its tensor makes; one group (the same bytes in the step) shares one
+    statistics handle and one tensor id, as one tensor's identity does."""
+    from engine_adapter.torch_grads import PreparedGrad
+    from engine_adapter.torch_stats import _reduce_host
+
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 3), torch.randn(5, dtype=torch.float64)
+    args = (7, "Module.x.Linear.backward.0", "module", "backward", "input", "0")
+
+    def prepared(t, group):
+        return PreparedGrad((t.dtype, tuple(t.shape), t.numel(), False, _reduce_host(t, "float"), group))
+
+    direct, given = _builder(monkeypatch, True), _builder(monkeypatch, True)
+    assert given.accept_prepared(PreparedGrad)
+    want = [direct.value(t, *args) for t in (a, b, a)]
+    got = [given.value(p, *args) for p in (prepared(a, 0), prepared(b, 1), prepared(a, 0))]
+    assert got == want and got[0]["tensor_id"] == got[2]["tensor_id"] != got[1]["tensor_id"]
+    assert given.rows == direct.rows and given.handles == direct.handles
+    assert [leaf[1:] for leaf in given.leaves] == [leaf[1:] for leaf in direct.leaves]
+    assert bytes(given.statistics_records()) == bytes(direct.statistics_records())
+    given.start_step()                      # groups are the step's: a new step, new ids
+    assert given.value(prepared(a, 0), *args)["tensor_id"] == 0
+    assert not _builder(monkeypatch, False).accept_prepared(PreparedGrad)

@@ -135,7 +135,7 @@ class TorchAdapter(EngineAdapter):
             if not sink.active:
                 open_calls.append((None, None))
                 return None
-            if native is not None and native.pending:
+            if native is not None and native.pending():
                 native.drain()          # the last backward's gradients first (accumulation)
             with guard, _plain_tensors():
                 name = sink.module_forward_pre(base, key, args, kwargs)

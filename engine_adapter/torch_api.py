@@ -129,7 +129,7 @@ def _alias(call: Any, t: torch.Tensor) -> torch.Tensor:
     path to ``call.finish``: the same gradient as :class:`_Capture`, without a Python autograd
     Function (its forward and backward cost several times more)."""
     alias = t.view_as(t)
-    alias.grad_fn.register_hook(_finish_first(call))
+    alias.grad_fn.register_hook(lambda grad_inputs, grad_outputs: call.finish(grad_inputs[:1]))
     return alias
 
 
@@ -199,20 +199,15 @@ def _alias_native(call: Any, tensors: list[torch.Tensor], native: Any) -> tuple[
     """:func:`_alias` / :func:`_alias_each` with the view nodes' hooks in C++
     (:class:`engine_adapter.torch_grads.NativeGrads`): the gradients reach ``call.finish`` when
     the native capture replays them."""
-    gather = _Gather(call, len(tensors)) if len(tensors) > 1 else None
+    if len(tensors) == 1:
+        alias = native.alias(tensors[0], lambda grad: call.finish((grad,)))
+        return (tensors[0].view_as(tensors[0]) if alias is None else alias,)
+    gather = _Gather(call, len(tensors))
     out = []
     for j, t in enumerate(tensors):
-        alias = t.view_as(t)
-        on_grad = gather.hook(j) if gather is not None else _finish_first(call)
-        if not native.watch_input(alias, _gathered(on_grad)) and alias.grad_fn is not None:
-            alias.grad_fn.register_hook(on_grad)       # (not reached: a view has a node)
-        out.append(alias)
+        alias = native.alias(t, _gathered(gather.hook(j)))
+        out.append(t.view_as(t) if alias is None else alias)     # (None: not reached)
     return tuple(out)
-
-
-def _finish_first(call: Any) -> Any:
-    """A view node's hook that hands the gradient of its input to ``call.finish``."""
-    return lambda grad_inputs, grad_outputs: call.finish(grad_inputs[:1])
 
 
 def _gathered(on_grad: Any) -> Any:

@@ -1,7 +1,8 @@
 /* The module dump's backward capture without the interpreter: autograd hooks in C++.
  *
  * engine_adapter/torch_grads.py builds this file once per machine (against the torch it runs)
- * and loads it with ctypes.PyDLL; every entry point below is called with the GIL held.
+ * and imports it as the extension module _torch_grads; its functions are called with the GIL
+ * held, the hooks run on autograd's threads without it.
  *
  * The Python capture (engine_adapter/torch_adapter.py: a pre-hook on each module output's
  * autograd node, a post-hook on the view node each module input goes through, a hook on each
@@ -73,16 +74,12 @@ struct State_ {
     PyObject *on_first = nullptr;        /* backward_started(): the step's first event */
     std::atomic<int> active{0};
     std::atomic<int> fired{0};
+    std::atomic<int64_t> pending{0};    /* events queued, not taken */
 };
 
 State_ S;
 
 }  // namespace
-
-extern "C" {
-/* events queued and not yet taken (read from Python without a call) */
-int64_t probe_grads_pending = 0;
-}
 
 namespace {
 
@@ -149,7 +146,7 @@ void record(int32_t kind, int64_t id, const at::Tensor &g) {
             S.groups.insert_or_assign(key, std::make_pair(e.group, g.storage().getWeakStorageImpl()));
         }
         S.events.push_back(std::move(e));
-        probe_grads_pending = static_cast<int64_t>(S.events.size());
+        S.pending.store(static_cast<int64_t>(S.events.size()));
         return;
     } else {
         e.state = TENSOR;
@@ -159,7 +156,7 @@ void record(int32_t kind, int64_t id, const at::Tensor &g) {
     {
         std::lock_guard<std::mutex> hold(S.lock);
         S.events.push_back(std::move(e));
-        probe_grads_pending = static_cast<int64_t>(S.events.size());
+        S.pending.store(static_cast<int64_t>(S.events.size()));
     }
     if (slow) call_python(S.on_tensor);
 }
@@ -224,84 +221,142 @@ const at::Tensor *tensor_of(PyObject *t) {
 
 }  // namespace
 
-extern "C" {
+namespace {
 
-/* init(f32, f64, PreparedGrad, drain, backward_started) */
-int probe_grads_init(void *f32, void *f64, PyObject *prepared_type, PyObject *on_tensor,
-                     PyObject *on_first) {
-    /* (None: unset; init(0, 0, None, None, None) lets the last capture's objects go) */
-    PyObject *given[3] = {prepared_type, on_tensor, on_first};
+/* ------------------------------------------------------------------ the module's functions */
+
+bool int_arg(PyObject *o, long long *out) {
+    *out = PyLong_AsLongLong(o);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+#define ARGS(n)                                                                              \
+    if (nargs != (n)) {                                                                      \
+        PyErr_Format(PyExc_TypeError, "takes %d arguments (%zd given)", (n), nargs);         \
+        return nullptr;                                                                      \
+    }
+
+/* init(f32, f64, PreparedGrad, drain, backward_started): the kernel's entry points (addresses)
+   and the Python side; init(0, 0, None, None, None) lets the last capture's objects go */
+PyObject *init(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(5)
+    long long f32, f64;
+    if (!int_arg(args[0], &f32) || !int_arg(args[1], &f64)) return nullptr;
     PyObject **slots[3] = {&S.prepared_type, &S.on_tensor, &S.on_first};
     for (int k = 0; k < 3; k++) {
-        PyObject *o = given[k] == Py_None ? nullptr : given[k];
+        PyObject *o = args[2 + k] == Py_None ? nullptr : args[2 + k];
         Py_XINCREF(o);
         Py_XSETREF(*slots[k], o);
     }
-    S.f32 = reinterpret_cast<stats_fn>(f32);
-    S.f64 = reinterpret_cast<stats_fn>(f64);
-    return 0;
+    S.f32 = reinterpret_cast<stats_fn>(static_cast<uintptr_t>(f32));
+    S.f64 = reinterpret_cast<stats_fn>(static_cast<uintptr_t>(f64));
+    Py_RETURN_NONE;
 }
 
-/* a step starts (active 1: record what the hooks see) or ends (0); a new step's groups */
-void probe_grads_recording(int active) {
-    S.active.store(active);
+/* recording(active): a step starts (true: record what the hooks see) or ends; new groups */
+PyObject *recording(PyObject *, PyObject *active) {
+    int on = PyObject_IsTrue(active);
+    if (on < 0) return nullptr;
+    S.active.store(on);
     S.fired.store(0);
     std::lock_guard<std::mutex> hold(S.lock);
     S.groups.clear();
+    Py_RETURN_NONE;
 }
 
-/* hook output `t`'s autograd node for its gradient; -1: `t` has no node (a leaf) */
-int probe_grads_watch_output(PyObject *t, int64_t id) {
-    const at::Tensor *v = tensor_of(t);
-    if (v == nullptr) return -2;
+/* watch_output(t, id): hook t's autograd node for its gradient; False: t has none (a leaf) */
+PyObject *watch_output(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    long long id;
+    const at::Tensor *v = tensor_of(args[0]);
+    if (v == nullptr || !int_arg(args[1], &id)) return nullptr;
     const auto &fn = v->grad_fn();
-    if (!fn) return -1;
+    if (!fn) Py_RETURN_FALSE;
     fn->add_pre_hook(std::make_unique<OutputHook>(id, v->output_nr()));
-    return 0;
+    Py_RETURN_TRUE;
 }
 
-/* hook the view node of `alias` (x.view_as(x)) for the gradient of x; -1: no node */
-int probe_grads_watch_input(PyObject *alias, int64_t id) {
-    const at::Tensor *v = tensor_of(alias);
-    if (v == nullptr) return -2;
-    const auto &fn = v->grad_fn();
-    if (!fn) return -1;
+/* alias(x, id): x.view_as(x), its view node hooked for the gradient of x; None: no node */
+PyObject *alias(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    long long id;
+    const at::Tensor *v = tensor_of(args[0]);
+    if (v == nullptr || !int_arg(args[1], &id)) return nullptr;
+    at::Tensor view;
+    try {
+        view = v->view_as(*v);
+    } catch (const std::exception &e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+    const auto &fn = view.grad_fn();
+    if (!fn) Py_RETURN_NONE;
     fn->add_post_hook(std::make_unique<InputHook>(id));
-    return 0;
+    return THPVariable_Wrap(std::move(view));
 }
 
-/* hook parameter `p` (a leaf) for its gradient; the hook's index for remove_param */
-int64_t probe_grads_watch_param(PyObject *p, int64_t id) {
-    const at::Tensor *v = tensor_of(p);
-    if (v == nullptr) return -2;
-    return static_cast<int64_t>(v->register_hook([id](const at::Tensor &g) {
-        record(PARAM, id, g);
-    }));
+/* watch_param(p, id): hook parameter p (a leaf) for its gradient; the hook's index */
+PyObject *watch_param(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    long long id;
+    const at::Tensor *v = tensor_of(args[0]);
+    if (v == nullptr || !int_arg(args[1], &id)) return nullptr;
+    unsigned index = v->register_hook([id](const at::Tensor &g) { record(PARAM, id, g); });
+    return PyLong_FromUnsignedLong(index);
 }
 
-int probe_grads_remove_param(PyObject *p, int64_t index) {
-    const at::Tensor *v = tensor_of(p);
-    if (v == nullptr) return -2;
+/* remove_param(p, index) */
+PyObject *remove_param(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    long long index;
+    const at::Tensor *v = tensor_of(args[0]);
+    if (v == nullptr || !int_arg(args[1], &index)) return nullptr;
     v->remove_hook(static_cast<unsigned>(index));
-    return 0;
+    Py_RETURN_NONE;
 }
 
-/* append the queued events to `out` as (kind, id, value) and forget them; how many */
-Py_ssize_t probe_grads_take(PyObject *out) {
+/* take(out): append the queued events to out as (kind, id, value), forget them; how many */
+PyObject *take(PyObject *, PyObject *out) {
+    if (!PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "take: a list");
+        return nullptr;
+    }
     std::vector<Event> events;
     {
         std::lock_guard<std::mutex> hold(S.lock);
         events.swap(S.events);
-        probe_grads_pending = 0;
+        S.pending.store(0);
     }
     for (Event &e : events) {
         PyObject *value = value_of(e);
-        if (value == nullptr) return -1;
+        if (value == nullptr) return nullptr;
         PyObject *item = Py_BuildValue("(iLN)", e.kind, static_cast<long long>(e.id), value);
-        if (item == nullptr || PyList_Append(out, item) < 0) { Py_XDECREF(item); return -1; }
+        if (item == nullptr || PyList_Append(out, item) < 0) { Py_XDECREF(item); return nullptr; }
         Py_DECREF(item);
     }
-    return static_cast<Py_ssize_t>(events.size());
+    return PyLong_FromSize_t(events.size());
 }
 
-}  // extern "C"
+/* pending(): events queued, not taken yet */
+PyObject *pending(PyObject *, PyObject *) {
+    return PyLong_FromLongLong(S.pending.load(std::memory_order_relaxed));
+}
+
+PyMethodDef methods[] = {
+    {"init", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(init)), METH_FASTCALL, nullptr},
+    {"recording", recording, METH_O, nullptr},
+    {"watch_output", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_output)), METH_FASTCALL, nullptr},
+    {"alias", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(alias)), METH_FASTCALL, nullptr},
+    {"watch_param", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_param)), METH_FASTCALL, nullptr},
+    {"remove_param", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(remove_param)), METH_FASTCALL, nullptr},
+    {"take", take, METH_O, nullptr},
+    {"pending", pending, METH_NOARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_torch_grads",
+                      "The module dump's backward capture in C++ (see torch_grads.py).", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__torch_grads(void) { return PyModule_Create(&module); }

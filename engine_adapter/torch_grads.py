@@ -11,9 +11,10 @@ handlers the Python hooks would have called, with a :class:`PreparedGrad` in pla
 (another device or dtype, not dense) is replayed at once with the tensor itself, under the GIL:
 what the Python path does.
 
-The library is built once per machine against the running torch (``ground.native``, ~15 s with
-the system C++ compiler, cached under ``~/.cache/probe``); without a compiler or torch's headers,
-or with ``PROBE_NO_NATIVE_GRADS=1``, :func:`load` returns None and the Python hooks are used.
+The extension module is built once per machine against the running torch (``ground.native``,
+~15 s with the system C++ compiler, cached under ``~/.cache/probe``) and imported from there;
+without a compiler or torch's headers, or with ``PROBE_NO_NATIVE_GRADS=1``, :func:`load` returns
+None and the Python hooks are used.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def _build() -> Any:
     if os.environ.get("PROBE_NO_NATIVE_GRADS"):
         return _lib
     try:
+        import importlib.machinery
+        import importlib.util
         import sysconfig
 
         from ground.native import build_cached
@@ -62,19 +65,11 @@ def _build() -> Any:
                             key_extra=f"{torch.__version__}:{libdir}")
         if path is None:
             return _lib
-        lib = ctypes.PyDLL(path)
-        obj, i64, vp = ctypes.py_object, ctypes.c_int64, ctypes.c_void_p
-        lib.probe_grads_init.argtypes = (vp, vp, obj, obj, obj)
-        lib.probe_grads_recording.argtypes = (ctypes.c_int,)
-        lib.probe_grads_recording.restype = None
-        lib.probe_grads_watch_output.argtypes = (obj, i64)
-        lib.probe_grads_watch_input.argtypes = (obj, i64)
-        lib.probe_grads_watch_param.argtypes = (obj, i64)
-        lib.probe_grads_watch_param.restype = i64
-        lib.probe_grads_remove_param.argtypes = (obj, i64)
-        lib.probe_grads_take.argtypes = (obj,)
-        lib.probe_grads_take.restype = ctypes.c_ssize_t
-        _lib = lib
+        loader = importlib.machinery.ExtensionFileLoader("_torch_grads", path)
+        spec = importlib.util.spec_from_loader("_torch_grads", loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        _lib = module
     except Exception:  # noqa: BLE001 - no compiler, no headers: the Python hooks work everywhere
         _lib = False
     return _lib
@@ -104,7 +99,8 @@ class NativeGrads:
 
     def __init__(self, lib: Any, kernel: Any, on_first: Callable[[], None]) -> None:
         self._lib = lib
-        self._pending = ctypes.c_int64.in_dll(lib, "probe_grads_pending")
+        #: events queued, not replayed yet
+        self.pending: Callable[[], int] = lib.pending
         #: id -> handler(grad) of the calls of this step (forgotten at :meth:`end_step`)
         self._calls: dict[int, Callable[[Any], Any]] = {}
         #: id -> handler(grad) of the parameters (until their hook is removed)
@@ -112,56 +108,52 @@ class NativeGrads:
         self._draining = False
         f32 = ctypes.cast(kernel[0], ctypes.c_void_p).value
         f64 = ctypes.cast(kernel[1], ctypes.c_void_p).value
-        lib.probe_grads_init(f32, f64, PreparedGrad, self.drain, on_first)
+        lib.init(f32, f64, PreparedGrad, self.drain, on_first)
 
     # ----------------------------------------------------------------- hooks
     def watch_output(self, t: torch.Tensor, handler: Callable[[Any], Any]) -> bool:
         """``handler(grad)`` with the gradient of ``t``; False when ``t`` has no autograd node."""
         key = next(_IDS)
-        if self._lib.probe_grads_watch_output(t, key) != 0:
+        if not self._lib.watch_output(t, key):
             return False
         self._calls[key] = handler
         return True
 
-    def watch_input(self, alias: torch.Tensor, handler: Callable[[Any], Any]) -> bool:
-        """``handler(grad)`` with the gradient that ``alias``'s view node hands to its input."""
+    def alias(self, t: torch.Tensor, handler: Callable[[Any], Any]) -> torch.Tensor | None:
+        """``t.view_as(t)``, with ``handler(grad)`` given the gradient its view node hands back
+        to ``t``; None when the view has no autograd node (no gradient is recorded)."""
         key = next(_IDS)
-        if self._lib.probe_grads_watch_input(alias, key) != 0:
-            return False
-        self._calls[key] = handler
-        return True
+        view = self._lib.alias(t, key)
+        if view is not None:
+            self._calls[key] = handler
+        return view
 
     def watch_param(self, param: torch.Tensor, handler: Callable[[Any], Any]) -> "_ParamHandle":
         """``handler(grad)`` with each gradient of ``param``; remove with the handle."""
         key = next(_IDS)
-        index = self._lib.probe_grads_watch_param(param, key)
+        index = self._lib.watch_param(param, key)
         self._params[key] = handler
         return _ParamHandle(self, param, key, index)
 
     # ----------------------------------------------------------------- steps
     def begin_step(self, active: bool) -> None:
         """A step starts (``active``: it is recorded)."""
-        self._lib.probe_grads_recording(1 if active else 0)
+        self._lib.recording(active)
 
     def end_step(self) -> None:
         """Replay what is queued, stop recording, forget the step's calls."""
         self.drain()
-        self._lib.probe_grads_recording(0)
+        self._lib.recording(False)
         self._calls.clear()
 
     def forget(self) -> None:
         """The dump is detached: stop recording, drop what is queued, let the hooks' handlers
         and the callbacks go (a hook left on a graph node queues nothing more)."""
-        self._lib.probe_grads_recording(0)
-        self._lib.probe_grads_take([])
+        self._lib.recording(False)
+        self._lib.take([])
         self._calls.clear()
         self._params.clear()
-        self._lib.probe_grads_init(None, None, None, None, None)
-
-    @property
-    def pending(self) -> int:
-        """Events queued, not replayed yet."""
-        return self._pending.value
+        self._lib.init(0, 0, None, None, None)
 
     def drain(self) -> None:
         """Replay the queued events, in order, into their handlers."""
@@ -169,9 +161,10 @@ class NativeGrads:
             return
         self._draining = True
         try:
-            while self._pending.value:
+            pending, take = self._lib.pending, self._lib.take
+            while pending():
                 events: list = []
-                self._lib.probe_grads_take(events)
+                take(events)
                 calls, params = self._calls, self._params
                 for kind, key, grad in events:
                     handler = (params if kind else calls).get(key)
@@ -192,5 +185,4 @@ class _ParamHandle:
         if owner is None:
             return
         owner._params.pop(self.key, None)
-        if self.index >= 0:
-            owner._lib.probe_grads_remove_param(self.param, self.index)
+        owner._lib.remove_param(self.param, self.index)

@@ -101,6 +101,7 @@ bool readable(const at::Tensor &g) {
 }
 
 void read_statistics(const at::Tensor &g, double *out) {
+    at::NoGradGuard no_grad;            /* (a create_graph backward: no graph for the copies) */
     at::Tensor x = g;
     at::ScalarType t = x.scalar_type();
     if (t != at::kFloat && t != at::kDouble) x = x.to(at::kFloat);

@@ -322,6 +322,17 @@ static PyObject *fallback(PyObject *fn, PyObject *const *args) {
     return PyObject_Vectorcall(fn, args, 7, NULL);
 }
 
+/* the step's next tensor id (a new reference; None without tensor ids), counted */
+static PyObject *next_tensor_id(Rows *self) {
+    if (!self->tensor_ids) Py_RETURN_NONE;
+    PyObject *next = PyList_GET_ITEM(self->ids, 0);
+    PyObject *after = PyNumber_Add(next, one);
+    if (after == NULL) return NULL;
+    Py_INCREF(next);
+    PyList_SetItem(self->ids, 0, after);            /* steals after, lets the list's ref go */
+    return next;
+}
+
 /* the entry, Leaf, row and statistics record of a value whose handle (or none: -1) and tensor
    id are known: what tensor_value and prepared_value share */
 static PyObject *emit_value(Rows *self, PyObject *const *args, PyObject *dtype_name,
@@ -421,16 +432,8 @@ static PyObject *prepared_value(Rows *self, PyObject *x, PyObject *const *args) 
     } else {
         handle_index = PyList_GET_SIZE(self->handles);
         if (PyList_Append(self->handles, stats) < 0) goto done;
-        if (self->tensor_ids) {
-            PyObject *next = PyList_GET_ITEM(self->ids, 0);
-            tensor_id = next;
-            Py_INCREF(tensor_id);
-            PyObject *after = PyNumber_Add(next, one);
-            if (after == NULL) goto done;
-            PyList_SetItem(self->ids, 0, after);            /* steals after */
-        } else {
-            tensor_id = Py_None; Py_INCREF(tensor_id);
-        }
+        tensor_id = next_tensor_id(self);
+        if (tensor_id == NULL) goto done;
         PyObject *rec = Py_BuildValue("(nO)", handle_index, tensor_id);
         if (rec == NULL) goto done;
         int r = PyDict_SetItem(self->groups, group, rec);
@@ -525,16 +528,8 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
             if (handle == NULL || PyList_Append(self->handles, handle) < 0) goto done;
         }
         if (key != NULL) {
-            if (self->tensor_ids) {
-                PyObject *next = PyList_GET_ITEM(self->ids, 0);
-                tensor_id = next;
-                Py_INCREF(tensor_id);
-                PyObject *after = PyNumber_Add(next, one);
-                if (after == NULL) goto done;
-                PyList_SetItem(self->ids, 0, after);            /* steals after */
-            } else {
-                tensor_id = Py_None; Py_INCREF(tensor_id);
-            }
+            tensor_id = next_tensor_id(self);
+            if (tensor_id == NULL) goto done;
             PyObject *owner = call_method0(t, s_untyped_storage);
             if (owner == NULL) {
                 if (!(PyErr_ExceptionMatches(PyExc_RuntimeError) ||

@@ -136,6 +136,29 @@ def test_the_backward_pass_calls_no_recorder_hook_they_are_replayed_as_the_step_
 
 
 @needs_native
+def test_a_create_graph_backward_gives_the_same_entries_as_the_python_hooks(tmp_path, monkeypatch):
+    """Gradients that require grad (a gradient penalty's backward) keep their requires_grad,
+    and reading them builds no graph."""
+    def run(out, native):
+        if not native:
+            monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1).to(torch.bfloat16))
+        x = torch.randn(3, 4, requires_grad=True)
+        with DumpSession(net, out=out, store=False, auto_step=False, quiet=True) as s:
+            assert bool(s.adapter._native) is native
+            y = net[2](net[1](net[0](x)).to(torch.bfloat16)).float().sum()
+            (g,) = torch.autograd.grad(y, x, create_graph=True)
+            g.pow(2).sum().backward()
+        monkeypatch.undo()
+        return next(out.rglob("dump.json")).read_bytes()
+
+    native, python = run(tmp_path / "native", True), run(tmp_path / "python", False)
+    assert native == python
+    assert b'"requires_grad": true' in native or b'"requires_grad":true' in native
+
+
+@needs_native
 def test_the_native_capture_is_used_for_the_module_levels_statistics_only(tmp_path):
     net = nn.Linear(4, 2)
     for level, task, native in (("module", "statistics", True), ("mix", "statistics", False),

@@ -62,7 +62,7 @@ def _build() -> Any:
         common = [*includes, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", f"-L{libdir}", "-lc10",
                   "-ltorch_cpu", "-ltorch_python", "-lstdc++", f"-Wl,-rpath,{libdir}"]
         path = build_cached(_SOURCE, "torch-grads", [["-std=c++20", *common], ["-std=c++17", *common]],
-                            key_extra=f"{torch.__version__}:{libdir}")
+                            key_extra=f"{torch.__version__}:{libdir}", remember_failure=True)
         if path is None:
             return _lib
         loader = importlib.machinery.ExtensionFileLoader("_torch_grads", path)

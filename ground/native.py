@@ -29,12 +29,14 @@ def _cpu_flags() -> str:
 
 
 def build_cached(source: str, prefix: str, variants: Sequence[Sequence[str]] = ((),),
-                 key_extra: str = "") -> str | None:
+                 key_extra: str = "", remember_failure: bool = False) -> str | None:
     """Path of the shared library built from ``source`` (cached), or None.
 
     ``variants`` are extra compiler arguments tried in order (the first that builds is kept,
     e.g. an OpenMP build, then a serial one); ``key_extra`` goes into the cache key (what the
-    variants depend on, such as the path of a library linked in).
+    variants depend on, such as the path of a library linked in). ``remember_failure``: a
+    build that failed is not tried again for the same key (a marker file beside the cache's
+    libraries; for a slow build, such as a C++ file against a framework's headers).
     """
     import hashlib
     import platform
@@ -53,6 +55,9 @@ def build_cached(source: str, prefix: str, variants: Sequence[Sequence[str]] = (
         lib = os.path.join(cache, f"{prefix}-{key}.so")
         if os.path.exists(lib):
             return lib
+        failed = lib[:-3] + ".failed"
+        if remember_failure and os.path.exists(failed):
+            return None
         os.makedirs(cache, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             built = os.path.join(tmp, f"{prefix}.so")
@@ -64,6 +69,9 @@ def build_cached(source: str, prefix: str, variants: Sequence[Sequence[str]] = (
                 except (OSError, subprocess.SubprocessError):
                     continue
             else:
+                if remember_failure:
+                    with open(failed, "w") as f:
+                        f.write("the build failed; delete this file to try again\n")
                 return None
             os.replace(built, lib)       # atomic: a concurrent builder sees the whole file or none
         return lib

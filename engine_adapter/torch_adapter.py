@@ -143,7 +143,13 @@ class TorchAdapter(EngineAdapter):
                     open_calls.append((name, None))
                     return None
                 call = _ModuleBackward(sink, guard, name, key, native)
-                args, kwargs, call.captured = wrap_inputs(call, args, kwargs, native)
+                try:
+                    args, kwargs, call.captured = wrap_inputs(call, args, kwargs, native)
+                except Exception as e:  # noqa: BLE001 - never break the user's call
+                    # (a sparse input that requires grad: autograd cannot give a Python
+                    # Function's output as a view of it); the entry comes from the outputs
+                    sink.report_error(f"the backward capture of {name}'s inputs", e)
+                    call.captured = False
                 open_calls.append((name, call))
                 return (args, kwargs) if call.captured else None
 
@@ -311,16 +317,16 @@ class _ModuleBackward:
         for i, o in enumerate(outs):
             if isinstance(o, torch.Tensor) and o.requires_grad:
                 self.watched += 1
-                if native is None or not native.watch_output(o, self._output_hook(i)):
-                    watch_gradient(o, self._output_hook(i))     # (native: a leaf output)
+                if native is None:
+                    watch_gradient(o, self._output_hook(i))
+                elif not native.watch_output(o, self._output_hook(i)):    # a leaf output
+                    watch_gradient(o, native.first(self._output_hook(i)))
         self.waiting = self.watched
 
     def _output_hook(self, i: int):
         def hook(grad):
             if not self.sink.active:
                 return None
-            if self.native is not None:
-                self.native.drain()     # a Python hook: what the C++ ones queued comes first
             self.grad_outputs[i] = grad
             self.waiting -= 1
             if not self.captured and self.waiting == 0:
@@ -331,8 +337,6 @@ class _ModuleBackward:
     def finish(self, grads: tuple) -> None:
         if not self.sink.active:
             return
-        if self.native is not None:
-            self.native.drain()         # (from a Python hook: _Capture's backward)
         try:
             with self.guard, _plain_tensors():
                 self.sink.module_backward(self.name, self.key, self.grad_outputs, grads)

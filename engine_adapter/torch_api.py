@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -210,6 +210,15 @@ def _alias_native(call: Any, tensors: list[torch.Tensor], native: Any) -> tuple[
     return tuple(out)
 
 
+class _Finisher:
+    """A call for :class:`_Capture` whose ``finish`` is ``fn``."""
+
+    __slots__ = ("finish",)
+
+    def __init__(self, fn: Callable[[tuple], Any]) -> None:
+        self.finish = fn
+
+
 def _gathered(on_grad: Any) -> Any:
     """``on_grad(grad_inputs, grad_outputs)`` (a view node's hook) as ``handler(grad)``."""
     return lambda grad: on_grad((grad,), None)
@@ -265,6 +274,8 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None) -> tup
     strided = torch.strided
     if native is not None and all(t.layout is strided for t in tensors):
         wrapped = _alias_native(call, tensors, native)
+    elif native is not None:        # a Python autograd Function: what the C++ hooks queued first
+        wrapped = _Capture.apply(_Finisher(native.first(call.finish)), *tensors)
     elif len(tensors) == 1 and tensors[0].layout is strided:
         wrapped = (_alias(call, tensors[0]),)
     elif all(t.layout is strided for t in tensors):

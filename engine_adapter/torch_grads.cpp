@@ -28,6 +28,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <ATen/ATen.h>
 
@@ -61,6 +62,9 @@ struct Event {
     at::Tensor tensor;   /* TENSOR only: replayed by Python */
 };
 
+/* what torch::autograd::impl::grad_accumulator gives (a shared or an intrusive pointer) */
+using AccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor &>()));
+
 using Key = std::tuple<const void *, int, int64_t, int64_t, std::vector<int64_t>>;
 
 struct State_ {
@@ -75,6 +79,8 @@ struct State_ {
     std::atomic<int> active{0};
     std::atomic<int> fired{0};
     std::atomic<int64_t> pending{0};    /* events queued, not taken */
+    /* watched parameters: id -> (their AccumulateGrad node, kept alive; the hook's switch) */
+    std::map<int64_t, std::pair<AccumulatorPtr, std::shared_ptr<std::atomic<bool>>>> params;
 };
 
 State_ S;
@@ -180,6 +186,17 @@ struct InputHook : FunctionPostHook {
     variable_list operator()(const variable_list &outputs, const variable_list &) override {
         if (!outputs.empty()) record(CALL, id, outputs[0]);
         return outputs;
+    }
+};
+
+/* the gradient reaching a parameter's AccumulateGrad node (until its watch is removed) */
+struct ParamHook : FunctionPreHook {
+    int64_t id;
+    std::shared_ptr<std::atomic<bool>> on;
+    ParamHook(int64_t id, std::shared_ptr<std::atomic<bool>> on) : id(id), on(std::move(on)) {}
+    variable_list operator()(const variable_list &grads) override {
+        if (on->load(std::memory_order_relaxed) && !grads.empty()) record(PARAM, id, grads[0]);
+        return grads;
     }
 };
 
@@ -296,23 +313,43 @@ PyObject *alias(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     return THPVariable_Wrap(std::move(view));
 }
 
-/* watch_param(p, id): hook parameter p (a leaf) for its gradient; the hook's index */
+/* watch_param(p, id): hook parameter p (a leaf) for its gradient, on its AccumulateGrad node
+   (kept alive here, as DDP keeps it, so every graph uses this node). Not a hook on the tensor:
+   a tensor's first Python hook (Tensor.register_hook, setting its _backward_hooks) clears
+   every hook the tensor has, a C++ one included; a node's pre-hooks stay. */
 PyObject *watch_param(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     ARGS(2)
     long long id;
     const at::Tensor *v = tensor_of(args[0]);
     if (v == nullptr || !int_arg(args[1], &id)) return nullptr;
-    unsigned index = v->register_hook([id](const at::Tensor &g) { record(PARAM, id, g); });
-    return PyLong_FromUnsignedLong(index);
+    AccumulatorPtr node;
+    try {
+        node = torch::autograd::impl::grad_accumulator(*v);
+    } catch (const std::exception &e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+    if (!node) {
+        PyErr_SetString(PyExc_ValueError, "watch_param: not a leaf that requires grad");
+        return nullptr;
+    }
+    auto on = std::make_shared<std::atomic<bool>>(true);
+    node->add_pre_hook(std::make_unique<ParamHook>(id, on));
+    std::lock_guard<std::mutex> hold(S.lock);
+    S.params[id] = std::make_pair(std::move(node), std::move(on));
+    Py_RETURN_NONE;
 }
 
-/* remove_param(p, index) */
-PyObject *remove_param(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(2)
-    long long index;
-    const at::Tensor *v = tensor_of(args[0]);
-    if (v == nullptr || !int_arg(args[1], &index)) return nullptr;
-    v->remove_hook(static_cast<unsigned>(index));
+/* remove_param(id): the hook of watch_param(p, id) records no more; its node is let go */
+PyObject *remove_param(PyObject *, PyObject *arg) {
+    long long id;
+    if (!int_arg(arg, &id)) return nullptr;
+    std::lock_guard<std::mutex> hold(S.lock);
+    auto it = S.params.find(id);
+    if (it != S.params.end()) {
+        it->second.second->store(false);
+        S.params.erase(it);
+    }
     Py_RETURN_NONE;
 }
 
@@ -349,7 +386,7 @@ PyMethodDef methods[] = {
     {"watch_output", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_output)), METH_FASTCALL, nullptr},
     {"alias", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(alias)), METH_FASTCALL, nullptr},
     {"watch_param", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_param)), METH_FASTCALL, nullptr},
-    {"remove_param", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(remove_param)), METH_FASTCALL, nullptr},
+    {"remove_param", remove_param, METH_O, nullptr},
     {"take", take, METH_O, nullptr},
     {"pending", pending, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},

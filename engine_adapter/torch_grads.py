@@ -131,9 +131,16 @@ class NativeGrads:
     def watch_param(self, param: torch.Tensor, handler: Callable[[Any], Any]) -> "_ParamHandle":
         """``handler(grad)`` with each gradient of ``param``; remove with the handle."""
         key = next(_IDS)
-        index = self._lib.watch_param(param, key)
+        self._lib.watch_param(param, key)
         self._params[key] = handler
-        return _ParamHandle(self, param, key, index)
+        return _ParamHandle(self, key)
+
+    def first(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` for a Python hook beside the C++ ones: what they queued is replayed first."""
+        def drained(*args: Any) -> Any:
+            self.drain()
+            return fn(*args)
+        return drained
 
     # ----------------------------------------------------------------- steps
     def begin_step(self, active: bool) -> None:
@@ -175,14 +182,14 @@ class NativeGrads:
 
 
 class _ParamHandle:
-    __slots__ = ("owner", "param", "key", "index")
+    __slots__ = ("owner", "key")
 
-    def __init__(self, owner: NativeGrads, param: torch.Tensor, key: int, index: int) -> None:
-        self.owner, self.param, self.key, self.index = owner, param, key, index
+    def __init__(self, owner: NativeGrads, key: int) -> None:
+        self.owner, self.key = owner, key
 
     def remove(self) -> None:
         owner, self.owner = self.owner, None
         if owner is None:
             return
         owner._params.pop(self.key, None)
-        owner._lib.remove_param(self.param, self.index)
+        owner._lib.remove_param(self.key)

@@ -63,6 +63,7 @@ class DumpRecorder:
         # which backward hook of a step opens the writer's window: the one that began the last
         # recorded step's longest stretch between two backward hooks (None: the first one)
         self._window_hook: int | None = None
+        self._replayed = False                # backward hooks replayed by the adapter (told once)
         self.step = -1
         self.active = False
         self._reset()
@@ -142,6 +143,8 @@ class DumpRecorder:
     def backward_started(self) -> None:
         """The adapter's hooks run outside the interpreter (their gradients are replayed as
         the step ends): the backward pass leaves the GIL to the writer from its first hook."""
+        # (the window opens here; the replayed hooks' stretches would time nothing)
+        self._replayed = True
         if self.active and not self._window_open:
             self._open_window()
 
@@ -272,7 +275,8 @@ class DumpRecorder:
         """The gradients of the outputs and inputs of the module call ``name``."""
         if not self.active:
             return
-        self._backward_hook()
+        if not self._replayed:
+            self._backward_hook()
         try:
             tree = self.tree
             backward = tree.module_backward(name, module_key)
@@ -294,7 +298,8 @@ class DumpRecorder:
         """One parameter gradient of a module; its entry is made once all ``expected`` are here."""
         if not self.active or (self._filtered and not self.include(base)):
             return
-        self._backward_hook()
+        if not self._replayed:
+            self._backward_hook()
         try:
             pending = self.param_grads.setdefault(module_key, {"base": base, "grads": {}, "expected": expected})
             pending["grads"][param_name] = grad

@@ -158,6 +158,71 @@ def test_a_create_graph_backward_gives_the_same_entries_as_the_python_hooks(tmp_
     assert b'"requires_grad": true' in native or b'"requires_grad":true' in native
 
 
+class _LeafOut(nn.Module):
+    """Returns its own parameter: an output without an autograd node (a Python hook)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return self.w
+
+
+class _SparseIn(nn.Module):
+    """Takes a sparse tensor that requires grad: no capture of its inputs (autograd cannot
+    pass it through a Python Function), reported once; its entry comes from its outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 4))
+
+    def forward(self, sp):
+        return torch.sparse.mm(sp, self.w)
+
+
+@needs_native
+def test_the_python_hooks_beside_the_native_ones_keep_the_order(tmp_path, monkeypatch):
+    """A leaf output gets a Python hook in native mode (what the C++ hooks queued before it is
+    replayed first), a sparse input no capture: the dump is the Python hooks' one, and the
+    training goes on (the sparse input broke the forward pass before 2026-11-28)."""
+    def run(out, native):
+        if not native:
+            monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
+        torch.manual_seed(0)
+        net = nn.ModuleDict({"sparse": _SparseIn(), "lin": nn.Linear(4, 4), "leaf": _LeafOut()})
+        sp = torch.randn(3, 8).relu().to_sparse().requires_grad_()
+        with DumpSession(net, out=out, store=False, auto_step=False, quiet=True) as s:
+            assert bool(s.adapter._native) is native
+            for _ in range(2):
+                h = net["lin"](net["sparse"](sp))
+                (h * net["leaf"](h)).sum().backward()
+                s.step()
+        monkeypatch.undo()
+        return [p.read_bytes() for p in sorted(out.rglob("dump.json"))]
+
+    native, python = run(tmp_path / "native", True), run(tmp_path / "python", False)
+    assert len(python) >= 2 and native == python
+    data = json.loads(python[1])["data"]
+    assert {"Module.sparse._SparseIn.backward.0", "Module.leaf._LeafOut.parameters_grad.0"} <= set(data)
+    assert data["Module.sparse._SparseIn.backward.0"]["output"] == []
+
+
+@needs_native
+def test_a_users_hook_on_a_parameter_leaves_the_capture_of_its_gradient(tmp_path):
+    """A tensor's first Python hook clears the tensor's other hooks, C++ ones included: the
+    capture hooks the parameter's AccumulateGrad node instead, which keeps its hooks."""
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    seen = []
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False, quiet=True) as s:
+        assert s.adapter._native
+        net[0].weight.register_hook(lambda g: seen.append(g.shape))     # after the dump attached
+        net(torch.randn(2, 4)).sum().backward()
+    data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
+    assert seen == [torch.Size([4, 4])]
+    assert set(data["Module.0.Linear.parameters_grad.0"]) == {"weight", "bias"}
+
+
 @needs_native
 def test_the_native_capture_is_used_for_the_module_levels_statistics_only(tmp_path):
     net = nn.Linear(4, 2)

@@ -6,7 +6,7 @@
  *
  * The Python capture (engine_adapter/torch_adapter.py: a pre-hook on each module output's
  * autograd node, a post-hook on the view node each module input goes through, a hook on each
- * parameter) calls into Python from autograd ~75 times a step of a small model, and each call
+ * parameter; here a pre-hook on its AccumulateGrad node) calls into Python from autograd ~75 times a step of a small model, and each call
  * takes the GIL that the dump's writer thread holds while it writes the last step. Here the
  * same hooks read a CPU floating gradient's statistics (the kernel of
  * engine_adapter/stats_kernel.c, by address, on the data where it lies when it is float32 or
@@ -83,7 +83,9 @@ struct State_ {
     std::map<int64_t, std::pair<AccumulatorPtr, std::shared_ptr<std::atomic<bool>>>> params;
 };
 
-State_ S;
+/* never destroyed: at process exit, after the interpreter is gone, releasing a kept
+   AccumulateGrad node (and its parameter) or a queued tensor must not run */
+State_ &S = *new State_();
 
 }  // namespace
 

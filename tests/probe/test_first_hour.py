@@ -54,7 +54,17 @@ def test_web_on_port_0_prints_the_real_url_once_and_answers(tmp_path):
             assert resp.status == 200
     finally:
         os.killpg(proc.pid, signal.SIGINT)
-        rest = proc.communicate(timeout=30)[0]
+        try:
+            rest = proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            # (seen twice in fresh-clone runs, never reproduced alone: say what still runs)
+            exited = proc.poll()
+            group = subprocess.run(["ps", "-o", "pid,stat,etime,wchan:20,cmd", "-g", str(proc.pid)],
+                                   capture_output=True, text=True).stdout
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise AssertionError(f"probe web did not stop 30 s after Ctrl-C (exit status: {exited}); "
+                                 f"its process group:\n{group}") from None
     assert "serving on" not in rest                  # the URL is printed once
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.msprobe_fixtures import MSPROBE_PY, msprobe_dumps
+
+# A suite run as a background job (`bash scripts/test.sh &`, a script's `cmd &`) starts with
+# SIGINT ignored, and every process it starts inherits that: the tests that stop a server or a
+# launcher with Ctrl-C (probe web, the launcher, the README walk-through) then wait for a
+# process that cannot hear it. Python's own handler again: its children get the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA", ROOT.parent / "shared" / "data" / "msprobe"))

@@ -57,7 +57,7 @@ def test_web_on_port_0_prints_the_real_url_once_and_answers(tmp_path):
         try:
             rest = proc.communicate(timeout=30)[0]
         except subprocess.TimeoutExpired:
-            # (seen twice in fresh-clone runs, never reproduced alone: say what still runs)
+            # (say what still runs)
             exited = proc.poll()
             group = subprocess.run(["ps", "-o", "pid,stat,etime,wchan:20,cmd", "-g", str(proc.pid)],
                                    capture_output=True, text=True).stdout

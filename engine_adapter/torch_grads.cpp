@@ -256,6 +256,17 @@ bool int_arg(PyObject *o, long long *out) {
         return nullptr;                                                                      \
     }
 
+/* the arguments (t, id) of watch_output, alias and watch_param: t's tensor, or null (an error
+   set) */
+const at::Tensor *tensor_and_id(PyObject *const *args, Py_ssize_t nargs, long long *id) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "takes 2 arguments (%zd given)", nargs);
+        return nullptr;
+    }
+    const at::Tensor *v = tensor_of(args[0]);
+    return v != nullptr && int_arg(args[1], id) ? v : nullptr;
+}
+
 /* init(f32, f64, PreparedGrad, drain, backward_started): the kernel's entry points (addresses)
    and the Python side; init(0, 0, None, None, None) lets the last capture's objects go */
 PyObject *init(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
@@ -286,10 +297,9 @@ PyObject *recording(PyObject *, PyObject *active) {
 
 /* watch_output(t, id): hook t's autograd node for its gradient; False: t has none (a leaf) */
 PyObject *watch_output(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(2)
     long long id;
-    const at::Tensor *v = tensor_of(args[0]);
-    if (v == nullptr || !int_arg(args[1], &id)) return nullptr;
+    const at::Tensor *v = tensor_and_id(args, nargs, &id);
+    if (v == nullptr) return nullptr;
     const auto &fn = v->grad_fn();
     if (!fn) Py_RETURN_FALSE;
     fn->add_pre_hook(std::make_unique<OutputHook>(id, v->output_nr()));
@@ -298,10 +308,9 @@ PyObject *watch_output(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 
 /* alias(x, id): x.view_as(x), its view node hooked for the gradient of x; None: no node */
 PyObject *alias(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(2)
     long long id;
-    const at::Tensor *v = tensor_of(args[0]);
-    if (v == nullptr || !int_arg(args[1], &id)) return nullptr;
+    const at::Tensor *v = tensor_and_id(args, nargs, &id);
+    if (v == nullptr) return nullptr;
     at::Tensor view;
     try {
         view = v->view_as(*v);
@@ -320,10 +329,9 @@ PyObject *alias(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
    a tensor's first Python hook (Tensor.register_hook, setting its _backward_hooks) clears
    every hook the tensor has, a C++ one included; a node's pre-hooks stay. */
 PyObject *watch_param(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(2)
     long long id;
-    const at::Tensor *v = tensor_of(args[0]);
-    if (v == nullptr || !int_arg(args[1], &id)) return nullptr;
+    const at::Tensor *v = tensor_and_id(args, nargs, &id);
+    if (v == nullptr) return nullptr;
     AccumulatorPtr node;
     try {
         node = torch::autograd::impl::grad_accumulator(*v);

@@ -134,15 +134,21 @@ def test_a_hang_is_raised_naming_the_rank_that_never_entered_and_resolved_when_i
     assert stored["state"] == "closed" and "[resolved" in stored["message"]
 
 
-def test_a_resolved_hang_is_stored_closed_before_the_status_says_so(service, stub):
-    """The status reads the open alerts; the store must hold the hang closed by then."""
-    register(stub, "r", 2)
+def _rank_0_waits_in_all_reduce(service, stub, job: str, waiting_s: float) -> None:
+    """A 2-rank job with 4 steps judged, then rank 0 in all_reduce #5 for ``waiting_s`` while
+    rank 1 has not entered it."""
+    register(stub, job, 2)
     for step in range(4):
         for rank in range(2):
-            push_step(stub, "r", rank, step + 1, step, 100.0, world=2)
-    wait_for(lambda: service.detection.judged_step("r") == 3, what="4 steps judged")
-    heartbeat(stub, "r", 0, 4, ("all_reduce", 5, 6.0), {"world": 5})
-    heartbeat(stub, "r", 1, 4, None, {"world": 4})
+            push_step(stub, job, rank, step + 1, step, 100.0, world=2)
+    wait_for(lambda: service.detection.judged_step(job) == 3, what="4 steps judged")
+    heartbeat(stub, job, 0, 4, ("all_reduce", 5, waiting_s), {"world": 5})
+    heartbeat(stub, job, 1, 4, None, {"world": 4})
+
+
+def test_a_resolved_hang_is_stored_closed_before_the_status_says_so(service, stub):
+    """The status reads the open alerts; the store must hold the hang closed by then."""
+    _rank_0_waits_in_all_reduce(service, stub, "r", 6.0)
     wait_for(lambda: service.store.alerts("r", kind="hang").to_pylist(), what="a hang")
     seen = []
     update = service.store.update_alert
@@ -159,13 +165,7 @@ def test_a_resolved_hang_is_stored_closed_before_the_status_says_so(service, stu
 
 
 def test_a_waiting_collective_below_the_jobs_threshold_is_no_hang(service, stub):
-    register(stub, "w", 2)
-    for step in range(4):
-        for rank in range(2):
-            push_step(stub, "w", rank, step + 1, step, 100.0, world=2)
-    wait_for(lambda: service.detection.judged_step("w") == 3, what="4 steps judged")
-    heartbeat(stub, "w", 0, 4, ("all_reduce", 5, 2.0), {"world": 5})
-    heartbeat(stub, "w", 1, 4, None, {"world": 4})
+    _rank_0_waits_in_all_reduce(service, stub, "w", 2.0)
     service.detect_once()
     assert service.store.alerts("w", kind="hang").num_rows == 0
 

@@ -54,7 +54,9 @@ def build_cached(source: str, prefix: str, variants: Sequence[Sequence[str]] = (
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "probe")
         lib = os.path.join(cache, f"{prefix}-{key}.so")
         if os.path.exists(lib):
-            return lib
+            if _intact(lib):
+                return lib
+            os.remove(lib)               # truncated or changed: loading it could crash (SIGBUS)
         failed = lib[:-3] + ".failed"
         if remember_failure and os.path.exists(failed):
             return None
@@ -73,10 +75,36 @@ def build_cached(source: str, prefix: str, variants: Sequence[Sequence[str]] = (
                     with open(failed, "w") as f:
                         f.write("the build failed; delete this file to try again\n")
                 return None
+            _write_sum(built, lib)
             os.replace(built, lib)       # atomic: a concurrent builder sees the whole file or none
         return lib
     except OSError:
         return None
+
+
+def _digest(path: str) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _write_sum(built: str, lib: str) -> None:
+    """The digest of the library about to become ``lib``, beside it (``lib + ".sha256"``)."""
+    tmp = f"{lib}.sha256.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(_digest(built))
+    os.replace(tmp, lib + ".sha256")
+
+
+def _intact(lib: str) -> bool:
+    """Whether the cached ``lib`` is the file that was built (its digest): a truncated or
+    damaged shared library makes the process crash as it loads it, not raise."""
+    try:
+        with open(lib + ".sha256") as f:
+            return f.read().strip() == _digest(lib)
+    except OSError:
+        return False
 
 
 def keep_freed_memory(limit: int = 1 << 30) -> bool:

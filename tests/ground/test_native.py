@@ -39,3 +39,19 @@ def test_a_failed_build_is_remembered_when_asked(tmp_path, monkeypatch):
     markers[0].unlink()
     calls.clear()
     assert build_cached(str(src), "bad", remember_failure=True) is None and calls
+
+
+@needs_cc
+def test_a_damaged_cached_library_is_built_again_not_loaded(tmp_path, monkeypatch):
+    """A truncated shared library crashes the process that loads it (SIGBUS): the cache keeps
+    each library's digest and builds again when the file is not the one it built."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = tmp_path / "one.c"
+    src.write_text("int one(void) { return 1; }\n")
+    lib = build_cached(str(src), "one")
+    whole = open(lib, "rb").read()
+    with open(lib, "wb") as f:
+        f.write(whole[:200])                # truncated by a full disk, a crash, a bad copy
+    assert build_cached(str(src), "one") == lib and open(lib, "rb").read() == whole
+    import ctypes
+    assert ctypes.CDLL(lib).one() == 1

@@ -79,6 +79,7 @@ class TorchAdapter(EngineAdapter):
         self._notes: list[str] = []
         self._compiled_seen = False
         self._native: Any = None        # the C++ backward capture; False: not used
+        self._hooks: Any = None         # the library's hooks that call Python; False: none
 
     def make_stats(self) -> StatsBackend:
         return TorchStats()
@@ -109,6 +110,13 @@ class TorchAdapter(EngineAdapter):
                 "boundaries stays compiled (torch._dynamo.disable on the dump hooks)")
         return hooked
 
+    def _py_hooks(self) -> Any:
+        """The library's hooks that call Python as they fire, or None (asked once)."""
+        if self._hooks is None:
+            from engine_adapter.torch_grads import hooks
+            self._hooks = hooks() or False
+        return self._hooks or None
+
     def _native_capture(self, sink: HookSink, model: Any) -> Any:
         """The C++ backward capture when ``sink`` takes gradients already read (asked once) and
         ``model`` trains on the CPU (on a device every gradient would go back to Python one by
@@ -128,6 +136,7 @@ class TorchAdapter(EngineAdapter):
                      compiled: bool, native: Any = None) -> None:
         key = id(module)
         guard = self.guard
+        hooks = self._py_hooks() if backward and native is None else None
         open_calls: list[tuple[str | None, _ModuleBackward | None]] = []
         own_params = [(n, p) for n, p in module.named_parameters(recurse=False)]
 
@@ -142,9 +151,9 @@ class TorchAdapter(EngineAdapter):
                 if name is None or not backward or not torch.is_grad_enabled():
                     open_calls.append((name, None))
                     return None
-                call = _ModuleBackward(sink, guard, name, key, native)
+                call = _ModuleBackward(sink, guard, name, key, native, hooks)
                 try:
-                    args, kwargs, call.captured = wrap_inputs(call, args, kwargs, native)
+                    args, kwargs, call.captured = wrap_inputs(call, args, kwargs, native, hooks)
                 except Exception as e:  # noqa: BLE001 - never break the user's call
                     # (a sparse input that requires grad: autograd cannot give a Python
                     # Function's output as a view of it); the entry comes from the outputs
@@ -191,7 +200,8 @@ class TorchAdapter(EngineAdapter):
                    include: Callable[[str], bool] | None = None) -> None:
         from engine_adapter.torch_api import ApiMode
         if self._api_mode is None:
-            self._api_mode = ApiMode(sink, self.guard, backward=backward)
+            self._api_mode = ApiMode(sink, self.guard, backward=backward,
+                                     hooks=self._py_hooks() if backward else None)
             self._api_mode.__enter__()
             self._handles.append(_Closer(self._close_api))
         self._notes.extend(self._api_mode.attach_comm())
@@ -298,13 +308,14 @@ class _ModuleBackward:
     (an embedding), when the last output gradient arrives.
     """
 
-    __slots__ = ("sink", "guard", "name", "key", "native", "captured", "grad_outputs", "watched",
-                 "waiting")
+    __slots__ = ("sink", "guard", "name", "key", "native", "hooks", "captured", "grad_outputs",
+                 "watched", "waiting")
 
     def __init__(self, sink: HookSink, guard: ReentryGuard, name: str, key: int,
-                 native: Any = None) -> None:
+                 native: Any = None, hooks: Any = None) -> None:
         self.sink, self.guard, self.name, self.key = sink, guard, name, key
         self.native = native
+        self.hooks = hooks
         self.captured = False
         self.grad_outputs: list[Any] = []
         self.watched = 0
@@ -314,6 +325,13 @@ class _ModuleBackward:
         outs = output if isinstance(output, (tuple, list)) else (output,)
         self.grad_outputs = [None] * len(outs)
         native = self.native
+        if native is None and self.hooks is not None:
+            watched, leaves = self.hooks.watch(outs, self._on_output)
+            for i in leaves:
+                watch_gradient(outs[i], self._output_hook(i))
+            self.watched += watched
+            self.waiting = self.watched
+            return
         for i, o in enumerate(outs):
             if isinstance(o, torch.Tensor) and o.requires_grad:
                 self.watched += 1
@@ -325,14 +343,21 @@ class _ModuleBackward:
 
     def _output_hook(self, i: int):
         def hook(grad):
-            if not self.sink.active:
-                return None
-            self.grad_outputs[i] = grad
-            self.waiting -= 1
-            if not self.captured and self.waiting == 0:
-                self.finish(())
-            return None
+            self._on_output(i, grad)
         return hook
+
+    def _on_output(self, i: int, grad: Any) -> None:
+        """The gradient of output ``i`` arrived."""
+        if not self.sink.active:
+            return
+        self.grad_outputs[i] = grad
+        self.waiting -= 1
+        if not self.captured and self.waiting == 0:
+            self.finish(())
+
+    def input_grad(self, j: int, grad: Any) -> None:
+        """The gradient of the one input (a hook of the library's ``capture``)."""
+        self.finish((grad,))
 
     def finish(self, grads: tuple) -> None:
         if not self.sink.active:

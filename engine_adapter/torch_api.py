@@ -149,18 +149,23 @@ class _Gather:
         self.waiting = count
 
     def hook(self, j: int):
+        """Input ``j``'s view node's hook."""
         def on_grad(grad_inputs, grad_outputs):  # noqa: ANN001 - autograd's node hook
-            grads = self.grads
-            if self.waiting == len(grads):
-                _PARTIAL.add(self)
-            grads[j] = grad_inputs[0]
-            self.waiting -= 1
-            if self.waiting == 0:
-                self.finish()
+            self.on_grad(j, grad_inputs[0])
         return on_grad
 
+    def on_grad(self, j: int, grad: Any) -> None:
+        """The gradient of input ``j`` arrived."""
+        grads = self.grads
+        if self.waiting == len(grads):
+            _PARTIAL[self] = None
+        grads[j] = grad
+        self.waiting -= 1
+        if self.waiting == 0:
+            self.finish()
+
     def finish(self) -> None:
-        _PARTIAL.discard(self)
+        _PARTIAL.pop(self, None)
         grads = tuple(self.grads)
         self.grads = [None] * len(grads)     # ready for another backward (a retained graph)
         self.waiting = len(grads)
@@ -169,14 +174,15 @@ class _Gather:
 
 #: gathers with some of their gradients in (see :class:`_Gather`), held strongly: a backward
 #: that computed only some inputs' gradients may free its graph (the gathers' other holders)
-#: before the step ends
-_PARTIAL: set[_Gather] = set()
+#: before the step ends; in the order their first gradient came (a set's order, by address,
+#: made the entries' order differ between two runs of the same script)
+_PARTIAL: dict[_Gather, None] = {}
 
 
 def finish_partial_backward() -> None:
     """Finish every call whose backward computed only some of its inputs' gradients."""
     while _PARTIAL:
-        _PARTIAL.pop().finish()
+        next(iter(_PARTIAL)).finish()
 
 
 def forget_partial_backward() -> None:
@@ -240,6 +246,14 @@ class _Call:
             self.grad_outputs[i] = grad
         return hook
 
+    def output_grad(self, i: int, grad: Any) -> None:
+        """The gradient of output ``i`` (a hook of the library's ``watch``)."""
+        self.grad_outputs[i] = grad
+
+    def input_grad(self, j: int, grad: Any) -> None:
+        """The gradient of the one input (a hook of the library's ``capture``)."""
+        self.finish((grad,))
+
     def finish(self, grads: tuple) -> None:
         try:
             with self.guard, _plain_tensors():
@@ -248,11 +262,14 @@ class _Call:
             self.grad_outputs = [None] * len(self.grad_outputs)   # recorded: let them go
 
 
-def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None) -> tuple[tuple, dict, bool]:
+def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None,
+                hooks: Any = None) -> tuple[tuple, dict, bool]:
     """Route the differentiable tensors of ``args``/``kwargs`` through capture nodes
     (:func:`_alias` for one tensor, :func:`_alias_each` for several strided ones,
     :class:`_Capture` otherwise; with ``native``, the C++ capture's hooks on strided ones:
-    :func:`_alias_native`)."""
+    :func:`_alias_native`; with ``hooks`` (:func:`engine_adapter.torch_grads.hooks`), strided
+    ones through its ``capture``: the same view nodes, hooked in C++, calling ``call.input_grad``
+    or a :class:`_Gather`'s ``on_grad`` as they fire)."""
     slots: list[tuple] = []
     tensors: list[torch.Tensor] = []
     for i, a in enumerate(args):
@@ -276,6 +293,9 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None) -> tup
         wrapped = _alias_native(call, tensors, native)
     elif native is not None:        # a Python autograd Function: what the C++ hooks queued first
         wrapped = _Capture.apply(_Finisher(native.first(call.finish)), *tensors)
+    elif hooks is not None and all(t.layout is strided for t in tensors):
+        wrapped = hooks.capture(tensors, call.input_grad if len(tensors) == 1
+                                else _Gather(call, len(tensors)).on_grad)
     elif len(tensors) == 1 and tensors[0].layout is strided:
         wrapped = (_alias(call, tensors[0]),)
     elif all(t.layout is strided for t in tensors):
@@ -310,16 +330,22 @@ def watch_gradient(t: torch.Tensor, hook: Any) -> None:
     node.register_prehook(lambda grad_outputs: hook(grad_outputs[k]))
 
 
-def _hook_outputs(call: _Call, output: Any) -> None:
+def _hook_outputs(call: _Call, output: Any, hooks: Any = None) -> None:
     outs = output if isinstance(output, (tuple, list)) else (output,)
     call.grad_outputs = [None] * len(outs)
+    if hooks is not None:
+        for i in hooks.watch(outs, call.output_grad)[1]:      # leaves: a tensor hook
+            outs[i].register_hook(call.output_hook(i))
+        return
     for i, o in enumerate(outs):
         if isinstance(o, torch.Tensor) and o.requires_grad:
             watch_gradient(o, call.output_hook(i))
 
 
-def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, backward: bool) -> Any:
-    """The wrapper that records one API (see the module docstring)."""
+def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, backward: bool,
+                 hooks: Any = None) -> Any:
+    """The wrapper that records one API (see the module docstring); ``hooks``: the library's
+    hooks (:func:`engine_adapter.torch_grads.hooks`), None for the Python ones."""
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
@@ -334,7 +360,7 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
             if backward and not inplace and "out" not in kwargs and torch.is_grad_enabled():
                 call = _Call(sink, guard, token)
                 try:
-                    args, kwargs, captured = wrap_inputs(call, args, kwargs)
+                    args, kwargs, captured = wrap_inputs(call, args, kwargs, None, hooks)
                 except Exception as e:  # noqa: BLE001 - never break the user's call
                     sink.report_error(f"the backward capture of {api}", e)
                     captured = False
@@ -344,7 +370,7 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
             with _plain_tensors():
                 sink.api_return(token, output)
                 if call is not None:
-                    _hook_outputs(call, output)
+                    _hook_outputs(call, output, hooks)
             return output
 
     wrapper.__probe_original__ = orig
@@ -379,10 +405,11 @@ class _CommListener:
 class ApiMode:
     """Installs the API wrappers (and the collective listener) for one sink; undone by ``__exit__``."""
 
-    def __init__(self, sink: Any, guard: Any, *, backward: bool = True) -> None:
+    def __init__(self, sink: Any, guard: Any, *, backward: bool = True, hooks: Any = None) -> None:
         self.sink = sink
         self.guard = guard
         self.backward = backward
+        self.hooks = hooks
         self._patched: list[tuple[Any, str, Any]] = []
         self._listener: Any = None
 
@@ -390,7 +417,8 @@ class ApiMode:
         for owner, attr, name, orig in api_table():
             if getattr(orig, "__probe_original__", None) is not None:
                 continue
-            wrapper = make_wrapper(orig, name, _is_inplace(attr), self.sink, self.guard, self.backward)
+            wrapper = make_wrapper(orig, name, _is_inplace(attr), self.sink, self.guard, self.backward,
+                                   self.hooks)
             try:
                 setattr(owner, attr, wrapper)
             except (TypeError, AttributeError):

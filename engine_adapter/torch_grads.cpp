@@ -25,6 +25,7 @@
 #include <Python.h>
 
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -202,6 +203,70 @@ struct ParamHook : FunctionPreHook {
     }
 };
 
+/* ------------------------------------------------- hooks that call Python as they fire
+   (the API level's capture, and the module level's where the gradients are not read here): the
+   calls a Python hook registered with grad_fn.register_hook / register_prehook makes, without
+   registration's Python (a handle object, a dict) and without wrapping every gradient of the
+   node into tuples when one fires: fn(index, grad) with the one gradient it watches. An
+   exception in fn goes up through backward, as from a Python hook. */
+struct PyCallback {
+    PyObject *fn;
+    long index;
+    PyCallback(PyObject *f, long i) : fn(f), index(i) { Py_INCREF(fn); }
+    PyCallback(const PyCallback &) = delete;
+    PyCallback &operator=(const PyCallback &) = delete;
+    ~PyCallback() {
+        if (!Py_IsInitialized()) return;       /* at process exit: let it go unreleased */
+        PyGILState_STATE gil = PyGILState_Ensure();
+        Py_DECREF(fn);
+        PyGILState_Release(gil);
+    }
+    void operator()(const at::Tensor &grad) const {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        PyObject *r = nullptr;
+        PyObject *g = THPVariable_Wrap(grad);      /* an undefined gradient: None */
+        if (g != nullptr) {
+            PyObject *i = PyLong_FromLong(index);
+            if (i != nullptr) {
+                PyObject *args[2] = {i, g};
+                r = PyObject_Vectorcall(fn, args, 2, nullptr);
+                Py_DECREF(i);
+            }
+            Py_DECREF(g);
+        }
+        if (r != nullptr) {
+            Py_DECREF(r);
+            PyGILState_Release(gil);
+            return;
+        }
+        python_error err;
+        err.persist();
+        PyGILState_Release(gil);
+        throw std::move(err);
+    }
+};
+
+/* fn(index, gradient of output `slot` of the node) */
+struct PyOutputHook : FunctionPreHook {
+    PyCallback call;
+    size_t slot;
+    PyOutputHook(PyObject *fn, long index, size_t slot) : call(fn, index), slot(slot) {}
+    variable_list operator()(const variable_list &grads) override {
+        if (slot < grads.size()) call(grads[slot]);
+        return grads;
+    }
+};
+
+/* fn(index, the gradient a view node hands back to its input) */
+struct PyInputHook : FunctionPostHook {
+    PyCallback call;
+    PyInputHook(PyObject *fn, long index) : call(fn, index) {}
+    variable_list operator()(const variable_list &outputs, const variable_list &) override {
+        if (!outputs.empty()) call(outputs[0]);
+        return outputs;
+    }
+};
+
 PyObject *value_of(Event &e) {
     if (e.state == UNDEFINED) Py_RETURN_NONE;
     if (e.state == TENSOR) return THPVariable_Wrap(std::move(e.tensor));
@@ -324,6 +389,68 @@ PyObject *alias(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     return THPVariable_Wrap(std::move(view));
 }
 
+/* capture(tensors, fn): a tuple of t.view_as(t) for each t of the sequence `tensors`, the
+   view node of the j-th hooked to call fn(j, gradient of t) (a view without a node: not hooked) */
+PyObject *capture(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    PyObject *seq = PySequence_Fast(args[0], "capture: a sequence of tensors");
+    if (seq == nullptr) return nullptr;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyTuple_New(n);
+    if (out == nullptr) { Py_DECREF(seq); return nullptr; }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const at::Tensor *v = tensor_of(PySequence_Fast_GET_ITEM(seq, j));
+        if (v == nullptr) { Py_DECREF(seq); Py_DECREF(out); return nullptr; }
+        at::Tensor view;
+        try {
+            view = v->view_as(*v);
+        } catch (const std::exception &e) {
+            PyErr_SetString(PyExc_RuntimeError, e.what());
+            Py_DECREF(seq); Py_DECREF(out);
+            return nullptr;
+        }
+        const auto &node = view.grad_fn();
+        if (node) node->add_post_hook(std::make_unique<PyInputHook>(args[1], static_cast<long>(j)));
+        PyObject *w = THPVariable_Wrap(std::move(view));
+        if (w == nullptr) { Py_DECREF(seq); Py_DECREF(out); return nullptr; }
+        PyTuple_SET_ITEM(out, j, w);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* watch(outputs, fn): for the i-th item of the sequence `outputs` that is a tensor requiring
+   grad, fn(i, its gradient) from a pre-hook on its autograd node; (how many such tensors, the
+   list of the indices of those without a node: leaves, that the caller hooks itself) */
+PyObject *watch(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    PyObject *seq = PySequence_Fast(args[0], "watch: a sequence");
+    if (seq == nullptr) return nullptr;
+    PyObject *leaves = PyList_New(0);
+    if (leaves == nullptr) { Py_DECREF(seq); return nullptr; }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), watched = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        if (!THPVariable_Check(o)) continue;
+        const at::Tensor &t = THPVariable_Unpack(o);
+        if (!t.requires_grad()) continue;
+        watched++;
+        const auto &node = t.grad_fn();
+        if (node) {
+            node->add_pre_hook(std::make_unique<PyOutputHook>(args[1], static_cast<long>(i), t.output_nr()));
+            continue;
+        }
+        PyObject *k = PyLong_FromSsize_t(i);
+        if (k == nullptr || PyList_Append(leaves, k) < 0) {
+            Py_XDECREF(k); Py_DECREF(seq); Py_DECREF(leaves);
+            return nullptr;
+        }
+        Py_DECREF(k);
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(nN)", watched, leaves);
+}
+
 /* watch_param(p, id): hook parameter p (a leaf) for its gradient, on its AccumulateGrad node
    (kept alive here, as DDP keeps it, so every graph uses this node). Not a hook on the tensor:
    a tensor's first Python hook (Tensor.register_hook, setting its _backward_hooks) clears
@@ -397,6 +524,8 @@ PyMethodDef methods[] = {
     {"alias", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(alias)), METH_FASTCALL, nullptr},
     {"watch_param", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_param)), METH_FASTCALL, nullptr},
     {"remove_param", remove_param, METH_O, nullptr},
+    {"capture", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture)), METH_FASTCALL, nullptr},
+    {"watch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch)), METH_FASTCALL, nullptr},
     {"take", take, METH_O, nullptr},
     {"pending", pending, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},

@@ -82,6 +82,14 @@ def available() -> bool:
     return bool(native_kernel()) and bool(_build())
 
 
+def hooks() -> Any:
+    """The library's hooks that call Python as they fire (``capture(tensors, fn)``: views of
+    ``tensors`` whose nodes call ``fn(j, grad)``; ``watch(outputs, fn)``: ``fn(i, grad)`` for
+    each output's gradient, returns ``(hooked, leaves)``), or None (not built here,
+    ``PROBE_NO_NATIVE_GRADS`` set): then the Python hooks of :mod:`engine_adapter.torch_api`."""
+    return _build() or None
+
+
 def load(on_first: Callable[[], None]) -> "NativeGrads | None":
     """The C++ capture, or None (no kernel, no compiler, ``PROBE_NO_NATIVE_GRADS`` set).
     ``on_first()`` is called, under the GIL, at the first gradient of each recorded step."""

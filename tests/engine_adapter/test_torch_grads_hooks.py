@@ -1,0 +1,157 @@
+"""The library's hooks that call Python as they fire (``torch_grads.hooks()``: ``capture`` and
+``watch``), used by the API level's backward capture and by the module level's Python path:
+the same gradients, in the same order, as the Python hooks they replace, so the same dump.
+
+Each test skips when the library cannot be built here (no C++ compiler or torch headers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from engine_adapter import torch_adapter, torch_grads
+from probe.session import DumpSession
+
+hooks = torch_grads.hooks()
+needs_hooks = pytest.mark.skipif(hooks is None, reason="the library cannot be built here (no C++ compiler or torch headers)")
+
+
+class _Net(nn.Module):
+    """Every road of the API level's capture: calls of one and of several differentiable
+    inputs, a call whose output is a leaf (``Tensor.to`` of a parameter to its own dtype gives
+    the parameter back), a sparse input (not strided: the Python autograd Function), a tuple
+    output, a bfloat16 layer, a frozen layer and a module of two inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.low = nn.Linear(6, 6).to(torch.bfloat16)
+        self.frozen = nn.Linear(6, 6)
+        self.frozen.requires_grad_(False)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 6))
+        self.sparse = nn.Parameter(torch.eye(6).to_sparse())
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        s = self.scale.to(torch.float32)                      # a leaf output
+        a, b = torch.chunk(h * s, 2, dim=1)                   # a tuple output
+        g = torch.cat([b, a], dim=1)
+        g = self.low(g.to(torch.bfloat16)).float()
+        d = torch.sparse.mm(self.sparse, g.t()).t()           # a sparse input
+        return self.frozen(d + h).sum() + (a * b).mean()
+
+
+def _dump(out: Path, monkeypatch, level: str, with_hooks: bool) -> dict:
+    if not with_hooks:
+        monkeypatch.setattr(torch_adapter.TorchAdapter, "_py_hooks", lambda self: None)
+    torch.manual_seed(0)
+    net = _Net()
+    x = torch.randn(4, 6, requires_grad=True)
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad and not p.is_sparse], lr=0.1)
+    with DumpSession(net, out=out, level=level, auto_step=False, quiet=True) as s:
+        used = s.adapter._hooks
+        for _ in range(2):
+            for _micro_batch in range(2):                     # gradient accumulation
+                net(x).backward()
+            y = net(x)                                        # a graph backed through twice
+            y.backward(retain_graph=True)
+            y.backward()
+            torch.autograd.grad(net(x), [x])                  # only some inputs' gradients
+            opt.step()
+            opt.zero_grad()
+            s.step()
+    monkeypatch.undo()
+    return {"hooks": bool(used),
+            "files": {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.json"))}}
+
+
+@needs_hooks
+@pytest.mark.parametrize("level", ["mix", "api"])
+def test_the_librarys_hooks_write_the_dump_the_python_hooks_write(tmp_path, monkeypatch, level):
+    native = _dump(tmp_path / "c", monkeypatch, level, with_hooks=True)
+    python = _dump(tmp_path / "py", monkeypatch, level, with_hooks=False)
+    assert native["hooks"] and not python["hooks"]
+    assert native["files"].keys() == python["files"].keys()
+    for name, data in python["files"].items():
+        if name.endswith("stack.json"):     # the two runs are called from two lines of this test
+            assert json.loads(native["files"][name]).keys() == json.loads(data).keys()
+        else:
+            assert native["files"][name] == data, name  # byte for byte: entries, order, tensor ids
+    dump = json.loads(python["files"]["step1/rank0/dump.json"])["data"]
+    backward = [k for k in dump if ".backward" in k]
+    assert any(k.startswith("Tensor.to.") for k in backward)              # the leaf output's
+    assert any(k.startswith("Torch.cat.") for k in backward)              # several inputs
+    assert any(k.startswith(("Torch.sparse.mm.", "Torch.mm.", "Tensor.t.")) for k in backward)
+
+
+@needs_hooks
+def test_the_module_levels_python_path_uses_them_and_writes_the_same_dump(tmp_path, monkeypatch):
+    """The tensor task keeps the module level on the Python path (its recorder reads the
+    tensors): its hooks are the library's, with the Python hooks' dump."""
+    monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
+    runs = {}
+    for name, with_hooks in (("c", True), ("py", False)):
+        if not with_hooks:
+            monkeypatch.setattr(torch_adapter.TorchAdapter, "_py_hooks", lambda self: None)
+        torch.manual_seed(0)
+        net = _Net()
+        x = torch.randn(4, 6, requires_grad=True)
+        with DumpSession(net, out=tmp_path / name, level="module", auto_step=False, quiet=True) as s:
+            runs[name] = bool(s.adapter._hooks)
+            for _ in range(2):
+                net(x).backward()
+                s.step()
+    assert runs == {"c": True, "py": False}
+    for p in sorted((tmp_path / "py").rglob("dump.json")):
+        assert (tmp_path / "c" / p.relative_to(tmp_path / "py")).read_bytes() == p.read_bytes()
+
+
+@needs_hooks
+def test_capture_and_watch_hand_each_watched_gradient_to_the_function():
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = torch.tensor([4.0, 5.0, 6.0], requires_grad=True)
+    seen = []
+    vx, vy = hooks.capture([x, y], lambda j, g: seen.append(("in", j, g.clone())))
+    assert vx.data_ptr() == x.data_ptr() and vx._base is x
+    out = torch.stack([vx * vy, vx + vy]).unbind(0)
+    watched, leaves = hooks.watch([out[0], 7, y.detach(), out[1], y],
+                                  lambda i, g: seen.append(("out", i, g.clone())))
+    assert (watched, leaves) == (3, [4])                     # y: a leaf, hooked by the caller
+    (out[0] * 2 + out[1] * 3).sum().backward()
+    got = {(k, i): g for k, i, g in seen}
+    assert torch.equal(got[("out", 0)], torch.full((3,), 2.0))
+    assert torch.equal(got[("out", 3)], torch.full((3,), 3.0))
+    assert torch.equal(got[("in", 0)], y.detach() * 2 + 3)
+    assert torch.equal(got[("in", 1)], x.detach() * 2 + 3)
+    assert len(seen) == 4
+
+
+@needs_hooks
+def test_an_exception_in_the_function_goes_up_through_backward():
+    x = torch.ones(3, requires_grad=True)
+
+    def fail(j, grad):
+        raise ValueError("from the hook")
+
+    (v,) = hooks.capture([x], fail)
+    with pytest.raises(ValueError, match="from the hook"):
+        (v * 2).sum().backward()
+    y = torch.ones(3, requires_grad=True) * 2
+    hooks.watch([y], fail)
+    with pytest.raises(ValueError, match="from the hook"):
+        y.sum().backward()
+
+
+@needs_hooks
+def test_bad_arguments_are_type_errors_not_crashes():
+    with pytest.raises(TypeError):
+        hooks.capture([torch.ones(2), "not a tensor"], print)
+    with pytest.raises(TypeError):
+        hooks.capture(3, print)
+    with pytest.raises(TypeError):
+        hooks.watch([torch.ones(2)])
+    assert hooks.watch(["a", None, torch.ones(2)], print) == (0, [])

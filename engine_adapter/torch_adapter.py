@@ -324,21 +324,17 @@ class _ModuleBackward:
     def watch_outputs(self, output: Any) -> None:
         outs = output if isinstance(output, (tuple, list)) else (output,)
         self.grad_outputs = [None] * len(outs)
-        native = self.native
-        if native is None and self.hooks is not None:
-            watched, leaves = self.hooks.watch(outs, self._on_output)
+        in_cpp = self.native if self.native is not None else self.hooks
+        if in_cpp is not None:
+            watched, leaves = in_cpp.watch(outs, self._on_output)
             for i in leaves:
                 watch_gradient(outs[i], self._output_hook(i))
             self.watched += watched
-            self.waiting = self.watched
-            return
-        for i, o in enumerate(outs):
-            if isinstance(o, torch.Tensor) and o.requires_grad:
-                self.watched += 1
-                if native is None:
+        else:
+            for i, o in enumerate(outs):
+                if isinstance(o, torch.Tensor) and o.requires_grad:
+                    self.watched += 1
                     watch_gradient(o, self._output_hook(i))
-                elif not native.watch_output(o, self._output_hook(i)):    # a leaf output
-                    watch_gradient(o, native.first(self._output_hook(i)))
         self.waiting = self.watched
 
     def _output_hook(self, i: int):

@@ -201,21 +201,6 @@ def _alias_each(call: Any, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, .
     return tuple(out)
 
 
-def _alias_native(call: Any, tensors: list[torch.Tensor], native: Any) -> tuple[torch.Tensor, ...]:
-    """:func:`_alias` / :func:`_alias_each` with the view nodes' hooks in C++
-    (:class:`engine_adapter.torch_grads.NativeGrads`): the gradients reach ``call.finish`` when
-    the native capture replays them."""
-    if len(tensors) == 1:
-        alias = native.alias(tensors[0], lambda grad: call.finish((grad,)))
-        return (tensors[0].view_as(tensors[0]) if alias is None else alias,)
-    gather = _Gather(call, len(tensors))
-    out = []
-    for j, t in enumerate(tensors):
-        alias = native.alias(t, _gathered(gather.hook(j)))
-        out.append(t.view_as(t) if alias is None else alias)     # (None: not reached)
-    return tuple(out)
-
-
 class _Finisher:
     """A call for :class:`_Capture` whose ``finish`` is ``fn``."""
 
@@ -223,11 +208,6 @@ class _Finisher:
 
     def __init__(self, fn: Callable[[tuple], Any]) -> None:
         self.finish = fn
-
-
-def _gathered(on_grad: Any) -> Any:
-    """``on_grad(grad_inputs, grad_outputs)`` (a view node's hook) as ``handler(grad)``."""
-    return lambda grad: on_grad((grad,), None)
 
 
 class _Call:
@@ -266,10 +246,10 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None,
                 hooks: Any = None) -> tuple[tuple, dict, bool]:
     """Route the differentiable tensors of ``args``/``kwargs`` through capture nodes
     (:func:`_alias` for one tensor, :func:`_alias_each` for several strided ones,
-    :class:`_Capture` otherwise; with ``native``, the C++ capture's hooks on strided ones:
-    :func:`_alias_native`; with ``hooks`` (:func:`engine_adapter.torch_grads.hooks`), strided
-    ones through its ``capture``: the same view nodes, hooked in C++, calling ``call.input_grad``
-    or a :class:`_Gather`'s ``on_grad`` as they fire)."""
+    :class:`_Capture` otherwise). With ``native`` (:class:`engine_adapter.torch_grads.NativeGrads`,
+    replaying as the step ends) or ``hooks`` (:func:`engine_adapter.torch_grads.hooks`, calling
+    as they fire), strided ones go through its ``capture``: the same view nodes hooked in C++,
+    reaching ``call.input_grad`` (one input) or a :class:`_Gather`'s ``on_grad``."""
     slots: list[tuple] = []
     tensors: list[torch.Tensor] = []
     for i, a in enumerate(args):
@@ -289,13 +269,12 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None,
     if not tensors:
         return args, kwargs, False
     strided = torch.strided
-    if native is not None and all(t.layout is strided for t in tensors):
-        wrapped = _alias_native(call, tensors, native)
+    in_cpp = native if native is not None else hooks
+    if in_cpp is not None and all(t.layout is strided for t in tensors):
+        wrapped = in_cpp.capture(tensors, call.input_grad if len(tensors) == 1
+                                 else _Gather(call, len(tensors)).on_grad)
     elif native is not None:        # a Python autograd Function: what the C++ hooks queued first
         wrapped = _Capture.apply(_Finisher(native.first(call.finish)), *tensors)
-    elif hooks is not None and all(t.layout is strided for t in tensors):
-        wrapped = hooks.capture(tensors, call.input_grad if len(tensors) == 1
-                                else _Gather(call, len(tensors)).on_grad)
     elif len(tensors) == 1 and tensors[0].layout is strided:
         wrapped = (_alias(call, tensors[0]),)
     elif all(t.layout is strided for t in tensors):

@@ -360,40 +360,11 @@ PyObject *recording(PyObject *, PyObject *active) {
     Py_RETURN_NONE;
 }
 
-/* watch_output(t, id): hook t's autograd node for its gradient; False: t has none (a leaf) */
-PyObject *watch_output(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    long long id;
-    const at::Tensor *v = tensor_and_id(args, nargs, &id);
-    if (v == nullptr) return nullptr;
-    const auto &fn = v->grad_fn();
-    if (!fn) Py_RETURN_FALSE;
-    fn->add_pre_hook(std::make_unique<OutputHook>(id, v->output_nr()));
-    Py_RETURN_TRUE;
-}
-
-/* alias(x, id): x.view_as(x), its view node hooked for the gradient of x; None: no node */
-PyObject *alias(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    long long id;
-    const at::Tensor *v = tensor_and_id(args, nargs, &id);
-    if (v == nullptr) return nullptr;
-    at::Tensor view;
-    try {
-        view = v->view_as(*v);
-    } catch (const std::exception &e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-        return nullptr;
-    }
-    const auto &fn = view.grad_fn();
-    if (!fn) Py_RETURN_NONE;
-    fn->add_post_hook(std::make_unique<InputHook>(id));
-    return THPVariable_Wrap(std::move(view));
-}
-
-/* capture(tensors, fn): a tuple of t.view_as(t) for each t of the sequence `tensors`, the
-   view node of the j-th hooked to call fn(j, gradient of t) (a view without a node: not hooked) */
-PyObject *capture(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(2)
-    PyObject *seq = PySequence_Fast(args[0], "capture: a sequence of tensors");
+/* t.view_as(t) for each t of the sequence `tensors`, the j-th view's node given the post-hook
+   make(j) (a view without a node: not hooked); a tuple */
+template <typename Make>
+PyObject *views_of(PyObject *tensors, Make make) {
+    PyObject *seq = PySequence_Fast(tensors, "a sequence of tensors");
     if (seq == nullptr) return nullptr;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *out = PyTuple_New(n);
@@ -410,7 +381,7 @@ PyObject *capture(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
             return nullptr;
         }
         const auto &node = view.grad_fn();
-        if (node) node->add_post_hook(std::make_unique<PyInputHook>(args[1], static_cast<long>(j)));
+        if (node) node->add_post_hook(make(static_cast<long>(j)));
         PyObject *w = THPVariable_Wrap(std::move(view));
         if (w == nullptr) { Py_DECREF(seq); Py_DECREF(out); return nullptr; }
         PyTuple_SET_ITEM(out, j, w);
@@ -419,12 +390,12 @@ PyObject *capture(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     return out;
 }
 
-/* watch(outputs, fn): for the i-th item of the sequence `outputs` that is a tensor requiring
-   grad, fn(i, its gradient) from a pre-hook on its autograd node; (how many such tensors, the
-   list of the indices of those without a node: leaves, that the caller hooks itself) */
-PyObject *watch(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(2)
-    PyObject *seq = PySequence_Fast(args[0], "watch: a sequence");
+/* each i-th item of the sequence `outputs` that is a tensor requiring grad: its autograd node
+   given the pre-hook make(i, output_nr); (how many such tensors, the list of the indices of
+   those without a node: leaves, that the caller hooks itself) */
+template <typename Make>
+PyObject *watch_outputs(PyObject *outputs, Make make) {
+    PyObject *seq = PySequence_Fast(outputs, "a sequence");
     if (seq == nullptr) return nullptr;
     PyObject *leaves = PyList_New(0);
     if (leaves == nullptr) { Py_DECREF(seq); return nullptr; }
@@ -437,7 +408,7 @@ PyObject *watch(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         watched++;
         const auto &node = t.grad_fn();
         if (node) {
-            node->add_pre_hook(std::make_unique<PyOutputHook>(args[1], static_cast<long>(i), t.output_nr()));
+            node->add_pre_hook(make(static_cast<long>(i), t.output_nr()));
             continue;
         }
         PyObject *k = PyLong_FromSsize_t(i);
@@ -449,6 +420,44 @@ PyObject *watch(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     }
     Py_DECREF(seq);
     return Py_BuildValue("(nN)", watched, leaves);
+}
+
+/* capture(tensors, first_id): views of tensors (views_of) whose j-th gradient is queued as
+   event first_id + j */
+PyObject *capture(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    long long first;
+    if (!int_arg(args[1], &first)) return nullptr;
+    return views_of(args[0], [first](long j) { return std::make_unique<InputHook>(first + j); });
+}
+
+/* watch(outputs, first_id): the gradient of output i (watch_outputs) queued as event
+   first_id + i */
+PyObject *watch(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    long long first;
+    if (!int_arg(args[1], &first)) return nullptr;
+    return watch_outputs(args[0], [first](long i, uint32_t slot) {
+        return std::make_unique<OutputHook>(first + i, slot);
+    });
+}
+
+/* capture_calling(tensors, fn): views of tensors (views_of) whose j-th gradient is handed to
+   fn(j, grad) as it comes */
+PyObject *capture_calling(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    PyObject *fn = args[1];
+    return views_of(args[0], [fn](long j) { return std::make_unique<PyInputHook>(fn, j); });
+}
+
+/* watch_calling(outputs, fn): the gradient of output i (watch_outputs) handed to fn(i, grad)
+   as it comes */
+PyObject *watch_calling(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(2)
+    PyObject *fn = args[1];
+    return watch_outputs(args[0], [fn](long i, uint32_t slot) {
+        return std::make_unique<PyOutputHook>(fn, i, slot);
+    });
 }
 
 /* watch_param(p, id): hook parameter p (a leaf) for its gradient, on its AccumulateGrad node
@@ -520,12 +529,12 @@ PyObject *pending(PyObject *, PyObject *) {
 PyMethodDef methods[] = {
     {"init", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(init)), METH_FASTCALL, nullptr},
     {"recording", recording, METH_O, nullptr},
-    {"watch_output", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_output)), METH_FASTCALL, nullptr},
-    {"alias", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(alias)), METH_FASTCALL, nullptr},
     {"watch_param", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_param)), METH_FASTCALL, nullptr},
     {"remove_param", remove_param, METH_O, nullptr},
     {"capture", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture)), METH_FASTCALL, nullptr},
     {"watch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch)), METH_FASTCALL, nullptr},
+    {"capture_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture_calling)), METH_FASTCALL, nullptr},
+    {"watch_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_calling)), METH_FASTCALL, nullptr},
     {"take", take, METH_O, nullptr},
     {"pending", pending, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},

@@ -20,7 +20,7 @@ None and the Python hooks are used.
 from __future__ import annotations
 
 import ctypes
-import itertools
+import functools
 import os
 from typing import Any, Callable
 
@@ -29,8 +29,17 @@ import torch
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_grads.cpp")
 
 _lib: Any = None          # the loaded library, False when it cannot be
-#: hook ids, unique in the process: a hook left on an old graph never reaches a new handler
-_IDS = itertools.count(1)
+#: the next hook id; ids are unique in the process: a hook left on an old graph never reaches
+#: a new handler
+_next_id = 1
+
+
+def _reserve(n: int) -> int:
+    """The first of ``n`` new hook ids (consecutive)."""
+    global _next_id
+    first = _next_id
+    _next_id += n
+    return first
 
 
 class PreparedGrad(tuple):
@@ -82,12 +91,29 @@ def available() -> bool:
     return bool(native_kernel()) and bool(_build())
 
 
-def hooks() -> Any:
-    """The library's hooks that call Python as they fire (``capture(tensors, fn)``: views of
-    ``tensors`` whose nodes call ``fn(j, grad)``; ``watch(outputs, fn)``: ``fn(i, grad)`` for
-    each output's gradient, returns ``(hooked, leaves)``), or None (not built here,
-    ``PROBE_NO_NATIVE_GRADS`` set): then the Python hooks of :mod:`engine_adapter.torch_api`."""
-    return _build() or None
+class CallingHooks:
+    """The library's hooks that call Python as they fire: the API level's capture, and the
+    module level's where the gradients are not read in C++ (:class:`NativeGrads` has the same
+    two methods, queuing instead).
+
+    - ``capture(tensors, fn)``: ``t.view_as(t)`` for each tensor, the ``j``-th view's node
+      hooked to call ``fn(j, grad)`` with the gradient it hands back to ``t``;
+    - ``watch(outputs, fn)``: ``fn(i, grad)`` with the gradient of each output ``i`` that is a
+      tensor requiring grad, from a pre-hook on its node; returns ``(how many, leaves)``, the
+      indices of outputs without a node, which the caller hooks itself."""
+
+    __slots__ = ("capture", "watch")
+
+    def __init__(self, lib: Any) -> None:
+        self.capture = lib.capture_calling
+        self.watch = lib.watch_calling
+
+
+def hooks() -> CallingHooks | None:
+    """The library's :class:`CallingHooks`, or None (not built here, ``PROBE_NO_NATIVE_GRADS``
+    set): then the Python hooks of :mod:`engine_adapter.torch_api`."""
+    lib = _build()
+    return CallingHooks(lib) if lib else None
 
 
 def load(on_first: Callable[[], None]) -> "NativeGrads | None":
@@ -109,8 +135,9 @@ class NativeGrads:
         self._lib = lib
         #: events queued, not replayed yet
         self.pending: Callable[[], int] = lib.pending
-        #: id -> handler(grad) of the calls of this step (forgotten at :meth:`end_step`)
-        self._calls: dict[int, Callable[[Any], Any]] = {}
+        #: id -> (fn, index) of the calls of this step, replayed as fn(index, grad) (forgotten at
+        #: :meth:`end_step`)
+        self._calls: dict[int, tuple[Callable[[int, Any], Any], int]] = {}
         #: id -> handler(grad) of the parameters (until their hook is removed)
         self._params: dict[int, Callable[[Any], Any]] = {}
         self._draining = False
@@ -119,26 +146,34 @@ class NativeGrads:
         lib.init(f32, f64, PreparedGrad, self.drain, on_first)
 
     # ----------------------------------------------------------------- hooks
-    def watch_output(self, t: torch.Tensor, handler: Callable[[Any], Any]) -> bool:
-        """``handler(grad)`` with the gradient of ``t``; False when ``t`` has no autograd node."""
-        key = next(_IDS)
-        if not self._lib.watch_output(t, key):
-            return False
-        self._calls[key] = handler
-        return True
+    def capture(self, tensors: list[torch.Tensor], fn: Callable[[int, Any], Any]) -> tuple:
+        """``t.view_as(t)`` for each tensor; ``fn(j, grad)`` replayed with the gradient the
+        ``j``-th view's node hands back to ``t`` (:class:`CallingHooks`' ``capture``)."""
+        n = len(tensors)
+        first = _reserve(n)
+        views = self._lib.capture(tensors, first)
+        calls = self._calls
+        for j in range(n):
+            calls[first + j] = (fn, j)
+        return views
 
-    def alias(self, t: torch.Tensor, handler: Callable[[Any], Any]) -> torch.Tensor | None:
-        """``t.view_as(t)``, with ``handler(grad)`` given the gradient its view node hands back
-        to ``t``; None when the view has no autograd node (no gradient is recorded)."""
-        key = next(_IDS)
-        view = self._lib.alias(t, key)
-        if view is not None:
-            self._calls[key] = handler
-        return view
+    def watch(self, outputs: Any, fn: Callable[[int, Any], Any]) -> tuple[int, list[int]]:
+        """``fn(i, grad)`` replayed with the gradient of each output ``i`` that is a tensor
+        requiring grad; an output without a node (a leaf) gets a Python tensor hook that
+        replays the queue first. ``(how many, [])``, as :class:`CallingHooks`' ``watch``."""
+        n = len(outputs)
+        first = _reserve(n)
+        watched, leaves = self._lib.watch(outputs, first)
+        calls = self._calls
+        for i in range(n):
+            calls[first + i] = (fn, i)
+        for i in leaves:
+            outputs[i].register_hook(self.first(functools.partial(fn, i)))
+        return watched, []
 
     def watch_param(self, param: torch.Tensor, handler: Callable[[Any], Any]) -> "_ParamHandle":
         """``handler(grad)`` with each gradient of ``param``; remove with the handle."""
-        key = next(_IDS)
+        key = _reserve(1)
         self._lib.watch_param(param, key)
         self._params[key] = handler
         return _ParamHandle(self, key)
@@ -182,9 +217,14 @@ class NativeGrads:
                 take(events)
                 calls, params = self._calls, self._params
                 for kind, key, grad in events:
-                    handler = (params if kind else calls).get(key)
-                    if handler is not None:
-                        handler(grad)
+                    if kind:
+                        handler = params.get(key)
+                        if handler is not None:
+                            handler(grad)
+                    else:
+                        call = calls.get(key)
+                        if call is not None:
+                            call[0](call[1], grad)
         finally:
             self._draining = False
 

@@ -140,11 +140,12 @@ class HookSink(Protocol):
     def report_error(self, where: str, error: BaseException) -> None:
         """An exception inside dump code: reported once, never raised into training."""
 
-    def accept_prepared_grads(self, kind: type) -> bool:
-        """Whether :meth:`module_backward` and :meth:`parameter_grad` may be given gradients
-        already read, as instances of ``kind`` (the adapter's own; its values hold the
-        statistics), in place of the tensors. An adapter asks once, when it attaches to a
-        model; False: tensors only."""
+    def accept_prepared_grads(self, kind: type, replayed: bool = False) -> bool:
+        """Whether :meth:`module_backward`, :meth:`parameter_grad` and :meth:`api_backward`
+        may be given gradients already read, as instances of ``kind`` (the adapter's own; its
+        values hold the statistics), in place of the tensors; ``replayed``: handed over as the
+        step ends rather than as they come. An adapter asks once, when it attaches; False:
+        tensors only."""
 
     def backward_started(self) -> None:
         """A recorded step's backward pass reached its first hooked gradient (told by an

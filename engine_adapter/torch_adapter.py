@@ -110,11 +110,13 @@ class TorchAdapter(EngineAdapter):
                 "boundaries stays compiled (torch._dynamo.disable on the dump hooks)")
         return hooked
 
-    def _py_hooks(self) -> Any:
-        """The library's hooks that call Python as they fire, or None (asked once)."""
+    def _py_hooks(self, sink: HookSink) -> Any:
+        """The library's hooks that call Python as they fire, handing gradients over read when
+        ``sink`` takes them so, or None (asked once)."""
         if self._hooks is None:
-            from engine_adapter.torch_grads import hooks
-            self._hooks = hooks() or False
+            from engine_adapter.torch_grads import PreparedGrad, hooks
+            accept = getattr(sink, "accept_prepared_grads", None)
+            self._hooks = hooks(prepared=accept is not None and accept(PreparedGrad)) or False
         return self._hooks or None
 
     def _native_capture(self, sink: HookSink, model: Any) -> Any:
@@ -128,7 +130,7 @@ class TorchAdapter(EngineAdapter):
             accept = getattr(sink, "accept_prepared_grads", None)
             if accept is not None:
                 from engine_adapter.torch_grads import PreparedGrad, load
-                if accept(PreparedGrad):
+                if accept(PreparedGrad, replayed=True):
                     self._native = load(sink.backward_started) or False
         return self._native or None
 
@@ -136,7 +138,7 @@ class TorchAdapter(EngineAdapter):
                      compiled: bool, native: Any = None) -> None:
         key = id(module)
         guard = self.guard
-        hooks = self._py_hooks() if backward and native is None else None
+        hooks = self._py_hooks(sink) if backward and native is None else None
         open_calls: list[tuple[str | None, _ModuleBackward | None]] = []
         own_params = [(n, p) for n, p in module.named_parameters(recurse=False)]
 
@@ -181,17 +183,23 @@ class TorchAdapter(EngineAdapter):
             return
         trainable = [(n, p) for n, p in own_params if p.requires_grad]
         for pname, param in trainable:
-            hook = self._param_hook(sink, base, key, pname, len(trainable))
+            hook = self._param_hook(sink, base, key, pname, len(trainable),
+                                    hooks.prepare if hooks is not None else None)
             self._handles.append(native.watch_param(param, hook) if native is not None
                                  else param.register_hook(hook))
 
-    def _param_hook(self, sink: HookSink, base: str, key: int, pname: str, expected: int):
+    def _param_hook(self, sink: HookSink, base: str, key: int, pname: str, expected: int,
+                    prepare: Callable[[Any], Any] | None = None):
+        """The hook of a parameter's gradient (``prepare``: the library's, see
+        :class:`engine_adapter.torch_grads.CallingHooks`; the gradient is kept read, not as
+        the tensor, until the module's other parameters' come)."""
         guard = self.guard
 
         def hook(grad):
             if sink.active:
                 with guard, _plain_tensors():
-                    sink.parameter_grad(base, key, pname, grad, expected)
+                    sink.parameter_grad(base, key, pname, grad if prepare is None else prepare(grad),
+                                        expected)
             return None
         return hook
 
@@ -201,7 +209,7 @@ class TorchAdapter(EngineAdapter):
         from engine_adapter.torch_api import ApiMode
         if self._api_mode is None:
             self._api_mode = ApiMode(sink, self.guard, backward=backward,
-                                     hooks=self._py_hooks() if backward else None)
+                                     hooks=self._py_hooks(sink) if backward else None)
             self._api_mode.__enter__()
             self._handles.append(_Closer(self._close_api))
         self._notes.extend(self._api_mode.attach_comm())
@@ -245,6 +253,8 @@ class TorchAdapter(EngineAdapter):
     def recording(self, active: bool) -> None:
         if self._native:
             self._native.begin_step(active)
+        if self._hooks:
+            self._hooks.new_step()
 
     def finish_pending(self) -> None:
         from engine_adapter.torch_api import finish_partial_backward
@@ -267,6 +277,9 @@ class TorchAdapter(EngineAdapter):
         if self._native:
             self._native.forget()
         self._native = None
+        if self._hooks:
+            self._hooks.forget()
+        self._hooks = None
         forget_partial_backward()
         handles, self._handles = self._handles, []
         if self._in_step_hook:
@@ -328,7 +341,7 @@ class _ModuleBackward:
         if in_cpp is not None:
             watched, leaves = in_cpp.watch(outs, self._on_output)
             for i in leaves:
-                watch_gradient(outs[i], self._output_hook(i))
+                watch_gradient(outs[i], self._output_hook(i, getattr(in_cpp, "prepare", None)))
             self.watched += watched
         else:
             for i, o in enumerate(outs):
@@ -337,9 +350,9 @@ class _ModuleBackward:
                     watch_gradient(o, self._output_hook(i))
         self.waiting = self.watched
 
-    def _output_hook(self, i: int):
+    def _output_hook(self, i: int, prepare: Callable[[Any], Any] | None = None):
         def hook(grad):
-            self._on_output(i, grad)
+            self._on_output(i, grad if prepare is None else prepare(grad))
         return hook
 
     def _on_output(self, i: int, grad: Any) -> None:

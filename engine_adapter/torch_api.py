@@ -221,9 +221,9 @@ class _Call:
         self.token = token
         self.grad_outputs: list[Any] = []
 
-    def output_hook(self, i: int):
+    def output_hook(self, i: int, prepare: Callable[[Any], Any] | None = None):
         def hook(grad):
-            self.grad_outputs[i] = grad
+            self.grad_outputs[i] = grad if prepare is None else prepare(grad)
         return hook
 
     def output_grad(self, i: int, grad: Any) -> None:
@@ -314,7 +314,7 @@ def _hook_outputs(call: _Call, output: Any, hooks: Any = None) -> None:
     call.grad_outputs = [None] * len(outs)
     if hooks is not None:
         for i in hooks.watch(outs, call.output_grad)[1]:      # leaves: a tensor hook
-            outs[i].register_hook(call.output_hook(i))
+            outs[i].register_hook(call.output_hook(i, hooks.prepare))
         return
     for i, o in enumerate(outs):
         if isinstance(o, torch.Tensor) and o.requires_grad:

@@ -33,6 +33,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -68,10 +69,21 @@ using AccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::dec
 
 using Key = std::tuple<const void *, int, int64_t, int64_t, std::vector<int64_t>>;
 
+struct Read {
+    int64_t group;
+    double stats[6];
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    Read(int64_t group, const double *read, c10::weak_intrusive_ptr<c10::StorageImpl> storage)
+        : group(group), storage(std::move(storage)) {
+        std::copy(read, read + 6, stats);
+    }
+};
+
 struct State_ {
     std::mutex lock;
     std::vector<Event> events;
-    std::map<Key, std::pair<int64_t, c10::weak_intrusive_ptr<c10::StorageImpl>>> groups;
+    /* the step's gradients read: identity -> (group, statistics, the storage, weakly) */
+    std::map<Key, Read> groups;
     int64_t next_group = 0;
     stats_fn f32 = nullptr, f64 = nullptr;
     PyObject *prepared_type = nullptr;   /* PreparedGrad */
@@ -119,6 +131,38 @@ void read_statistics(const at::Tensor &g, double *out) {
     (x.scalar_type() == at::kFloat ? S.f32 : S.f64)(x.const_data_ptr(), x.numel(), out);
 }
 
+/* the identity of probe/dump_rows.py: a dense tensor by its block, another by its layout too */
+Key key_of(const at::Tensor &g) {
+    Key key{g.const_data_ptr(), static_cast<int>(g.scalar_type()), g.numel(), g._version(), {}};
+    if (!g.is_non_overlapping_and_dense()) {
+        auto &layout = std::get<4>(key);
+        auto sz = g.sizes();
+        auto st = g.strides();
+        layout.assign(sz.begin(), sz.end());
+        layout.insert(layout.end(), st.begin(), st.end());
+    }
+    return key;
+}
+
+/* the statistics of g, a readable gradient, and its group: read once a step (a gradient is
+   often the gradient of one call's output and of the next call's input: the same bytes) */
+int64_t read_once(const at::Tensor &g, double *out) {
+    Key key = key_of(g);
+    {
+        std::lock_guard<std::mutex> hold(S.lock);
+        auto it = S.groups.find(key);
+        if (it != S.groups.end() && !it->second.storage.expired()) {
+            std::copy(it->second.stats, it->second.stats + 6, out);
+            return it->second.group;
+        }
+    }
+    read_statistics(g, out);
+    std::lock_guard<std::mutex> hold(S.lock);
+    int64_t group = S.next_group++;
+    S.groups.insert_or_assign(std::move(key), Read(group, out, g.storage().getWeakStorageImpl()));
+    return group;
+}
+
 void record(int32_t kind, int64_t id, const at::Tensor &g) {
     if (!S.active.load(std::memory_order_relaxed)) return;
     if (S.fired.exchange(1) == 0) call_python(S.on_first);
@@ -138,23 +182,8 @@ void record(int32_t kind, int64_t id, const at::Tensor &g) {
         e.sizes = g.sizes().vec();
         e.numel = g.numel();
         e.requires_grad = g.requires_grad();
-        read_statistics(g, e.stats);
-        /* the identity of probe/dump_rows.py: a dense tensor by its block, another by its
-           layout too */
-        Key key{g.const_data_ptr(), static_cast<int>(e.dtype), e.numel, g._version(), {}};
-        if (!g.is_non_overlapping_and_dense()) {
-            std::get<4>(key) = e.sizes;
-            auto st = g.strides();
-            std::get<4>(key).insert(std::get<4>(key).end(), st.begin(), st.end());
-        }
+        e.group = read_once(g, e.stats);
         std::lock_guard<std::mutex> hold(S.lock);
-        auto it = S.groups.find(key);
-        if (it != S.groups.end() && !it->second.second.expired()) {
-            e.group = it->second.first;
-        } else {
-            e.group = S.next_group++;
-            S.groups.insert_or_assign(key, std::make_pair(e.group, g.storage().getWeakStorageImpl()));
-        }
         S.events.push_back(std::move(e));
         S.pending.store(static_cast<int64_t>(S.events.size()));
         return;
@@ -209,10 +238,79 @@ struct ParamHook : FunctionPreHook {
    registration's Python (a handle object, a dict) and without wrapping every gradient of the
    node into tuples when one fires: fn(index, grad) with the one gradient it watches. An
    exception in fn goes up through backward, as from a Python hook. */
+/* a PreparedGrad of g, a readable gradient whose statistics are `stats`, identified as
+   probe/dump_rows.py identifies a tensor: (dtype, shape, numel, requires_grad, statistics, -1,
+   its identity key, the key's owner: its storage's Python object). The row builder finds it in
+   the step's identity table with the tensors read there (a parameter's gradient that autograd
+   hands to .grad as it is, read again by the optimizer, is one tensor id). Under the GIL. */
+PyObject *keyed_prepared(const at::Tensor &g, const double *stats) {
+    PyObject *dtype = reinterpret_cast<PyObject *>(torch::getTHPDtype(g.scalar_type()));
+    auto sizes = g.sizes();
+    PyObject *shape = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+    if (shape == nullptr) return nullptr;
+    for (size_t k = 0; k < sizes.size(); k++) {
+        PyObject *n = PyLong_FromLongLong(sizes[k]);
+        if (n == nullptr) { Py_DECREF(shape); return nullptr; }
+        PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(k), n);
+    }
+    PyObject *key = nullptr;
+    if (g.is_non_overlapping_and_dense()) {
+        key = Py_BuildValue("(NOLL)", PyLong_FromVoidPtr(const_cast<void *>(g.const_data_ptr())),
+                            dtype, static_cast<long long>(g.numel()),
+                            static_cast<long long>(g._version()));
+    } else {
+        auto st = g.strides();
+        PyObject *stride = PyTuple_New(static_cast<Py_ssize_t>(st.size()));
+        if (stride == nullptr) { Py_DECREF(shape); return nullptr; }
+        for (size_t k = 0; k < st.size(); k++) {
+            PyObject *n = PyLong_FromLongLong(st[k]);
+            if (n == nullptr) { Py_DECREF(shape); Py_DECREF(stride); return nullptr; }
+            PyTuple_SET_ITEM(stride, static_cast<Py_ssize_t>(k), n);
+        }
+        key = Py_BuildValue("(NOONL)", PyLong_FromVoidPtr(const_cast<void *>(g.const_data_ptr())),
+                            dtype, shape, stride, static_cast<long long>(g._version()));
+    }
+    if (key == nullptr) { Py_DECREF(shape); return nullptr; }
+    PyObject *owner = torch::createPyObject(g.storage());
+    if (owner == nullptr) { Py_DECREF(shape); Py_DECREF(key); return nullptr; }
+    PyObject *list = PyList_New(6);
+    if (list == nullptr) { Py_DECREF(shape); Py_DECREF(key); Py_DECREF(owner); return nullptr; }
+    for (int k = 0; k < 6; k++) {
+        PyObject *v = PyFloat_FromDouble(stats[k]);
+        if (v == nullptr) {
+            Py_DECREF(shape); Py_DECREF(key); Py_DECREF(owner); Py_DECREF(list);
+            return nullptr;
+        }
+        PyList_SET_ITEM(list, k, v);
+    }
+    PyObject *inner = Py_BuildValue("(ONLONiNN)", dtype, shape, static_cast<long long>(g.numel()),
+                                    g.requires_grad() ? Py_True : Py_False, list, -1, key, owner);
+    if (inner == nullptr) return nullptr;
+    PyObject *value = PyObject_CallOneArg(S.prepared_type, inner);
+    Py_DECREF(inner);
+    return value;
+}
+
+/* what a hook calling Python hands over for gradient g: a keyed PreparedGrad when `prepare`
+   and g is readable (its statistics read before the GIL is taken), else the tensor (None when
+   undefined). Called without the GIL; returns under it (gil: to release), or null with a
+   Python error set. */
+PyObject *handed_over(const at::Tensor &g, bool prepare, PyGILState_STATE *gil) {
+    if (prepare && g.defined() && readable(g)) {
+        double stats[6];
+        read_once(g, stats);
+        *gil = PyGILState_Ensure();
+        return keyed_prepared(g, stats);
+    }
+    *gil = PyGILState_Ensure();
+    return THPVariable_Wrap(g);
+}
+
 struct PyCallback {
     PyObject *fn;
     long index;
-    PyCallback(PyObject *f, long i) : fn(f), index(i) { Py_INCREF(fn); }
+    bool prepare;
+    PyCallback(PyObject *f, long i, bool p) : fn(f), index(i), prepare(p) { Py_INCREF(fn); }
     PyCallback(const PyCallback &) = delete;
     PyCallback &operator=(const PyCallback &) = delete;
     ~PyCallback() {
@@ -222,9 +320,9 @@ struct PyCallback {
         PyGILState_Release(gil);
     }
     void operator()(const at::Tensor &grad) const {
-        PyGILState_STATE gil = PyGILState_Ensure();
+        PyGILState_STATE gil;
         PyObject *r = nullptr;
-        PyObject *g = THPVariable_Wrap(grad);      /* an undefined gradient: None */
+        PyObject *g = handed_over(grad, prepare, &gil);
         if (g != nullptr) {
             PyObject *i = PyLong_FromLong(index);
             if (i != nullptr) {
@@ -250,7 +348,8 @@ struct PyCallback {
 struct PyOutputHook : FunctionPreHook {
     PyCallback call;
     size_t slot;
-    PyOutputHook(PyObject *fn, long index, size_t slot) : call(fn, index), slot(slot) {}
+    PyOutputHook(PyObject *fn, long index, size_t slot, bool prepare)
+        : call(fn, index, prepare), slot(slot) {}
     variable_list operator()(const variable_list &grads) override {
         if (slot < grads.size()) call(grads[slot]);
         return grads;
@@ -260,7 +359,7 @@ struct PyOutputHook : FunctionPreHook {
 /* fn(index, the gradient a view node hands back to its input) */
 struct PyInputHook : FunctionPostHook {
     PyCallback call;
-    PyInputHook(PyObject *fn, long index) : call(fn, index) {}
+    PyInputHook(PyObject *fn, long index, bool prepare) : call(fn, index, prepare) {}
     variable_list operator()(const variable_list &outputs, const variable_list &) override {
         if (!outputs.empty()) call(outputs[0]);
         return outputs;
@@ -442,22 +541,41 @@ PyObject *watch(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     });
 }
 
-/* capture_calling(tensors, fn): views of tensors (views_of) whose j-th gradient is handed to
-   fn(j, grad) as it comes */
+/* capture_calling(prepare, tensors, fn): views of tensors (views_of) whose j-th gradient is
+   handed to fn(j, grad) as it comes (with `prepare`, a readable one as a keyed PreparedGrad:
+   no reference to the tensor is kept, so autograd hands a parameter's gradient to .grad
+   without copying it) */
 PyObject *capture_calling(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(2)
-    PyObject *fn = args[1];
-    return views_of(args[0], [fn](long j) { return std::make_unique<PyInputHook>(fn, j); });
+    ARGS(3)
+    int prepare = PyObject_IsTrue(args[0]);
+    if (prepare < 0) return nullptr;
+    PyObject *fn = args[2];
+    return views_of(args[1], [fn, prepare](long j) {
+        return std::make_unique<PyInputHook>(fn, j, prepare != 0);
+    });
 }
 
-/* watch_calling(outputs, fn): the gradient of output i (watch_outputs) handed to fn(i, grad)
-   as it comes */
+/* watch_calling(prepare, outputs, fn): the gradient of output i (watch_outputs) handed to
+   fn(i, grad) as it comes (`prepare`: as capture_calling's) */
 PyObject *watch_calling(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(2)
-    PyObject *fn = args[1];
-    return watch_outputs(args[0], [fn](long i, uint32_t slot) {
-        return std::make_unique<PyOutputHook>(fn, i, slot);
+    ARGS(3)
+    int prepare = PyObject_IsTrue(args[0]);
+    if (prepare < 0) return nullptr;
+    PyObject *fn = args[2];
+    return watch_outputs(args[1], [fn, prepare](long i, uint32_t slot) {
+        return std::make_unique<PyOutputHook>(fn, i, slot, prepare != 0);
     });
+}
+
+/* prepare(t): a keyed PreparedGrad of t when it is readable (a CPU floating strided tensor
+   with elements, the library initialised with a PreparedGrad type), else t itself */
+PyObject *prepare(PyObject *, PyObject *t) {
+    const at::Tensor *v = tensor_of(t);
+    if (v == nullptr) return nullptr;
+    if (!readable(*v)) { Py_INCREF(t); return t; }
+    double stats[6];
+    read_once(*v, stats);       /* (with the GIL: a wake-up of the writer costs more) */
+    return keyed_prepared(*v, stats);
 }
 
 /* watch_param(p, id): hook parameter p (a leaf) for its gradient, on its AccumulateGrad node
@@ -521,6 +639,13 @@ PyObject *take(PyObject *, PyObject *out) {
     return PyLong_FromSize_t(events.size());
 }
 
+/* new_step(): forget the gradients read (a step starts) */
+PyObject *new_step(PyObject *, PyObject *) {
+    std::lock_guard<std::mutex> hold(S.lock);
+    S.groups.clear();
+    Py_RETURN_NONE;
+}
+
 /* pending(): events queued, not taken yet */
 PyObject *pending(PyObject *, PyObject *) {
     return PyLong_FromLongLong(S.pending.load(std::memory_order_relaxed));
@@ -535,8 +660,10 @@ PyMethodDef methods[] = {
     {"watch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch)), METH_FASTCALL, nullptr},
     {"capture_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture_calling)), METH_FASTCALL, nullptr},
     {"watch_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_calling)), METH_FASTCALL, nullptr},
+    {"prepare", prepare, METH_O, nullptr},
     {"take", take, METH_O, nullptr},
     {"pending", pending, METH_NOARGS, nullptr},
+    {"new_step", new_step, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

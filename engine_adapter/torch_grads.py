@@ -93,27 +93,62 @@ def available() -> bool:
 
 class CallingHooks:
     """The library's hooks that call Python as they fire: the API level's capture, and the
-    module level's where the gradients are not read in C++ (:class:`NativeGrads` has the same
+    module level's where the gradients are not replayed (:class:`NativeGrads` has the same
     two methods, queuing instead).
 
     - ``capture(tensors, fn)``: ``t.view_as(t)`` for each tensor, the ``j``-th view's node
       hooked to call ``fn(j, grad)`` with the gradient it hands back to ``t``;
     - ``watch(outputs, fn)``: ``fn(i, grad)`` with the gradient of each output ``i`` that is a
       tensor requiring grad, from a pre-hook on its node; returns ``(how many, leaves)``, the
-      indices of outputs without a node, which the caller hooks itself."""
+      indices of outputs without a node, which the caller hooks itself;
+    - ``prepare``: with ``kernel`` (the statistics kernel; the recorder takes gradients already
+      read), ``prepare(grad)`` gives a readable gradient (a CPU floating one) as a
+      :class:`PreparedGrad` read now and the other ones as they are, and the two hooks above
+      hand over what it gives. No reference to such a gradient is kept: autograd then hands a
+      parameter's gradient to ``.grad`` as it is instead of copying it (the copy of every
+      parameter gradient a step, ~1.5 ms and the gradients' memory again on the mini preset
+      at mix level, came from the recorder holding the gradient until its call's entry was
+      made). The PreparedGrad carries the tensor's identity key (``probe/dump_rows.py``'s),
+      so the optimizer's later reads of ``.grad`` are the same tensor id. None without.
+    """
 
-    __slots__ = ("capture", "watch")
+    __slots__ = ("capture", "watch", "prepare", "_lib")
 
-    def __init__(self, lib: Any) -> None:
-        self.capture = lib.capture_calling
-        self.watch = lib.watch_calling
+    def __init__(self, lib: Any, kernel: Any = None) -> None:
+        prepared = bool(kernel)
+        self._lib = lib if prepared else None
+        self.capture = functools.partial(lib.capture_calling, prepared)
+        self.watch = functools.partial(lib.watch_calling, prepared)
+        self.prepare = lib.prepare if prepared else None
+        if prepared:
+            f32 = ctypes.cast(kernel[0], ctypes.c_void_p).value
+            f64 = ctypes.cast(kernel[1], ctypes.c_void_p).value
+            lib.init(f32, f64, PreparedGrad, None, None)
+
+    def new_step(self) -> None:
+        """A step starts: the gradients read are forgotten."""
+        if self._lib is not None:
+            self._lib.new_step()
+
+    def forget(self) -> None:
+        """The dump is detached: a hook left on a graph hands tensors over again."""
+        if self._lib is not None:
+            self._lib.init(0, 0, None, None, None)
+            self._lib = None
 
 
-def hooks() -> CallingHooks | None:
-    """The library's :class:`CallingHooks`, or None (not built here, ``PROBE_NO_NATIVE_GRADS``
+def hooks(prepared: bool = False) -> CallingHooks | None:
+    """The library's :class:`CallingHooks` (``prepared``: handing gradients over read, when
+    the statistics kernel is here too), or None (not built here, ``PROBE_NO_NATIVE_GRADS``
     set): then the Python hooks of :mod:`engine_adapter.torch_api`."""
     lib = _build()
-    return CallingHooks(lib) if lib else None
+    if not lib:
+        return None
+    kernel = None
+    if prepared:
+        from engine_adapter.torch_stats import native_kernel
+        kernel = native_kernel() or None
+    return CallingHooks(lib, kernel)
 
 
 def load(on_first: Callable[[], None]) -> "NativeGrads | None":

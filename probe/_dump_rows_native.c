@@ -403,13 +403,17 @@ done:
    tensor_value makes of the tensor; values of one group (the same bytes in the step) share
    one handle and one tensor id, as tensor_value's identity does */
 static PyObject *prepared_value(Rows *self, PyObject *x, PyObject *const *args) {
-    if (PyTuple_GET_SIZE(x) != 6) {
-        PyErr_SetString(PyExc_ValueError, "native rows: a prepared gradient has 6 items");
+    Py_ssize_t items = PyTuple_GET_SIZE(x);
+    if (items != 6 && items != 8) {
+        PyErr_SetString(PyExc_ValueError, "native rows: a prepared gradient has 6 or 8 items");
         return NULL;
     }
     PyObject *dtype = PyTuple_GET_ITEM(x, 0), *shape = PyTuple_GET_ITEM(x, 1),
              *numel_obj = PyTuple_GET_ITEM(x, 2), *rg = PyTuple_GET_ITEM(x, 3),
              *stats = PyTuple_GET_ITEM(x, 4), *group = PyTuple_GET_ITEM(x, 5);
+    /* 8 items: the tensor's identity key and the key's owner, found in (and put into) the
+       step's identity table with the tensors read here; 6: a group of prepared values */
+    PyObject *key = items == 8 ? PyTuple_GET_ITEM(x, 6) : Py_None;
     PyObject *info = PyDict_GetItemWithError(self->dtypes, dtype);     /* borrowed */
     if (info == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "native rows: unknown dtype");
@@ -422,21 +426,38 @@ static PyObject *prepared_value(Rows *self, PyObject *x, PyObject *const *args) 
     Py_ssize_t handle_index;
     shape_list = PySequence_List(shape);
     if (shape_list == NULL) return NULL;
-    PyObject *known = PyDict_GetItemWithError(self->groups, group);   /* borrowed */
+    PyObject *table = key != Py_None ? self->seen : self->groups;
+    PyObject *lookup = key != Py_None ? key : group;
+    PyObject *known = PyDict_GetItemWithError(table, lookup);   /* borrowed */
     if (known == NULL && PyErr_Occurred()) goto done;
+    if (known != NULL && key != Py_None) {
+        if (PyWeakref_GetObject(PyTuple_GET_ITEM(known, 0)) == Py_None) known = NULL;
+        else if (PyTuple_GET_ITEM(known, 2) != Py_None) {  /* a digest: not this path's (md5) */
+            PyErr_SetString(PyExc_RuntimeError, "native rows: a digest in the seen table");
+            goto done;
+        }
+    }
     if (known != NULL) {
-        handle_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 0));
+        int at = key != Py_None ? 1 : 0;
+        handle_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, at));
         if (handle_index == -1 && PyErr_Occurred()) goto done;
-        tensor_id = PyTuple_GET_ITEM(known, 1);
+        tensor_id = PyTuple_GET_ITEM(known, at == 1 ? 3 : 1);
         Py_INCREF(tensor_id);
     } else {
         handle_index = PyList_GET_SIZE(self->handles);
         if (PyList_Append(self->handles, stats) < 0) goto done;
         tensor_id = next_tensor_id(self);
         if (tensor_id == NULL) goto done;
-        PyObject *rec = Py_BuildValue("(nO)", handle_index, tensor_id);
+        PyObject *rec;
+        if (key != Py_None) {
+            PyObject *ref = PyWeakref_NewRef(PyTuple_GET_ITEM(x, 7), NULL);
+            if (ref == NULL) goto done;
+            rec = Py_BuildValue("(NnOO)", ref, handle_index, Py_None, tensor_id);
+        } else {
+            rec = Py_BuildValue("(nO)", handle_index, tensor_id);
+        }
         if (rec == NULL) goto done;
-        int r = PyDict_SetItem(self->groups, group, rec);
+        int r = PyDict_SetItem(table, lookup, rec);
         Py_DECREF(rec);
         if (r < 0) goto done;
     }

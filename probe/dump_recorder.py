@@ -148,13 +148,15 @@ class DumpRecorder:
         if self.active and not self._window_open:
             self._open_window()
 
-    def accept_prepared_grads(self, kind: type) -> bool:
-        """Gradients already read are taken at the module level, by this recorder's own
-        backward (a task's recorder that reads the tensors itself overrides it), with the
-        native row builder."""
+    def accept_prepared_grads(self, kind: type, replayed: bool = False) -> bool:
+        """Gradients already read are taken by this recorder's own backward (a task's recorder
+        that reads the tensors itself overrides it), with the native row builder; ``replayed``
+        (handed over as the step ends, not as they come) only at the module level (at mix
+        level the replay's GIL waits cost more than it saves: docs/dump.md)."""
         cls = type(self)
-        if (self.config.level != "module" or cls.module_backward is not DumpRecorder.module_backward
+        if ((replayed and self.config.level != "module") or cls.module_backward is not DumpRecorder.module_backward
                 or cls.parameter_grad is not DumpRecorder.parameter_grad
+                or cls.api_backward is not DumpRecorder.api_backward
                 or cls._record_backward is not DumpRecorder._record_backward):
             return False
         return self._values.accept_prepared(kind)

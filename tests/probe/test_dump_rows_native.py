@@ -157,3 +157,36 @@ def test_a_prepared_gradient_gives_the_entry_and_row_of_its_tensor(monkeypatch):
     given.start_step()                      # groups are the step's: a new step, new ids
     assert given.value(prepared(a, 0), *args)["tensor_id"] == 0
     assert not _builder(monkeypatch, False).accept_prepared(PreparedGrad)
+
+
+def test_a_keyed_prepared_gradient_is_one_tensor_id_with_the_tensor_of_its_bytes(monkeypatch):
+    """A gradient handed over read with its identity key (the library's ``prepare``) is found in
+    the step's identity table with the tensors read there, both ways: a parameter's gradient
+    that autograd hands to .grad as it is, read again by the optimizer, is one tensor id; the
+    same bytes after an in-place change are another."""
+    from engine_adapter import torch_grads
+
+    hooks = torch_grads.hooks(prepared=True)
+    if hooks is None or hooks.prepare is None:
+        pytest.skip("the library or the statistics kernel cannot be built here")
+    try:
+        torch.manual_seed(0)
+        g, other = torch.randn(4, 3), torch.randn(4, 3)
+        part = g[:, :2]                                  # not dense: its layout is in its key
+        args = (7, "Functional.linear.0.backward", "api", "backward", "input", "0")
+        direct, given = _builder(monkeypatch, True), _builder(monkeypatch, True)
+        assert given.accept_prepared(torch_grads.PreparedGrad)
+        p = hooks.prepare(g)
+        assert isinstance(p, torch_grads.PreparedGrad) and len(p) == 8
+        assert hooks.prepare(torch.arange(3)) is not None and not isinstance(
+            hooks.prepare(torch.arange(3)), torch_grads.PreparedGrad)      # an integer: the tensor
+        want = [direct.value(t, *args) for t in (g, other, g, part, g.t())]
+        got = [given.value(p, *args), given.value(other, *args), given.value(g, *args),
+               given.value(hooks.prepare(part), *args), given.value(hooks.prepare(g.t()), *args)]
+        assert got == want and got[0]["tensor_id"] == got[2]["tensor_id"] != got[1]["tensor_id"]
+        assert got[3]["tensor_id"] == 2 and got[4]["tensor_id"] == 0    # a transpose: g's bytes
+        assert given.rows == direct.rows and given.handles == direct.handles
+        g.add_(1)                                        # a new version: other bytes, a new id
+        assert given.value(hooks.prepare(g), *args)["tensor_id"] == 3
+    finally:
+        hooks.forget()

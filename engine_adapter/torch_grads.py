@@ -1,4 +1,4 @@
-"""The module dump's backward capture in C++ (``torch_grads.cpp``): gradients read without the GIL.
+"""The dump's backward capture in C++ (``torch_grads.cpp``): gradients read without the GIL.
 
 The Python capture of :mod:`engine_adapter.torch_adapter` runs a Python hook for each module
 output's gradient, each module input's and each parameter's (~75 a step of the bundled mini
@@ -10,6 +10,12 @@ handlers the Python hooks would have called, with a :class:`PreparedGrad` in pla
 (the dump's row builder takes it as it takes a tensor). A gradient the kernel does not read
 (another device or dtype, not dense) is replayed at once with the tensor itself, under the GIL:
 what the Python path does.
+
+:class:`CallingHooks` are the API level's (and the module level's where nothing is replayed):
+the same hooks, added by one C++ call per recorded call, calling Python as they fire with the
+one gradient each watches; for the statistics task the gradient is handed over read, as a
+:class:`PreparedGrad` that carries its identity key, so nothing holds the tensor and autograd
+gives ``.grad`` a parameter's gradient without copying it.
 
 The extension module is built once per machine against the running torch (``ground.native``,
 ~15 s with the system C++ compiler, cached under ``~/.cache/probe``) and imported from there;
@@ -45,7 +51,10 @@ def _reserve(n: int) -> int:
 class PreparedGrad(tuple):
     """A gradient already read: ``(dtype, shape, numel, requires_grad, statistics, group)``;
     ``statistics`` is the kernel's ``[max, min, sum, sum of squares, nan count, inf count]`` and
-    ``group`` names the data within the step (equal groups: the same bytes)."""
+    ``group`` names the data within the step (equal groups: the same bytes). Handed over as it
+    comes (:class:`CallingHooks`) it has two more items, ``key`` and ``owner``: the tensor's
+    identity key as ``probe/dump_rows.py`` makes it and its storage's Python object (the key
+    is valid while it lives), and ``group`` is not used."""
 
     __slots__ = ()
 

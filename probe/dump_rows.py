@@ -161,7 +161,9 @@ class RowBuilder:
         """Take instances of ``kind`` (a tuple subclass: ``(dtype, shape, numel,
         requires_grad, statistics, group)``, an adapter's gradients already read) as values:
         the entry and row their tensor would give, values of one group sharing a handle and a
-        tensor id. Only the native half takes them: False without it."""
+        tensor id; with two more items, ``(key, owner)``, the value is found in (and put into)
+        the step's identity table with the tensors instead of its group. Only the native half
+        takes them: False without it."""
         if self._native is None:
             return False
         self._native.set_prepared(kind)

@@ -80,6 +80,7 @@ class TorchAdapter(EngineAdapter):
         self._compiled_seen = False
         self._native: Any = None        # the C++ backward capture; False: not used
         self._hooks: Any = None         # the library's hooks that call Python; False: none
+        self._recording = False         # the last recording() state (a capture made later starts so)
 
     def make_stats(self) -> StatsBackend:
         return TorchStats()
@@ -132,6 +133,10 @@ class TorchAdapter(EngineAdapter):
                 from engine_adapter.torch_grads import PreparedGrad, load
                 if accept(PreparedGrad, replayed=True):
                     self._native = load(sink.backward_started) or False
+                    if self._native:
+                        # a model attached as its first call starts (a script's, found by
+                        # watch_models) comes after the step began: record this step too
+                        self._native.begin_step(self._recording)
         return self._native or None
 
     def _hook_module(self, module: torch.nn.Module, base: str, sink: HookSink, backward: bool,
@@ -251,6 +256,7 @@ class TorchAdapter(EngineAdapter):
         self._handles.append(register_module_forward_pre_hook(hook))
 
     def recording(self, active: bool) -> None:
+        self._recording = active
         if self._native:
             self._native.begin_step(active)
         if self._hooks:

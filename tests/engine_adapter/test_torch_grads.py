@@ -258,3 +258,26 @@ def test_without_the_library_the_python_hooks_record_the_same_entries(tmp_path, 
         net(torch.randn(3, 4)).sum().backward()
     data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
     assert {"Module.0.Linear.backward.0", "Module.0.Linear.parameters_grad.0"} <= set(data)
+
+
+@needs_native
+@pytest.mark.parametrize("native", [True, False])
+def test_a_model_found_at_its_first_call_has_its_first_steps_backward(tmp_path, monkeypatch, native):
+    """A script's model is attached when its first forward call starts (``watch_models``),
+    after step 0 began: the C++ capture made then records step 0 too (it recorded nothing
+    until step 1: step 0 had its forward entries and no backward, no parameter gradient)."""
+    if not native:
+        monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with DumpSession(None, out=tmp_path, quiet=True) as s:      # no model: found as it runs
+        for _ in range(2):
+            opt.zero_grad()
+            net(torch.randn(2, 4)).sum().backward()
+            opt.step()                                          # (auto_step: the optimizer's)
+        used = s.adapter._native
+    assert bool(used) == native
+    steps = [json.loads((tmp_path / f"step{i}/rank0/dump.json").read_text())["data"] for i in (0, 1)]
+    assert list(steps[0]) == list(steps[1])
+    assert "Module.0.Linear.parameters_grad.0" in steps[0] and "Module.2.Linear.backward.0" in steps[0]

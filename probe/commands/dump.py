@@ -162,8 +162,7 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     finally:
         if unwatch is not None:
             unwatch()
-        _drop_empty_last_step(session)
-        session.stop()
+        session.stop()                  # (the step left open after the last one is not written)
         if setup is not None:
             setup.close()
     return code
@@ -181,14 +180,6 @@ def _setup_done(session: Any, out: str) -> None:
     from collectors.msprobe_writer import step_dir
 
     shutil.rmtree(step_dir(out, 0, rec.rank) / "dump_tensor_data", ignore_errors=True)
-
-
-def _drop_empty_last_step(session: Any) -> None:
-    """After the script's last optimizer step the next step is open; nothing ran in it: it is
-    not a step (a 4-step script has 4)."""
-    rec = session.recorder
-    if rec is not None and rec.step > 0 and rec.active and not rec.data and not rec.open_entries:
-        rec.active = False
 
 
 def _claim(out: str, force: bool) -> None:

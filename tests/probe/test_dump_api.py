@@ -430,3 +430,33 @@ def test_a_backward_of_only_some_inputs_is_recorded_when_the_step_ends(tmp_path)
         del out                     # the graph, and the hooks on it, are gone before the step ends
     bwd = _load(tmp_path)["data"]["Torch.mul.0.backward"]
     assert [g["Norm"] for g in bwd["output"]] == [pytest.approx(float(grad_a.norm()))]
+
+
+@pytest.mark.parametrize("auto_step", [True, False])
+def test_the_step_left_open_after_the_last_one_is_not_written_one_with_calls_is(tmp_path, auto_step):
+    """After the last optimizer step (or ``step()``) the next step is open; a session stopped
+    then writes the steps that ran and no empty one after them (the CLI did this already, the
+    Python API wrote an empty step folder); a step in flight with calls in it is written."""
+    torch.manual_seed(0)
+    net = TinyNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with DumpSession(net, out=tmp_path / "a", auto_step=auto_step, quiet=True) as s:
+        for _ in range(2):
+            opt.zero_grad()
+            net(torch.randn(2, 16)).sum().backward()
+            opt.step()
+            if not auto_step:
+                s.step()
+    assert s.steps_written == [0, 1]
+    assert sorted(p.name for p in (tmp_path / "a").glob("step*")) == ["step0", "step1"]
+    with DumpSession(net, out=tmp_path / "b", auto_step=auto_step, quiet=True) as s:
+        opt.zero_grad()
+        net(torch.randn(2, 16)).sum().backward()
+        opt.step()
+        if not auto_step:
+            s.step()
+        net(torch.randn(2, 16))                    # a forward pass, no step after it
+    assert s.steps_written == [0, 1]
+    data = json.loads((tmp_path / "b/step1/rank0/dump.json").read_text())["data"]
+    assert list(data) == ["Module.embed.Linear.forward.0", "Module.block.ln1.LayerNorm.forward.0",
+                          *[k for k in data if ".attn." in k], "Module.head.Linear.forward.0"]

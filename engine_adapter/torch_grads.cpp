@@ -232,6 +232,29 @@ struct ParamHook : FunctionPreHook {
     }
 };
 
+/* a tuple of ints (a shape, strides); a list of the 6 statistics: new references, or null */
+PyObject *int_tuple(c10::IntArrayRef values) {
+    PyObject *out = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+    if (out == nullptr) return nullptr;
+    for (size_t k = 0; k < values.size(); k++) {
+        PyObject *n = PyLong_FromLongLong(values[k]);
+        if (n == nullptr) { Py_DECREF(out); return nullptr; }
+        PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(k), n);
+    }
+    return out;
+}
+
+PyObject *statistics_list(const double *stats) {
+    PyObject *out = PyList_New(6);
+    if (out == nullptr) return nullptr;
+    for (int k = 0; k < 6; k++) {
+        PyObject *v = PyFloat_FromDouble(stats[k]);
+        if (v == nullptr) { Py_DECREF(out); return nullptr; }
+        PyList_SET_ITEM(out, k, v);
+    }
+    return out;
+}
+
 /* ------------------------------------------------- hooks that call Python as they fire
    (the API level's capture, and the module level's where the gradients are not read here): the
    calls a Python hook registered with grad_fn.register_hook / register_prehook makes, without
@@ -245,44 +268,24 @@ struct ParamHook : FunctionPreHook {
    hands to .grad as it is, read again by the optimizer, is one tensor id). Under the GIL. */
 PyObject *keyed_prepared(const at::Tensor &g, const double *stats) {
     PyObject *dtype = reinterpret_cast<PyObject *>(torch::getTHPDtype(g.scalar_type()));
-    auto sizes = g.sizes();
-    PyObject *shape = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+    PyObject *shape = int_tuple(g.sizes());
     if (shape == nullptr) return nullptr;
-    for (size_t k = 0; k < sizes.size(); k++) {
-        PyObject *n = PyLong_FromLongLong(sizes[k]);
-        if (n == nullptr) { Py_DECREF(shape); return nullptr; }
-        PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(k), n);
-    }
     PyObject *key = nullptr;
     if (g.is_non_overlapping_and_dense()) {
         key = Py_BuildValue("(NOLL)", PyLong_FromVoidPtr(const_cast<void *>(g.const_data_ptr())),
                             dtype, static_cast<long long>(g.numel()),
                             static_cast<long long>(g._version()));
     } else {
-        auto st = g.strides();
-        PyObject *stride = PyTuple_New(static_cast<Py_ssize_t>(st.size()));
+        PyObject *stride = int_tuple(g.strides());
         if (stride == nullptr) { Py_DECREF(shape); return nullptr; }
-        for (size_t k = 0; k < st.size(); k++) {
-            PyObject *n = PyLong_FromLongLong(st[k]);
-            if (n == nullptr) { Py_DECREF(shape); Py_DECREF(stride); return nullptr; }
-            PyTuple_SET_ITEM(stride, static_cast<Py_ssize_t>(k), n);
-        }
         key = Py_BuildValue("(NOONL)", PyLong_FromVoidPtr(const_cast<void *>(g.const_data_ptr())),
                             dtype, shape, stride, static_cast<long long>(g._version()));
     }
     if (key == nullptr) { Py_DECREF(shape); return nullptr; }
     PyObject *owner = torch::createPyObject(g.storage());
     if (owner == nullptr) { Py_DECREF(shape); Py_DECREF(key); return nullptr; }
-    PyObject *list = PyList_New(6);
+    PyObject *list = statistics_list(stats);
     if (list == nullptr) { Py_DECREF(shape); Py_DECREF(key); Py_DECREF(owner); return nullptr; }
-    for (int k = 0; k < 6; k++) {
-        PyObject *v = PyFloat_FromDouble(stats[k]);
-        if (v == nullptr) {
-            Py_DECREF(shape); Py_DECREF(key); Py_DECREF(owner); Py_DECREF(list);
-            return nullptr;
-        }
-        PyList_SET_ITEM(list, k, v);
-    }
     PyObject *inner = Py_BuildValue("(ONLONiNN)", dtype, shape, static_cast<long long>(g.numel()),
                                     g.requires_grad() ? Py_True : Py_False, list, -1, key, owner);
     if (inner == nullptr) return nullptr;
@@ -369,20 +372,10 @@ struct PyInputHook : FunctionPostHook {
 PyObject *value_of(Event &e) {
     if (e.state == UNDEFINED) Py_RETURN_NONE;
     if (e.state == TENSOR) return THPVariable_Wrap(std::move(e.tensor));
-    PyObject *shape = PyTuple_New(static_cast<Py_ssize_t>(e.sizes.size()));
+    PyObject *shape = int_tuple(e.sizes);
     if (shape == nullptr) return nullptr;
-    for (size_t k = 0; k < e.sizes.size(); k++) {
-        PyObject *n = PyLong_FromLongLong(e.sizes[k]);
-        if (n == nullptr) { Py_DECREF(shape); return nullptr; }
-        PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(k), n);
-    }
-    PyObject *stats = PyList_New(6);
+    PyObject *stats = statistics_list(e.stats);
     if (stats == nullptr) { Py_DECREF(shape); return nullptr; }
-    for (int k = 0; k < 6; k++) {
-        PyObject *v = PyFloat_FromDouble(e.stats[k]);
-        if (v == nullptr) { Py_DECREF(shape); Py_DECREF(stats); return nullptr; }
-        PyList_SET_ITEM(stats, k, v);
-    }
     PyObject *dtype = reinterpret_cast<PyObject *>(torch::getTHPDtype(e.dtype));
     PyObject *inner = Py_BuildValue("(OOLOOL)", dtype, shape, static_cast<long long>(e.numel),
                                     e.requires_grad ? Py_True : Py_False, stats,
@@ -420,8 +413,7 @@ bool int_arg(PyObject *o, long long *out) {
         return nullptr;                                                                      \
     }
 
-/* the arguments (t, id) of watch_output, alias and watch_param: t's tensor, or null (an error
-   set) */
+/* the arguments (t, id) of watch_param: t's tensor, or null (an error set) */
 const at::Tensor *tensor_and_id(PyObject *const *args, Py_ssize_t nargs, long long *id) {
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "takes 2 arguments (%zd given)", nargs);

@@ -402,6 +402,35 @@ done:
    PreparedGrad: dtype, shape, numel, requires_grad, statistics, group): the entry and row
    tensor_value makes of the tensor; values of one group (the same bytes in the step) share
    one handle and one tensor id, as tensor_value's identity does */
+/* the step's identity table (dump_rows' _seen): 1 and the record's handle index and tensor id
+   (a new reference) when `key` is there and its owner lives; 0 when not; -1 with an error */
+static int seen_get(Rows *self, PyObject *key, Py_ssize_t *handle_index, PyObject **tensor_id) {
+    PyObject *seen = PyDict_GetItemWithError(self->seen, key);     /* borrowed */
+    if (seen == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (PyWeakref_GetObject(PyTuple_GET_ITEM(seen, 0)) == Py_None) return 0;
+    if (PyTuple_GET_ITEM(seen, 2) != Py_None) {    /* a digest: not this path's (md5 task) */
+        PyErr_SetString(PyExc_RuntimeError, "native rows: a digest in the seen table");
+        return -1;
+    }
+    *handle_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(seen, 1));
+    if (*handle_index == -1 && PyErr_Occurred()) return -1;
+    *tensor_id = PyTuple_GET_ITEM(seen, 3);
+    Py_INCREF(*tensor_id);
+    return 1;
+}
+
+/* put `key` into the step's identity table: (owner, weakly; handle index; no digest; tensor id) */
+static int seen_put(Rows *self, PyObject *key, PyObject *owner, Py_ssize_t handle_index,
+                    PyObject *tensor_id) {
+    PyObject *ref = PyWeakref_NewRef(owner, NULL);
+    if (ref == NULL) return -1;
+    PyObject *rec = Py_BuildValue("(NnOO)", ref, handle_index, Py_None, tensor_id);
+    if (rec == NULL) return -1;
+    int r = PyDict_SetItem(self->seen, key, rec);
+    Py_DECREF(rec);
+    return r;
+}
+
 static PyObject *prepared_value(Rows *self, PyObject *x, PyObject *const *args) {
     Py_ssize_t items = PyTuple_GET_SIZE(x);
     if (items != 6 && items != 8) {
@@ -426,40 +455,36 @@ static PyObject *prepared_value(Rows *self, PyObject *x, PyObject *const *args) 
     Py_ssize_t handle_index;
     shape_list = PySequence_List(shape);
     if (shape_list == NULL) return NULL;
-    PyObject *table = key != Py_None ? self->seen : self->groups;
-    PyObject *lookup = key != Py_None ? key : group;
-    PyObject *known = PyDict_GetItemWithError(table, lookup);   /* borrowed */
-    if (known == NULL && PyErr_Occurred()) goto done;
-    if (known != NULL && key != Py_None) {
-        if (PyWeakref_GetObject(PyTuple_GET_ITEM(known, 0)) == Py_None) known = NULL;
-        else if (PyTuple_GET_ITEM(known, 2) != Py_None) {  /* a digest: not this path's (md5) */
-            PyErr_SetString(PyExc_RuntimeError, "native rows: a digest in the seen table");
-            goto done;
+    int found = 0;
+    PyObject *known = NULL;
+    if (key != Py_None) {
+        found = seen_get(self, key, &handle_index, &tensor_id);
+        if (found < 0) goto done;
+    } else {
+        known = PyDict_GetItemWithError(self->groups, group);     /* borrowed */
+        if (known == NULL && PyErr_Occurred()) goto done;
+        if (known != NULL) {
+            handle_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 0));
+            if (handle_index == -1 && PyErr_Occurred()) goto done;
+            tensor_id = PyTuple_GET_ITEM(known, 1);
+            Py_INCREF(tensor_id);
+            found = 1;
         }
     }
-    if (known != NULL) {
-        int at = key != Py_None ? 1 : 0;
-        handle_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, at));
-        if (handle_index == -1 && PyErr_Occurred()) goto done;
-        tensor_id = PyTuple_GET_ITEM(known, at == 1 ? 3 : 1);
-        Py_INCREF(tensor_id);
-    } else {
+    if (!found) {
         handle_index = PyList_GET_SIZE(self->handles);
         if (PyList_Append(self->handles, stats) < 0) goto done;
         tensor_id = next_tensor_id(self);
         if (tensor_id == NULL) goto done;
-        PyObject *rec;
         if (key != Py_None) {
-            PyObject *ref = PyWeakref_NewRef(PyTuple_GET_ITEM(x, 7), NULL);
-            if (ref == NULL) goto done;
-            rec = Py_BuildValue("(NnOO)", ref, handle_index, Py_None, tensor_id);
+            if (seen_put(self, key, PyTuple_GET_ITEM(x, 7), handle_index, tensor_id) < 0) goto done;
         } else {
-            rec = Py_BuildValue("(nO)", handle_index, tensor_id);
+            PyObject *rec = Py_BuildValue("(nO)", handle_index, tensor_id);
+            if (rec == NULL) goto done;
+            int r = PyDict_SetItem(self->groups, group, rec);
+            Py_DECREF(rec);
+            if (r < 0) goto done;
         }
-        if (rec == NULL) goto done;
-        int r = PyDict_SetItem(table, lookup, rec);
-        Py_DECREF(rec);
-        if (r < 0) goto done;
     }
     result = emit_value(self, args, dtype_name, shape_list, numel_obj, numel, rg, kind,
                         handle_index, tensor_id);
@@ -503,22 +528,9 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     key = identity_key(self, t, dtype, numel_obj, shape, &dense, &ptr);
     if (key == NULL && PyErr_Occurred()) goto done;
 
-    PyObject *seen = NULL;
-    if (key != NULL) {
-        seen = PyDict_GetItemWithError(self->seen, key);     /* borrowed */
-        if (seen == NULL && PyErr_Occurred()) goto done;
-        if (seen != NULL && PyWeakref_GetObject(PyTuple_GET_ITEM(seen, 0)) == Py_None) seen = NULL;
-    }
-    if (seen != NULL) {
-        handle_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(seen, 1));
-        if (handle_index == -1 && PyErr_Occurred()) goto done;
-        tensor_id = PyTuple_GET_ITEM(seen, 3);
-        Py_INCREF(tensor_id);
-        if (PyTuple_GET_ITEM(seen, 2) != Py_None) {    /* a digest: not this path's (md5 task) */
-            PyErr_SetString(PyExc_RuntimeError, "native rows: a digest in the seen table");
-            goto done;
-        }
-    } else {
+    int found = key != NULL ? seen_get(self, key, &handle_index, &tensor_id) : 0;
+    if (found < 0) goto done;
+    if (!found) {
         if (kind != self->opaque_kind) {
             handle_index = PyList_GET_SIZE(self->handles);
             stats_fn fn = code == CODE_F32 ? self->f32 : code == CODE_F64 ? self->f64 : NULL;
@@ -560,16 +572,8 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
                 PyErr_Clear();
                 owner = t; Py_INCREF(owner);
             }
-            PyObject *ref = PyWeakref_NewRef(owner, NULL);
+            int r = seen_put(self, key, owner, handle_index, tensor_id);
             Py_DECREF(owner);
-            if (ref == NULL) goto done;
-            PyObject *hi = PyLong_FromSsize_t(handle_index);
-            if (hi == NULL) { Py_DECREF(ref); goto done; }
-            PyObject *rec = PyTuple_Pack(4, ref, hi, Py_None, tensor_id);
-            Py_DECREF(ref); Py_DECREF(hi);
-            if (rec == NULL) goto done;
-            int r = PyDict_SetItem(self->seen, key, rec);
-            Py_DECREF(rec);
             if (r < 0) goto done;
         }
     }

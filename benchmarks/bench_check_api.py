@@ -6,7 +6,7 @@ calls that both tools replay (in-place, random and uninitialised calls left out;
 call indices offset so names stay unique), every tensor saved as a ``.pt`` file (msprobe's
 acc_check reads only ``.pt``/``.npy``; ours reads those and safetensors). Then:
 
-- ours: :func:`checker.offline.check_dump` (float64 golden on the CPU), timed in-process;
+- ours: :func:`probe.checker.offline.check_dump` (float64 golden on the CPU), timed in-process;
 - msprobe: its acc_check loop (``run_api_offline``: CPU golden plus the device run) in the
   msprobe environment, timed in-process around ``acc_check``. Its command (``msprobe acc_check``)
   stops at ``torch.cuda.set_device`` on a machine without CUDA or NPU, so the worker sets its
@@ -46,7 +46,7 @@ def make_merged_dump(out: str, calls: int, fault: str = "perturb:Torch.matmul:1"
     import torch
     from safetensors.torch import load_file
 
-    from checker.apis import skip_reason, split_name
+    from probe.checker.apis import skip_reason, split_name
 
     raw = os.path.join(out, "raw")
     per_step = 350          # replayable forward calls of one step of the tiny preset (at least)
@@ -98,7 +98,7 @@ def make_merged_dump(out: str, calls: int, fault: str = "perturb:Torch.matmul:1"
 
 
 def run_ours(dump_json: str) -> dict:
-    from checker.offline import check_dump
+    from probe.checker.offline import check_dump
 
     t0 = time.perf_counter()
     rows, summary = check_dump(os.path.dirname(dump_json), golden="cpu-fp64")

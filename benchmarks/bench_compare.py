@@ -120,14 +120,14 @@ from probe.commands.compare import setup_process
 setup_process()                            # as `probe compare` sets up its process
 import duckdb, numpy, numpy.ma, pyarrow.compute, pyarrow.csv, pyarrow.parquet, pyarrow.ipc  # imports
 import concurrent.futures, logging                                  # outside the timing
-import compare.api, compare.pipeline, compare.match, compare.normalise, compare.localise
-import compare.report, compare.metrics, compare.tensor_rows, compare.node_rows
-import collectors.msprobe_reader, collectors.msprobe_scan
+import probe.compare.api, probe.compare.pipeline, probe.compare.match, probe.compare.normalise, probe.compare.localise
+import probe.compare.report, probe.compare.metrics, probe.compare.tensor_rows, probe.compare.node_rows
+import probe.collectors.msprobe_reader, probe.collectors.msprobe_scan
 def cpu():
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 t, c = time.perf_counter(), cpu()
-r = compare.api.compare(sys.argv[1], sys.argv[2], out=sys.argv[3])   # as `probe compare --out`
+r = probe.compare.api.compare(sys.argv[1], sys.argv[2], out=sys.argv[3])   # as `probe compare --out`
 print("OURS_SECONDS", time.perf_counter() - t, cpu() - c, r.rows.num_rows, r.summary["verdicts"],
       (r.summary["first_divergence"] or {}).get("a"))
 """

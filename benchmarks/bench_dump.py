@@ -62,9 +62,9 @@ TARGETS = (("ours-module", "msprobe-L0", 0.1, "statistics"),
 def _train_setup(preset: str, device: str = "cpu"):
     import torch
 
-    from engine.config import get_preset
-    from engine.data import make_batch
-    from engine.models import build_model, init_reference_state
+    from probe.engine.config import get_preset
+    from probe.engine.data import make_batch
+    from probe.engine.models import build_model, init_reference_state
 
     torch.manual_seed(0)
     cfg = get_preset(preset)

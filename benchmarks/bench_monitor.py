@@ -3,7 +3,7 @@
 Three measurements, each against the target of issue 6:
 
 1. **Ingest**: one ``probe monitor serve`` (a subprocess, a DuckDB file store) and 64
-   simulated ranks, each a real :class:`monitor.agent.MonitorAgent` (spread over a few
+   simulated ranks, each a real :class:`probe.monitor.agent.MonitorAgent` (spread over a few
    processes), recording steps of ``--metrics`` metric points as fast as they can. Rate = points
    stored / (first record .. last acknowledgement). Zero loss: the store holds every recorded
    point exactly once and no agent dropped any. Target: >= 200k points/s.
@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_adapter.callbacks import TrainCallback  # noqa: E402
+from probe.engine_adapter.callbacks import TrainCallback  # noqa: E402
 
 TARGET_POINTS_PER_S = 200_000
 TARGET_FANOUT_S = 1.0
@@ -65,8 +65,8 @@ def rank_group(addr: str, ranks: list[int], world: int, steps: int, n_metrics: i
     record per module, stamped with its forward time, so the service judges them too)."""
     import random
 
-    from monitor.agent import MonitorAgent
-    from monitor.numerics_names import QUANTITIES, metric_name
+    from probe.monitor.agent import MonitorAgent
+    from probe.monitor.numerics_names import QUANTITIES, metric_name
 
     def on_command(rank: int):
         return lambda cmd: command_times.put((rank, time.time()))
@@ -100,7 +100,7 @@ def rank_group(addr: str, ranks: list[int], world: int, steps: int, n_metrics: i
 
 
 def bench_ingest(args) -> dict:
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-monitor-"))
     proc, addr = start_service(tmp / "monitor.duckdb")
@@ -178,7 +178,7 @@ class TimedMonitor(TrainCallback):
     """
 
     def __init__(self, addr: str, warmup: int) -> None:
-        from monitor.agent_callback import MonitorAgentCallback
+        from probe.monitor.agent_callback import MonitorAgentCallback
 
         self.inner = MonitorAgentCallback(addr=addr, job="overhead")
         self.warmup = warmup
@@ -224,9 +224,9 @@ def make_timed(addr: str, warmup: int) -> TimedMonitor:
 
 
 def bench_overhead(args) -> dict:
-    from engine_adapter.callbacks import CallbackSpec
-    from engine.launch import run_training
-    from engine.spec import RunSpec
+    from probe.engine_adapter.callbacks import CallbackSpec
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
 
     os.environ.pop("PROBE_MONITOR", None)
     tmp = Path(tempfile.mkdtemp(prefix="bench-monitor-engine-"))

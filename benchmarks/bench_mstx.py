@@ -64,7 +64,7 @@ def best_of(fn: Callable[[int], None], n: int, repeat: int,
 
 def loops() -> dict[str, Callable[[int], None]]:
     """The measured loops; each body is one pair (or one mark), nothing else."""
-    from profiler import mstx
+    from probe.profiler import mstx
 
     def empty(n: int) -> None:
         for _ in range(n):
@@ -151,11 +151,11 @@ def training_loop_rates(steps: int = 30) -> dict[str, tuple[float, float]]:
     import torch
     import torch.nn.functional as F
 
-    from engine.config import get_preset
-    from engine.data import make_batch
-    from engine.models import build_model
-    from profiler import mstx
-    from profiler.session import Session
+    from probe.engine.config import get_preset
+    from probe.engine.data import make_batch
+    from probe.engine.models import build_model
+    from probe.profiler import mstx
+    from probe.profiler.session import Session
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)                # a rank's usual share of a CPU; a small model's best
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from profiler.session import Session
+    from probe.profiler.session import Session
 
     results: dict[str, float] = {}
     base = loops()

@@ -61,9 +61,9 @@ const done = arguments[arguments.length - 1];
 
 
 def synthetic_diff(out: str):
-    from visualizer.diff import DiffGraph, NodePair
-    from visualizer.graph import Graph
-    from visualizer.synthetic import write_dump_pair
+    from probe.visualizer.diff import DiffGraph, NodePair
+    from probe.visualizer.graph import Graph
+    from probe.visualizer.synthetic import write_dump_pair
 
     a, b = write_dump_pair(out, blocks=96, width=99, fault_block=48)
     ga, gb = Graph.load(a), Graph.load(b)
@@ -72,7 +72,7 @@ def synthetic_diff(out: str):
 
 def real_diff(out: Path):
     """Mix-level dumps of the small preset, reference against a scaled weight, compared."""
-    from visualizer.diff import DiffGraph
+    from probe.visualizer.diff import DiffGraph
 
     common = [sys.executable, "-m", "probe.cli", "dump", "--level", "mix", "--preset", "small", "--seed", "0",
               "--steps", "0", "--max-steps", "1"]
@@ -98,8 +98,8 @@ def toggle(node: str) -> str:
 
 def bench_graph(diff, title: str, repeat: int) -> dict[str, list[float]]:
     from tests.web.conftest import new_driver, quit_driver
-    from web.app import ServerThread, create_app
-    from visualizer.navigate import first_divergence
+    from probe.web.app import ServerThread, create_app
+    from probe.visualizer.navigate import first_divergence
 
     app = create_app(diff=diff)
     srv = ServerThread(app, "127.0.0.1", 0)
@@ -147,10 +147,10 @@ def bench_graph(diff, title: str, repeat: int) -> dict[str, list[float]]:
 def bench_live(steps: int) -> int:
     """Bytes of one live-page refresh that brings one new step, after a run of ``steps`` steps
     of two ranks reported to a monitor service."""
-    from monitor.agent import MonitorAgent
-    from monitor.service import MonitorService
+    from probe.monitor.agent import MonitorAgent
+    from probe.monitor.service import MonitorService
     from tests.web.conftest import new_driver, quit_driver
-    from web.app import ServerThread, create_app
+    from probe.web.app import ServerThread, create_app
 
     def record(agents, step):
         for r, a in enumerate(agents):

@@ -4,7 +4,7 @@ A dump names an API call ``<Family>.<api>.<n>.forward`` (``Functional.linear.3.f
 ``Tensor.__mul__.0.forward``, ``Torch.matmul.1.forward``, msprobe's ``Aten.mm.0.forward``).
 :func:`resolve` finds the function to replay, :func:`skip_reason` says in words why a call is
 not replayed (random, in-place, communication, uninitialised memory, unknown), and
-:func:`op_class` says what the standard of :mod:`checker.standards` must know about it: exact
+:func:`op_class` says what the standard of :mod:`probe.checker.standards` must know about it: exact
 (indexing, copies, comparisons), elementwise, transcendental or a reduction, and how long the
 reduction is.
 

@@ -23,8 +23,8 @@ from typing import Any, Iterator
 
 import torch
 
-from checker.apis import split_name
-from ground.errors import ProbeError
+from probe.checker.apis import split_name
+from probe.ground.errors import ProbeError
 
 #: at most this many bytes of dump.json are read (a larger one is not a dump of API calls)
 MAX_JSON_BYTES = 1 << 30

@@ -1,4 +1,4 @@
-"""Grading one call: its measured output against the golden, under its :mod:`checker.standards`.
+"""Grading one call: its measured output against the golden, under its :mod:`probe.checker.standards`.
 
 The measures, over the finite elements of every floating output:
 
@@ -14,7 +14,7 @@ The measures, over the finite elements of every floating output:
 - ``budget_max`` / ``budget_mean``: the error over the standard's budget, per element, its
   largest and mean; ``over``: the share of elements beyond their budget.
 
-Verdicts (the compare's vocabulary, :mod:`compare.verdict`):
+Verdicts (the compare's vocabulary, :mod:`probe.compare.verdict`):
 
 1. ``nan``: NaN or Inf where the golden has none (or the golden has some the output lacks);
 2. ``error``: a shape, count or exact-value mismatch; or errors beyond the standard that are
@@ -25,7 +25,7 @@ Verdicts (the compare's vocabulary, :mod:`compare.verdict`):
 4. ``pass``: every element within the standard.
 
 >>> import torch
->>> from checker.standards import standard
+>>> from probe.checker.standards import standard
 >>> g = torch.linspace(-1, 1, 101, dtype=torch.float64)
 >>> grade([g.float()], [g], None, standard("Tensor.__add__", "torch.float32", 1)).verdict
 'pass'
@@ -43,7 +43,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from checker.standards import Standard, torch_dtype
+from probe.checker.standards import Standard, torch_dtype
 
 #: more than this share of elements beyond their budget is an error
 ERROR_SHARE = 0.05
@@ -191,7 +191,7 @@ class _Accumulator:
 
 def _ulp(x: np.ndarray, info: torch.finfo) -> np.ndarray:
     """The unit in the last place of the dtype described by ``info`` at each value of ``x``
-    (:func:`checker.standards.ulp` in NumPy, from the float64 exponent bits: integer passes).
+    (:func:`probe.checker.standards.ulp` in NumPy, from the float64 exponent bits: integer passes).
 
     >>> _ulp(np.array([1.0, 3.0, 0.0]), torch.finfo(torch.bfloat16)).tolist()[:2]
     [0.0078125, 0.015625]

@@ -1,6 +1,6 @@
 """The offline API precision check of a tensor dump: every recorded call replayed and graded.
 
->>> from checker.offline import check_dump                      # doctest: +SKIP
+>>> from probe.checker.offline import check_dump                      # doctest: +SKIP
 >>> rows, summary = check_dump("runs/dump", golden="cpu-fp64")  # doctest: +SKIP
 >>> summary["first_failure"]["name"]                            # doctest: +SKIP
 'Functional.linear.3.forward'
@@ -13,16 +13,16 @@ import sys
 import time
 from typing import Any
 
-from checker.calls import TensorFiles, find_steps, materialise, read_calls
-from checker.replay import check_call, golden as golden_backend, row_for
-from checker.report import summarise
-from ground.errors import ProbeError
+from probe.checker.calls import TensorFiles, find_steps, materialise, read_calls
+from probe.checker.replay import check_call, golden as golden_backend, row_for
+from probe.checker.report import summarise
+from probe.ground.errors import ProbeError
 
 
 def check_dump(root: str | os.PathLike, *, golden: str = "cpu-fp64",
                progress: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Replay and grade every API call of the dump under ``root``; returns the rows and the
-    summary (see :mod:`checker.report`)."""
+    summary (see :mod:`probe.checker.report`)."""
     gold = golden_backend(golden)
     started = time.perf_counter()
     steps = find_steps(root)

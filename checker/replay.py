@@ -4,7 +4,7 @@
 loaded, or live tensors in an online check) and its measured outputs:
 
 1. a call that cannot be replayed faithfully is skipped with the reason in words
-   (:func:`checker.apis.skip_reason`: random, in-place, communication, uninitialised memory;
+   (:func:`probe.checker.apis.skip_reason`: random, in-place, communication, uninitialised memory;
    an API this framework does not have; a tensor the dump did not save);
 2. every floating input is cast to the golden dtype on the golden device (integers and bools
    stay as they are), a floating ``dtype=`` argument is raised to the golden dtype too (except
@@ -12,9 +12,9 @@ loaded, or live tensors in an online check) and its measured outputs:
 3. the framework's own function (never a dump's or a planted fault's wrapper in front of it)
    runs with autocast off and gradients off;
 4. for a matmul-like or summing call, the magnitude of the terms, the scale of the
-   accumulation error (:mod:`checker.standards`): for a matrix product the product of the row
+   accumulation error (:mod:`probe.checker.standards`): for a matrix product the product of the row
    and column norms, else the same call on the inputs' absolute values;
-5. :func:`checker.grade.grade` grades each measured output against the golden.
+5. :func:`probe.checker.grade.grade` grades each measured output against the golden.
 
 >>> import torch
 >>> x = torch.randn(4, 8)
@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from checker.apis import ABS_REPLAYABLE, family_and_attr, op_class, reduction_length, resolve, skip_reason
-from checker.grade import METRICS, grade
-from checker.standards import standard
-from ground.errors import ProbeError
+from probe.checker.apis import ABS_REPLAYABLE, family_and_attr, op_class, reduction_length, resolve, skip_reason
+from probe.checker.grade import METRICS, grade
+from probe.checker.standards import standard
+from probe.ground.errors import ProbeError
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def golden(name: str) -> Golden:
 
 
 def row_for(api: str, verdict: str, reason: str, **fields: Any) -> dict[str, Any]:
-    """One result row (the columns of :data:`checker.report.COLUMNS` that a check sets)."""
+    """One result row (the columns of :data:`probe.checker.report.COLUMNS` that a check sets)."""
     row = {"api": api, "op": op_class(api), "dtype": None, "shape": None, "k": None,
            "verdict": verdict, "reason": reason, **dict.fromkeys(METRICS)}
     row.update(fields)

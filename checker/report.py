@@ -23,8 +23,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from checker.grade import METRICS
-from compare.verdict import VERDICT_RANK
+from probe.checker.grade import METRICS
+from probe.compare.verdict import VERDICT_RANK
 
 #: the columns of check_api.csv / .parquet, in order
 COLUMNS = ("step", "rank", "order", "name", "api", "op", "dtype", "shape", "k", "verdict", "reason",

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from checker.apis import op_class
+from probe.checker.apis import op_class
 
 #: the accumulation term's constant (calibrated on float32 kernels of the bundled engine: the
 #: largest accumulation error seen is under a seventh of this budget)

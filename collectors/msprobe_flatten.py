@@ -1,11 +1,11 @@
 """Flatten a dump.json's ``data`` (entries of tensor lists and maps) into one row per tensor.
 
-The general path of :mod:`collectors.msprobe_reader`, taken when the native scanner
-(:mod:`collectors.msprobe_scan`) does not read a file: the common layout (flat lists and maps of
+The general path of :mod:`probe.collectors.msprobe_reader`, taken when the native scanner
+(:mod:`probe.collectors.msprobe_scan`) does not read a file: the common layout (flat lists and maps of
 tensors, parameter gradients) is converted in C++ by Arrow, anything else (nested outputs,
 non-tensor arguments, odd values) by a Python walk. Both give the table the scanner gives:
 columns ``seq`` (the entry's position), ``slot``, ``index``, ``stats`` (a
-:data:`collectors.msprobe_layout.STAT_TYPE` struct) and ``value`` (the JSON text of a non-tensor
+:data:`probe.collectors.msprobe_layout.STAT_TYPE` struct) and ``value`` (the JSON text of a non-tensor
 argument).
 
 >>> t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1.0}
@@ -24,8 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute below
 
-from collectors.msprobe_layout import SLOTS, STAT_TYPE, position_names
-from ground.errors import ProbeError
+from probe.collectors.msprobe_layout import SLOTS, STAT_TYPE, position_names
+from probe.ground.errors import ProbeError
 
 __all__ = ["flatten_entries"]
 
@@ -41,7 +41,7 @@ _EMPTY: dict = {}
 def flatten_entries(data: dict, path: Path) -> pa.Table:
     """Every tensor and non-tensor argument of the entries in ``data`` (dump.json's ``data``
     object, read from ``path``), one row each, in entry order. Raises
-    :class:`ground.errors.ProbeError` naming ``path`` and the entry for an entry that is not an
+    :class:`probe.ground.errors.ProbeError` naming ``path`` and the entry for an entry that is not an
     object, a shape that is not a list of integers in int64's range, a statistic beyond a
     float's range, or nesting too deep to walk."""
     try:

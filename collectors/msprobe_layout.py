@@ -1,8 +1,8 @@
 """msprobe's dump layout: where its files lie, how its entries are named, what a tensor holds.
 
-The vocabulary that every msprobe reader shares (:mod:`collectors.msprobe_reader`, the native
-scanner :mod:`collectors.msprobe_scan` and the flattening of entries
-:mod:`collectors.msprobe_flatten`):
+The vocabulary that every msprobe reader shares (:mod:`probe.collectors.msprobe_reader`, the native
+scanner :mod:`probe.collectors.msprobe_scan` and the flattening of entries
+:mod:`probe.collectors.msprobe_flatten`):
 
 - folders: one per step and process, ``step{N}/rank{R}/`` (or ``proc<pid>`` when no distributed
   group was initialised), holding ``dump.json``, ``construct.json`` and ``stack.json``;
@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 try:
     import orjson as _orjson

@@ -6,7 +6,7 @@
 - :func:`repair_tree`: construct.json's parents with a broken tree mended (a parent cycle, or
   a parent that is no node of the dump, as older dumps have in their backward nodes), so that
   every node is reachable from a root;
-- :func:`node_columns`: the columns of the node records (:data:`collectors.records.NODE`): every
+- :func:`node_columns`: the columns of the node records (:data:`probe.collectors.records.NODE`): every
   entry, then the construct.json nodes without one, with parents (mended, with one warning
   naming the file), depths, execution order and stack references.
 
@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from collectors.msprobe_layout import MODULE_PREFIXES, parse_node_name
+from probe.collectors.msprobe_layout import MODULE_PREFIXES, parse_node_name
 
 __all__ = ["classify_entries", "stack_refs", "repair_tree", "node_columns"]
 
@@ -31,7 +31,7 @@ __all__ = ["classify_entries", "stack_refs", "repair_tree", "node_columns"]
 def classify_entries(names: list[str]) -> pa.Table:
     """kind, direction and class name of every entry name (vectorised over the names' dot
     separated parts; names of neither msprobe form are read by
-    :func:`collectors.msprobe_layout.parse_node_name`).
+    :func:`probe.collectors.msprobe_layout.parse_node_name`).
 
     Module names are ``(Module|Cell).<path.Class>.(forward|backward|parameters_grad).<call>``,
     API names ``<Prefix>.<api>.<call>.(forward|backward)``.

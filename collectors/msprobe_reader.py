@@ -7,19 +7,19 @@ stacks). This reader takes them as msprobe wrote them: ``NaN``, ``Infinity`` and
 literals, PyTorch or MindSpore names and dtype strings, statistics, md5 and tensor tasks.
 
 The common layout (tensor lists and maps, parameter gradients) is read by a native scanner
-(:mod:`collectors.msprobe_scan`) straight into Arrow; anything else, and a malformed file, is
-read here with orjson and flattened by :mod:`collectors.msprobe_flatten`, which gives the same
+(:mod:`probe.collectors.msprobe_scan`) straight into Arrow; anything else, and a malformed file, is
+read here with orjson and flattened by :mod:`probe.collectors.msprobe_flatten`, which gives the same
 records (and the error message). The entries' kinds and classes and the module tree come
-from :mod:`collectors.msprobe_nodes`; the folder layout and entry names from
-:mod:`collectors.msprobe_layout`.
+from :mod:`probe.collectors.msprobe_nodes`; the folder layout and entry names from
+:mod:`probe.collectors.msprobe_layout`.
 
-Every bad input is one :class:`ground.errors.ProbeError` line naming the file, and the entry
+Every bad input is one :class:`probe.ground.errors.ProbeError` line naming the file, and the entry
 where there is one: binary data, JSON that is not a dump, nesting too deep to read, text that is
 not Unicode, a shape that is not a list of dimensions >= 0 whose product an int64 holds, a
 statistic beyond a float's range. (A float literal beyond a float's range, ``1e999``, reads as
 infinite, as every JSON reader here reads it.)
 
-A dump entry becomes tensor records (:data:`collectors.records.TENSOR`), one per tensor or
+A dump entry becomes tensor records (:data:`probe.collectors.records.TENSOR`), one per tensor or
 non-tensor argument, with ``node`` = the entry's name exactly as in dump.json and ``slot``:
 
 ==================  ========================  ==========================================
@@ -63,12 +63,12 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute below
 
-from collectors.msprobe_flatten import flatten_entries
-from collectors.msprobe_layout import loads, step_rank
-from collectors.msprobe_nodes import classify_entries, node_columns, stack_refs
-from collectors.msprobe_scan import scan_file
-from collectors.records import schema_for, table_from_columns
-from ground.errors import ProbeError
+from probe.collectors.msprobe_flatten import flatten_entries
+from probe.collectors.msprobe_layout import loads, step_rank
+from probe.collectors.msprobe_nodes import classify_entries, node_columns, stack_refs
+from probe.collectors.msprobe_scan import scan_file
+from probe.collectors.records import schema_for, table_from_columns
+from probe.ground.errors import ProbeError
 
 __all__ = ["MsprobeDump", "read_msprobe_dump"]
 
@@ -95,7 +95,7 @@ def read_msprobe_dump(path: str | os.PathLike, run: str | None = None,
     """Read one msprobe dump (a dump.json, or the folder holding it) into record tables.
 
     construct.json and stack.json are read from beside dump.json when present. Raises
-    :class:`ground.errors.ProbeError` with one line naming the file for anything unreadable.
+    :class:`probe.ground.errors.ProbeError` with one line naming the file for anything unreadable.
 
     For a reader that needs less than the whole tensor record (the compare): ``columns``, the
     tensor columns to build (in the record's order; all when None), and ``node_dictionary``,

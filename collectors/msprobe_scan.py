@@ -1,6 +1,6 @@
 """Read an msprobe dump.json's common layout straight into Arrow with a native scanner.
 
-:func:`scan_dump` runs ``msprobe_scan.c`` (built once per machine, see :mod:`ground.native`) over
+:func:`scan_dump` runs ``msprobe_scan.c`` (built once per machine, see :mod:`probe.ground.native`) over
 the file's bytes: one pass that writes the entry names, the tensors' statistics, dtypes, shapes
 and argument positions into Arrow buffers, with no Python object per value. It returns None for
 anything outside the common layout (nested outputs, non-tensor arguments, escaped strings, odd
@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from collectors.msprobe_layout import STAT_TYPE, loads, position_names
+from probe.collectors.msprobe_layout import STAT_TYPE, loads, position_names
 
 __all__ = ["ScanResult", "scan_dump", "scan_file"]
 
@@ -68,7 +68,7 @@ def _scanner() -> Any:
     global _fn
     if _fn is not None:
         return _fn
-    from ground.native import load_cached
+    from probe.ground.native import load_cached
 
     dll = load_cached(_SOURCE, "msprobe-scan", "PROBE_NO_NATIVE_SCAN")
     fn = getattr(dll, "probe_scan_msprobe", None) if dll is not None else None

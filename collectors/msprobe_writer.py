@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 import orjson
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 #: msprobe's name for each of our levels.
 LEVELS = {"module": "L0", "api": "L1", "mix": "mix"}

@@ -3,7 +3,7 @@
 Each batch of finished events the session drains (every ~50 ms) becomes spans at once and goes
 to a ``BatchSpanProcessor`` (its own background thread), so a collector sees a step's spans a
 few seconds after the step, not when the session closes. Any ``SpanExporter`` works: OTLP
-(:mod:`collectors.otlp`), console, in-memory.
+(:mod:`probe.collectors.otlp`), console, in-memory.
 
 Nesting: a span's parent is the innermost range that encloses it on the same thread; an event
 with none there hangs under the ``step`` span of its step (domain ``step``: the bundled
@@ -63,7 +63,7 @@ EXPORTERS = ("console", "otlp")
 
 def span_exporter_from(otel: Any) -> Any:
     """The span exporter an ``otel`` option names: ``"otlp"`` (the OTLP exporter the
-    ``OTEL_EXPORTER_OTLP_*`` variables configure, :mod:`collectors.otlp`), ``"console"``
+    ``OTEL_EXPORTER_OTLP_*`` variables configure, :mod:`probe.collectors.otlp`), ``"console"``
     (print spans); an exporter object passes through; None (or False) stays None.
 
     >>> span_exporter_from(None) is None, type(span_exporter_from("console")).__name__
@@ -76,13 +76,13 @@ def span_exporter_from(otel: Any) -> Any:
 
         return ConsoleSpanExporter()
     if otel == "otlp":
-        from collectors import otlp
+        from probe.collectors import otlp
 
         exporter = otlp.span_exporter()
         exporter.probe_endpoint = f"{otlp.endpoint('traces')} ({otlp.protocol('traces')})"
         return exporter
     if isinstance(otel, str):
-        from ground.errors import ProbeError
+        from probe.ground.errors import ProbeError
 
         raise ProbeError(f"--otel {otel!r}: use {' or '.join(EXPORTERS)} "
                          "(or pass an exporter object in Python)")

@@ -32,7 +32,7 @@ import importlib
 import os
 from typing import Any, Mapping
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 #: The protocols the official Python exporters speak.
 PROTOCOLS = ("grpc", "http/protobuf")

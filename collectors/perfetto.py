@@ -151,7 +151,7 @@ def merge_traces(fragments: Iterable[str | os.PathLike], out: str | os.PathLike)
     Fragments are already on rank 0's clock and each uses ``pid = rank``, so merging is a
     concatenation; ``otherData.ranks`` lists each rank's clock offset.
     """
-    from ground.errors import ProbeError
+    from probe.ground.errors import ProbeError
 
     events: list[dict] = []
     ranks: dict[str, Any] = {}

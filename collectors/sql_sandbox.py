@@ -4,7 +4,7 @@ The web's Query page and ``probe query --safe`` run SQL that someone else typed.
 and write any file the process can (``read_text``, ``COPY ... TO``, ``ATTACH``), load extensions
 and change its own settings; here it can do none of that:
 
-1. Find the readable segments of the store (:func:`collectors.store.load_segments`) and create
+1. Find the readable segments of the store (:func:`probe.collectors.store.load_segments`) and create
    the views over them on a fresh in-memory DuckDB, with absolute paths.
 2. Allow file reads only in the folders that hold those segments (``allowed_directories``), then
    turn external access off (no other file, no network, no ``ATTACH``, no ``INSTALL``/``LOAD`` of
@@ -20,7 +20,7 @@ and change its own settings; here it can do none of that:
 [(12,)]
 >>> run_untrusted("runs/demo", "select * from read_text('/etc/hostname')")  # doctest: +SKIP
 Traceback (most recent call last):
-ground.errors.ProbeError: SQL refused: Permission Error: Cannot access file "/etc/hostname" ...
+probe.ground.errors.ProbeError: SQL refused: Permission Error: Cannot access file "/etc/hostname" ...
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.store import create_views, load_segments
-from ground.errors import ProbeError
+from probe.collectors.store import create_views, load_segments
+from probe.ground.errors import ProbeError
 
 ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
 
@@ -91,7 +91,7 @@ def check_statement(sql: str) -> None:
     >>> check_statement("copy (select 1) to 'x.csv'")
     Traceback (most recent call last):
     ...
-    ground.errors.ProbeError: SQL refused: only a single SELECT (or EXPLAIN) runs here, not COPY
+    probe.ground.errors.ProbeError: SQL refused: only a single SELECT (or EXPLAIN) runs here, not COPY
     """
     import duckdb
 

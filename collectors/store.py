@@ -40,9 +40,9 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collectors.records import SCHEMAS, VIEWS, conform, schema_for, table_from_rows
-from ground.background import BackgroundQueue
-from ground.errors import ProbeError
+from probe.collectors.records import SCHEMAS, VIEWS, conform, schema_for, table_from_rows
+from probe.ground.background import BackgroundQueue
+from probe.ground.errors import ProbeError
 
 STORE_DIRNAME = "store"
 

@@ -1,7 +1,7 @@
 """Compare: load two dumps, normalise, match, compute metrics, give verdicts and localise.
 
-The public entry point is :func:`compare.api.compare` (``probe compare A B`` on the command
-line), which returns a :class:`compare.result.CompareResult`; ``pipeline`` runs the modules,
+The public entry point is :func:`probe.compare.api.compare` (``probe compare A B`` on the command
+line), which returns a :class:`probe.compare.result.CompareResult`; ``pipeline`` runs the modules,
 in pipeline order:
 
 - ``load``: resolve an input (dump.json, step/rank folder, run folder with ``store/``);
@@ -15,5 +15,5 @@ in pipeline order:
 - ``report``: summary.json, the output files and the terminal summary.
 
 ``ranks`` compares two runs of several ranks pair by pair, on local processes or a Dask
-distributed cluster (``probe compare RUN_A RUN_B``, :func:`compare.ranks.compare_runs`).
+distributed cluster (``probe compare RUN_A RUN_B``, :func:`probe.compare.ranks.compare_runs`).
 """

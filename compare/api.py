@@ -1,6 +1,6 @@
 """The compare API: two dumps in, matched pairs, metrics, verdicts and localisation out.
 
->>> from compare.api import compare
+>>> from probe.compare.api import compare
 >>> r = compare("/work/shared/data/msprobe/mindspore_L0/step0/proc0/dump.json",
 ...             "/work/shared/data/msprobe/torch_L0/step0/proc0/dump.json")   # doctest: +SKIP
 >>> r.summary["verdicts"], r.summary["first_divergence"]                         # doctest: +SKIP
@@ -12,7 +12,7 @@ rank folder (or any folder above one: the lowest step and rank are taken), or a 
 holding our Arrow store (``RUN/store/``). Either side may be msprobe-written or ours, PyTorch or
 MindSpore.
 
-The result's columns and summary: :mod:`compare.result`.
+The result's columns and summary: :mod:`probe.compare.result`.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from compare.result import CompareResult
-from ground.errors import ProbeError
+from probe.compare.result import CompareResult
+from probe.ground.errors import ProbeError
 
 __all__ = ["CompareResult", "compare", "load_result"]
 
 
 def compare(a: str, b: str, mapping: str | None = None, progress: bool = False,
             out: str | os.PathLike | None = None, parallel: bool = True) -> CompareResult:
-    """Compare dump ``a`` against dump ``b``; see :mod:`compare.result` for the result's columns.
+    """Compare dump ``a`` against dump ``b``; see :mod:`probe.compare.result` for the result's columns.
 
     ``mapping``: an msprobe mapping file (``layer_mapping.yaml``, a cell/API/data mapping
     YAML) applied before structural matching. ``progress``: show a progress bar on stderr.
@@ -40,9 +40,9 @@ def compare(a: str, b: str, mapping: str | None = None, progress: bool = False,
     each as soon as its part is computed (faster than :meth:`CompareResult.write` afterwards);
     ``summary.json``'s ``elapsed_s`` then covers the writing too. ``parallel=False``: one
     core (no worker process or threads of its own beyond the files' writer), for callers that
-    compare many pairs at once (:mod:`compare.ranks`); the result is the same.
+    compare many pairs at once (:mod:`probe.compare.ranks`); the result is the same.
     """
-    from compare.pipeline import compare_paths
+    from probe.compare.pipeline import compare_paths
 
     t0 = time.perf_counter()
     with _Progress(progress) as bar:
@@ -50,7 +50,7 @@ def compare(a: str, b: str, mapping: str | None = None, progress: bool = False,
                                out=Path(out) if out is not None else None, parallel=parallel)
     result.summary["elapsed_s"] = round(time.perf_counter() - t0, 3)
     if result.written is not None:      # summary.json was written before elapsed_s was known
-        from compare.report import write_summary
+        from probe.compare.report import write_summary
 
         try:
             write_summary(result.summary, result.written)

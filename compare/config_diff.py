@@ -1,6 +1,6 @@
 """What differs between two runs' setups, and which differences can explain the runs diverging.
 
-Reads the setup records that :mod:`engine_adapter.run_config` writes (``OUT/config/rank{R}.json``);
+Reads the setup records that :mod:`probe.engine_adapter.run_config` writes (``OUT/config/rank{R}.json``);
 JSON only, no torch. ``probe config-check A B`` is a thin front end to :func:`check_configs`.
 
 1. **Load** each side (:func:`load_side`): a record file, a run folder holding
@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from engine_adapter.config_format import CONFIG_DIRNAME, FORMAT, VERSION
-from ground.errors import ProbeError
+from probe.engine_adapter.config_format import CONFIG_DIRNAME, FORMAT, VERSION
+from probe.ground.errors import ProbeError
 
 #: category -> (priority, label); priority 0 is not a cause
 CATEGORIES: dict[str, tuple[int, str]] = {

@@ -2,7 +2,7 @@
 
 Formatting the doubles is most of the cost of compare.csv (266k rows of 100k entries: 4.5M
 doubles, 0.53 of the file's 0.70 s CPU with Arrow's writer). ``csv_format.cpp`` (built once
-per machine, see :mod:`ground.native`) formats rows of int64, double, bool and string columns
+per machine, see :mod:`probe.ground.native`) formats rows of int64, double, bool and string columns
 as Arrow's writer does (its default options: every string quoted, nulls empty, ``\\n``), and
 list<int64> columns as the compare's CSV shows them (``"[2, 4]"``), with
 std::to_chars's shortest digits (the digits Arrow's double-conversion gives). A table of any
@@ -49,7 +49,7 @@ def _formatter() -> Any:
     """The native format function, or False (no C++ compiler, PROBE_NO_NATIVE_CSV set)."""
     global _fn
     if _fn is None:
-        from ground.native import load_cached
+        from probe.ground.native import load_cached
 
         dll = load_cached(_SOURCE, "csv-format", "PROBE_NO_NATIVE_CSV", [["-std=c++17", "-lstdc++"]])
         fn = getattr(dll, "probe_csv_format", None) if dll is not None else None

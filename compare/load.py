@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 __all__ = ["Dump", "PendingDump", "load_dump", "load_pair", "start_load"]
 
@@ -51,8 +51,8 @@ def load_dump(path: str | os.PathLike) -> Dump:
     A folder is searched for ``dump.json`` files first (the lowest step, then rank, is taken
     and the choice is noted); a folder without any but with ``store/`` is read from the store.
     """
-    from collectors.msprobe_layout import find_dump_files
-    from collectors.msprobe_reader import read_msprobe_dump
+    from probe.collectors.msprobe_layout import find_dump_files
+    from probe.collectors.msprobe_reader import read_msprobe_dump
 
     p = Path(path)
     if not p.exists():
@@ -330,7 +330,7 @@ def load_pair(a: str | os.PathLike, b: str | os.PathLike) -> tuple[Dump, Dump]:
 
 def _json_bytes(path: str | os.PathLike) -> int:
     """Size of the dump.json that :func:`load_dump` would read from ``path`` (0 if none)."""
-    from collectors.msprobe_layout import find_dump_files
+    from probe.collectors.msprobe_layout import find_dump_files
 
     p = Path(path)
     try:
@@ -341,7 +341,7 @@ def _json_bytes(path: str | os.PathLike) -> int:
 
 
 def _load_store(root: Path) -> Dump:
-    from collectors.store import open_store, read_step
+    from probe.collectors.store import open_store, read_step
 
     con = open_store(root)
     tensors, nodes, step, rank = read_step(root, con=con)

@@ -11,7 +11,7 @@
 Both are ``None`` or ``{"a": <name in A>, "b": <name in B>, "direction": ..., "reason": ...}``.
 
 And per node (:func:`with_impact`), so that a divergence passed on is told from one made: a
-node pair whose own verdict (:mod:`compare.verdict`) is not ``pass`` is an **origin** when its
+node pair whose own verdict (:mod:`probe.compare.verdict`) is not ``pass`` is an **origin** when its
 inputs agree (for ``nan``: hold no one-sided NaN/Inf), its parameters differ, or its error
 grows ``GROWTH``-fold from inputs to outputs; otherwise it is **affected**, and names the first
 origin before it in execution order (of a ``nan`` node: the first ``nan`` origin). When the

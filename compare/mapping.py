@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 __all__ = ["mapped_pairs", "kind_of", "load_mapping"]
 

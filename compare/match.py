@@ -1,13 +1,13 @@
 """Match the call groups of two sides: exact normalised names, then structure, then ancestors.
 
-Works on the tables :func:`compare.normalise.normalise_side` builds (``a_g``/``b_g``,
+Works on the tables :func:`probe.compare.normalise.normalise_side` builds (``a_g``/``b_g``,
 ``a_t``/``b_t``) and fills ``pairs(grp_a, grp_b, method, reason)``:
 
 1. ``exact``: the same framework-free name (module path + call; API name + call within the
    parent module, or within the whole dump when one side has no construct.json parents),
    unique on both sides (one SQL join); an API pair whose output shapes differ is left to
    the structural step (its call numbers are off: one side made an extra call);
-2. ``mapping``: pairs given by an msprobe mapping file (:mod:`compare.mapping`), applied first;
+2. ``mapping``: pairs given by an msprobe mapping file (:mod:`probe.compare.mapping`), applied first;
 3. ``structure``: with no mapping file, the unmatched groups between two consecutive matched
    anchors are aligned in execution order by dynamic programming over a score built from
    class, tensor shapes (inputs, outputs, parameters), depth, leaf name and the closeness of

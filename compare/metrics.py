@@ -1,9 +1,9 @@
 """Tensor-mode metrics: cosine similarity, max abs/rel error, RMSE, shares within 1e-3 / 1e-4.
 
 Statistics-mode metrics (differences and relative errors of max/min/mean/norm) are SQL in
-:mod:`compare.tensor_rows`; this module adds the element-wise metrics when both sides of a row
+:mod:`probe.compare.tensor_rows`; this module adds the element-wise metrics when both sides of a row
 have a readable tensor file (``.npy``; ``.safetensors`` through safetensors' numpy API, bfloat16
-read here; ``.pt`` files as :mod:`compare.pt_reader` reads them, without torch).
+read here; ``.pt`` files as :mod:`probe.compare.pt_reader` reads them, without torch).
 
 >>> import numpy as np
 >>> m = tensor_metrics(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0015]))
@@ -56,7 +56,7 @@ def load_array(path: str) -> np.ndarray | None:
         if path.endswith(".npy"):
             return np.load(path, allow_pickle=False)
         if path.endswith(".pt"):                  # msprobe's PyTorch tensor files
-            from compare.pt_reader import read_pt
+            from probe.compare.pt_reader import read_pt
 
             return read_pt(path)
         if path.endswith(".safetensors"):
@@ -98,7 +98,7 @@ def _bfloat16_safetensors(path: str) -> np.ndarray | None:
         raw = f.read(end - start)
     if len(raw) != end - start:
         return None
-    from compare.pt_reader import bfloat16_values
+    from probe.compare.pt_reader import bfloat16_values
 
     return bfloat16_values(raw, len(raw) // 2).reshape(shape)
 
@@ -130,7 +130,7 @@ def add_tensor_metrics(rows: pa.Table, progress: bool = False) -> pa.Table:
 def _regrade(rows: pa.Table, todo: list[int]) -> pa.Table:
     """Grade rows with element-wise metrics on them: the largest element error over the
     tensor's magnitude, with the statistics' dtype tolerances (the worse of the two gradings)."""
-    from compare.verdict import VERDICT_RANK, tolerance
+    from probe.compare.verdict import VERDICT_RANK, tolerance
 
     get = {k: rows.column(k).to_pylist() for k in
            ("max_abs_err", "cosine", "max_a", "min_a", "max_b", "min_b", "dtype_a", "dtype_b",

@@ -1,11 +1,11 @@
 """The per-node rows of a compare (``CompareResult.nodes``): node pairs and their verdicts.
 
-Over the tensor rows (``rows``, :mod:`compare.tensor_rows`) and the matched call groups
-(``pairs``, ``covered``, ``containers``, ``a_st``/``b_st``, :mod:`compare.match`), DuckDB SQL:
+Over the tensor rows (``rows``, :mod:`probe.compare.tensor_rows`) and the matched call groups
+(``pairs``, ``covered``, ``containers``, ``a_st``/``b_st``, :mod:`probe.compare.match`), DuckDB SQL:
 
 1. each matched group pair, per direction, gets the worst error and verdict of its inputs,
    outputs and parameters, and whether NaN/Inf are in each side's inputs and outputs;
-2. its node verdict is the worst of its own tensors' (:mod:`compare.verdict` defines both), its
+2. its node verdict is the worst of its own tensors' (:mod:`probe.compare.verdict` defines both), its
    precision score the growth of the error from inputs to outputs (each clipped at 1),
    floored at 0;
 3. the groups without a counterpart are added: ``ancestor`` (compared at the nearest matched
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compare.verdict import node_verdict_sql, worst_sql
+from probe.compare.verdict import node_verdict_sql, worst_sql
 
 __all__ = ["node_frame", "node_rows"]
 

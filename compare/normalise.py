@@ -17,7 +17,7 @@ second in Arrow (the caller registers it as ``X_t`` where it is queried):
   (the parent group), ``depth``, ``leaf`` (last path component);
 - ``X_t``, one row per tensor: the group, ``direction``, ``slot``, ``idx`` (parameter names
   normalised: ``gamma``→``weight``, ``beta``→``bias``), ``pos`` (the record's position: its
-  msprobe-style name is built from the records, see :func:`compare.tensor_rows.tensor_names`),
+  msprobe-style name is built from the records, see :func:`probe.compare.tensor_rows.tensor_names`),
   ``dtype`` (``Float32`` / ``torch.float32`` / ``mindspore.float32`` → ``float32``), stats,
   ``nonfinite``, ``uninit``, ``rid`` (its row number).
 

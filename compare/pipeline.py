@@ -3,7 +3,7 @@
 Everything row-wise is a DuckDB query over Arrow tables; Python touches only the groups left
 unmatched by name (structural alignment) and the tensor files of tensor-mode dumps.
 
->>> from compare.load import load_dump                                  # doctest: +SKIP
+>>> from probe.compare.load import load_dump                                  # doctest: +SKIP
 >>> r = run_compare(load_dump("A/dump.json"), load_dump("B/dump.json"))  # doctest: +SKIP
 """
 
@@ -12,15 +12,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from compare.load import Dump
-from compare.result import CompareResult
+from probe.compare.load import Dump
+from probe.compare.result import CompareResult
 
 __all__ = ["run_compare", "compare_paths"]
 
 
 def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None,
                 out: Any = None) -> CompareResult:
-    """Compare two loaded dumps; see :mod:`compare.result` for the result's columns. With ``out``
+    """Compare two loaded dumps; see :mod:`probe.compare.result` for the result's columns. With ``out``
     (a folder) the result files are written there as their parts are ready."""
     con = _connect()
     side_a = _Normaliser(con, "a", da).start()
@@ -37,13 +37,13 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
                   out: Any = None, parallel: bool = True) -> CompareResult:
     """Read and compare two inputs, overlapping the work of the two sides on two cores.
 
-    B is read in a worker process when the inputs are large (:func:`compare.load.start_load`)
+    B is read in a worker process when the inputs are large (:func:`probe.compare.load.start_load`)
     and normalised there too (:func:`_prepare_b`), while A is read here and its records
     normalised on a DuckDB cursor in a thread (DuckDB runs without the GIL). Errors are A's first, then B's. ``parallel=False``: all
     of it one step after another in this thread (for a pool that compares many pairs at once,
     one per core: the same result).
     """
-    from compare.load import load_dump, start_load
+    from probe.compare.load import load_dump, start_load
 
     pending = start_load(a, b, fork=parallel, prepare=_prepare_b)
     side_a = None
@@ -69,7 +69,7 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
             # A's tensor names while B's worker reads and normalises B, the longer of the two
             # (100k entries: ~0.1 s CPU out of the busy part after B arrives, where every
             # core is taken)
-            from compare.tensor_rows import tensor_names
+            from probe.compare.tensor_rows import tensor_names
 
             side_a.names = tensor_names(dump.tensors)
         dump, made = pending.result_prepared()
@@ -112,16 +112,16 @@ def _size_threads(con: Any, rows: int) -> int:
 
 
 def _prepare_b(dump: Dump) -> dict:
-    """In the worker that read B (:func:`compare.load.start_load`): what the compare needs of
+    """In the worker that read B (:func:`probe.compare.load.start_load`): what the compare needs of
     B, made there on its own core while A is read and normalised here: B's tensor table and
-    call groups (:func:`compare.normalise.normalise_side` on a DuckDB of its own), its tensor
-    names (:func:`compare.tensor_rows.tensor_names`) and its record count. The records
+    call groups (:func:`probe.compare.normalise.normalise_side` on a DuckDB of its own), its tensor
+    names (:func:`probe.compare.tensor_rows.tensor_names`) and its record count. The records
     themselves then stay in the worker (100k entries: B's normalising, 0.3-0.7 s, leaves the
     critical path)."""
     import pyarrow as pa
 
-    from compare.normalise import normalise_side
-    from compare.tensor_rows import tensor_names
+    from probe.compare.normalise import normalise_side
+    from probe.compare.tensor_rows import tensor_names
 
     con = _connect()
     try:
@@ -168,7 +168,7 @@ class _Prepared:
 
 
 class _Normaliser:
-    """:func:`compare.normalise.normalise_side` of one side on its own cursor, here or in a thread."""
+    """:func:`probe.compare.normalise.normalise_side` of one side on its own cursor, here or in a thread."""
 
     def __init__(self, con: Any, side: str, dump: Dump) -> None:
         self.cursor = con.cursor()
@@ -180,7 +180,7 @@ class _Normaliser:
         self.names: Any = None                  # its tensor names, when made before _finish
 
     def run(self) -> None:
-        from compare.normalise import normalise_side
+        from probe.compare.normalise import normalise_side
 
         try:
             self.table = normalise_side(self.cursor, self.side, self.dump.tensors, self.dump.nodes)
@@ -225,12 +225,12 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
     need of them. ``parallel=False``: the names and the rows on this thread only."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from compare.localise import localise, with_impact
-    from compare.match import match_groups
-    from compare.metrics import add_tensor_metrics
-    from compare.node_rows import node_frame, node_rows
-    from compare.report import ResultWriter, build_summary
-    from compare.tensor_rows import HELPER_COLUMNS, PARTITION_ROWS, tensor_names, tensor_rows, with_names
+    from probe.compare.localise import localise, with_impact
+    from probe.compare.match import match_groups
+    from probe.compare.metrics import add_tensor_metrics
+    from probe.compare.node_rows import node_frame, node_rows
+    from probe.compare.report import ResultWriter, build_summary
+    from probe.compare.tensor_rows import HELPER_COLUMNS, PARTITION_ROWS, tensor_names, tensor_rows, with_names
 
     made = [getattr(side, "names", None) for side in sides]       # a prepared side's names
     n = sum(getattr(side, "rows", 0) for side in sides)
@@ -255,7 +255,7 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
     try:
         mapped = None
         if mapping:
-            from compare.mapping import mapped_pairs
+            from probe.compare.mapping import mapped_pairs
 
             mapped = mapped_pairs(con, mapping)
         match_groups(con, mapped, structural=mapped is None)

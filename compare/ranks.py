@@ -2,10 +2,10 @@
 
 ``probe compare RUN_A RUN_B`` on two run (or step) folders that hold several dumps:
 
-1. **pairs**: each run's dump.json files (:func:`collectors.msprobe_layout.find_dump_files`)
+1. **pairs**: each run's dump.json files (:func:`probe.collectors.msprobe_layout.find_dump_files`)
    keyed by their (step, rank) folders; the keys both runs hold are compared, the others
    listed as missing on one side;
-2. **compare**: each pair by :func:`compare.api.compare` on one core (``parallel=False``,
+2. **compare**: each pair by :func:`probe.compare.api.compare` on one core (``parallel=False``,
    the same result as comparing it alone) into ``OUT/step{S}/rank{R}/``, one pair per worker
    at a time: a local pool of processes, one per core, or, given a Dask distributed
    scheduler's address, that cluster's workers (which must see the same paths). A worker
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 __all__ = ["rank_pairs", "compare_pair", "compare_runs", "format_runs", "format_pair"]
 
@@ -38,7 +38,7 @@ def rank_pairs(a: str | os.PathLike, b: str | os.PathLike) -> tuple[list[dict], 
     """The (step, rank) pairs of dumps two folders both hold, in (step, rank) order, each
     ``{"step", "rank", "a", "b"}``; and the keys only A, only B holds. Empty when either is
     not a folder holding more than one dump between them (a single compare, not per rank)."""
-    from collectors.msprobe_layout import find_dump_files, step_rank
+    from probe.collectors.msprobe_layout import find_dump_files, step_rank
 
     pa, pb = Path(a), Path(b)
     if not (pa.is_dir() and pb.is_dir()):
@@ -62,7 +62,7 @@ def compare_pair(a: str, b: str, out: str, mapping: str | None = None) -> dict:
     """Compare one pair into ``out`` on this core alone; its summary as :func:`compare_runs`
     lists it (``error``: the one-line error when it could not be compared). Runs in a
     worker: a local pool's process or a Dask worker."""
-    from compare.api import compare
+    from probe.compare.api import compare
 
     try:
         r = compare(a, b, mapping=mapping, out=out, parallel=False)
@@ -181,7 +181,7 @@ def _total(counts: Iterator[dict]) -> dict:
 
 
 def _worst(verdicts: Iterator[str | None]) -> str:
-    from compare.verdict import worst
+    from probe.compare.verdict import worst
 
     return worst(v for v in verdicts if v)
 
@@ -204,7 +204,7 @@ def _earliest(pairs: list[dict], key: str) -> dict | None:
 def format_runs(s: dict) -> str:
     """The terminal summary of :func:`compare_runs`: totals, missing pairs, where the runs
     diverge first across ranks."""
-    from compare.verdict import VERDICTS
+    from probe.compare.verdict import VERDICTS
 
     lines = [f"compare {s['a']}  vs  {s['b']}: {s['compared']} of {s['pairs']} (step, rank) pairs",
              "tensors: " + (", ".join(f"{v} {s['verdicts'][v]}" for v in VERDICTS if s["verdicts"].get(v))
@@ -230,7 +230,7 @@ def format_pair(p: dict) -> str:
     where = f"step {p['step']} rank {p['rank']}"
     if "error" in p:
         return f"{where}: error: {p['error']}"
-    from compare.verdict import VERDICTS
+    from probe.compare.verdict import VERDICTS
 
     counts = ", ".join(f"{v} {p['verdicts'][v]}" for v in VERDICTS if p["verdicts"].get(v))
     f = p.get("first_divergence")

@@ -1,6 +1,6 @@
 r"""Reports: summary.json contents, the output files and the terminal summary.
 
-Every count is labelled with what it counts (:func:`compare.verdict.counts`): tensors (rows of
+Every count is labelled with what it counts (:func:`probe.compare.verdict.counts`): tensors (rows of
 compare.csv), nodes (rows of nodes.parquet), unmatched nodes per side.
 
 >>> print("\n".join(format_summary({"a": "A", "b": "B", "matched": 2, "unmatched_a": 0,
@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 __all__ = ["build_summary", "write_result", "write_summary", "format_summary", "ResultWriter"]
 
@@ -30,8 +30,8 @@ _WORST_N = 5
 def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
     """The summary dict (matched/unmatched counts, labelled verdict counts, worst pairs, the
     inputs' fingerprints) from the ``rows`` and ``nodes`` tables in ``con``."""
-    from compare.fingerprint import fingerprint
-    from compare.verdict import counts as verdict_counts
+    from probe.compare.fingerprint import fingerprint
+    from probe.compare.verdict import counts as verdict_counts
 
     def counts(sql: str) -> dict[str, int]:
         return {k: int(v) for k, v in con.execute(sql).fetchall() if k is not None}
@@ -80,7 +80,7 @@ class ResultWriter:
     :meth:`rows` starts compare.parquet (Arrow's Parquet writer releases the GIL) and
     compare.csv (Arrow's CSV writer holds it, which the DuckDB queries that run meanwhile do not
     need); :meth:`nodes` starts nodes.parquet; :meth:`finish` writes summary.json and waits.
-    An unwritable folder is a one-line :class:`~ground.errors.ProbeError`, raised by the call
+    An unwritable folder is a one-line :class:`~probe.ground.errors.ProbeError`, raised by the call
     that found it or by :meth:`finish`.
     """
 
@@ -158,7 +158,7 @@ CSV_CHUNK_ROWS = 8_192
 #: win back: 266k rows take 0.70 s CPU in one piece, 0.77-0.89 s in chunks).
 CSV_PARALLEL_ROWS = 131_072
 CSV_PARALLEL_CORES = 4
-#: Cores from which compare.csv, formatted natively (:mod:`compare.csv_native`, which costs
+#: Cores from which compare.csv, formatted natively (:mod:`probe.compare.csv_native`, which costs
 #: little more CPU in chunks), is formatted on as many threads: the file is the last part of a
 #: large compare to finish, and the other core is free once the node rows are done (100k
 #: entries, 2 shared cores, medians of alternating runs in three sessions: 2.59, 2.98, 3.62 ->
@@ -168,7 +168,7 @@ CSV_NATIVE_PARALLEL_CORES = 2
 
 def _write_csv(rows: Any, path: Path) -> None:
     """CSV of the rows, list columns (shapes) as ``[2, 4]`` text; all vectorised in Arrow, the
-    text formatted by :mod:`compare.csv_native` where it can (Arrow's writer's bytes, in half
+    text formatted by :mod:`probe.compare.csv_native` where it can (Arrow's writer's bytes, in half
     its CPU time: 100k entries, 0.64-0.88 -> 0.42-0.49 s; the shapes' text too), else by
     Arrow's writer.
 
@@ -185,7 +185,7 @@ def _write_csv(rows: Any, path: Path) -> None:
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
-    from compare.csv_native import write_csv
+    from probe.compare.csv_native import write_csv
 
     workers = min(os.cpu_count() or 1, 8)
     big = rows.num_rows >= CSV_PARALLEL_ROWS
@@ -229,7 +229,7 @@ def _short(name: str | None, width: int = 70) -> str:
 def format_summary(s: dict[str, Any]) -> str:
     """The terminal summary: the labelled counts, the first divergence, the first NaN, the
     worst pairs."""
-    from compare.verdict import format_counts
+    from probe.compare.verdict import format_counts
 
     methods = ", ".join(f"{k} {v}" for k, v in s.get("match_methods", {}).items() if k != "unmatched")
     lines = [f"compare {s.get('a')}  vs  {s.get('b')}",

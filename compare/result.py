@@ -24,7 +24,7 @@ compared tensor:
 - ``nonfinite_a``, ``nonfinite_b``: whether the side holds NaN/±Inf;
 - ``hash_match``: md5 task: whether the hashes agree (null otherwise);
 - ``file_a``, ``file_b``: tensor files (tensor task), ``ord``: execution order, ``row_id``;
-- ``verdict``: the tensor verdict (:mod:`compare.verdict`): ``pass`` | ``warning`` | ``error`` |
+- ``verdict``: the tensor verdict (:mod:`probe.compare.verdict`): ``pass`` | ``warning`` | ``error`` |
   ``nan`` (NaN/Inf on one side only) | ``unmatched``; ``reason``: why, in words.
 
 ``CompareResult.nodes`` (``nodes.parquet``), one row per node pair or unmatched node:
@@ -38,9 +38,9 @@ outputs, parameters), ``in_verdict``, ``out_verdict``, ``param_verdict``, ``prec
 (error growth input→output in [0, 1]: clip(out_err) − clip(in_err), floored at 0),
 ``precision_band`` (msprobe's bands: ``low`` < 0.3 ≤ ``medium`` < 0.6 ≤ ``high``),
 ``nonfinite_in_a``, ``nonfinite_out_a``, ``nonfinite_in_b``, ``nonfinite_out_b``,
-``verdict`` (the node verdict, :mod:`compare.verdict`), ``reason``, ``origin`` (a divergence
+``verdict`` (the node verdict, :mod:`probe.compare.verdict`), ``reason``, ``origin`` (a divergence
 starts here), ``affected_by_a``, ``affected_by_b`` (an affected node: the origin its divergence
-comes from; :func:`compare.localise.with_impact`). For ``ancestor`` rows the other side's name
+comes from; :func:`probe.compare.localise.with_impact`). For ``ancestor`` rows the other side's name
 is the nearest matched ancestor's entry and the verdict is that pair's.
 
 ``CompareResult.summary`` (``summary.json``): ``a``, ``b`` (the files read), ``mode``
@@ -48,8 +48,8 @@ is the nearest matched ancestor's entry and the verdict is that pair's.
 per direction), ``match_methods`` (counts), ``tensors``, ``verdicts`` (counts per verdict over
 rows), ``node_verdicts``, ``counts`` (the same, labelled: ``{"tensors": {verdict: n},
 "nodes": {verdict: n}, "unmatched": {"a": n, "b": m}, "counted": <what each counts>}``,
-:func:`compare.verdict.counts`), ``inputs`` (``{"a": {"path", "sha256", "bytes", "scheme"},
-"b": ...}``: the fingerprints of the inputs read, :mod:`compare.fingerprint`), ``first_divergence``
+:func:`probe.compare.verdict.counts`), ``inputs`` (``{"a": {"path", "sha256", "bytes", "scheme"},
+"b": ...}``: the fingerprints of the inputs read, :mod:`probe.compare.fingerprint`), ``first_divergence``
 and ``first_nan`` (``null`` or ``{"a": <name in A>, "b": <name in B>, "direction":
 "forward"|"backward", "reason": ...}``), ``worst`` (the worst pairs), ``notes``, ``elapsed_s``.
 """
@@ -68,25 +68,25 @@ __all__ = ["CompareResult"]
 
 @dataclass
 class CompareResult:
-    """The outcome of :func:`compare.api.compare`: per-tensor rows, per-node pairs and the summary."""
+    """The outcome of :func:`probe.compare.api.compare`: per-tensor rows, per-node pairs and the summary."""
 
     rows: pa.Table
     nodes: pa.Table
     summary: dict[str, Any] = field(default_factory=dict)
 
-    #: the folder :func:`compare.api.compare` wrote the files to (its ``out``), None when it
+    #: the folder :func:`probe.compare.api.compare` wrote the files to (its ``out``), None when it
     #: wrote none
     written: Path | None = None
 
     def write(self, out_dir: str | os.PathLike) -> Path:
         """Write compare.csv, compare.parquet, nodes.parquet and summary.json into ``out_dir``."""
-        from compare.report import write_result
+        from probe.compare.report import write_result
 
         return write_result(self, Path(out_dir))
 
     @property
     def worst_verdict(self) -> str:
         """The worst tensor verdict (``nan`` > ``error`` > ``warning`` > ``pass``)."""
-        from compare.verdict import worst
+        from probe.compare.verdict import worst
 
         return worst(k for k, n in self.summary.get("verdicts", {}).items() if n)

@@ -1,7 +1,7 @@
 """The per-tensor rows of a compare (``CompareResult.rows``): pairs, statistics metrics, verdicts.
 
-Three steps over the two normalised sides (``a_t``/``b_t``, :mod:`compare.normalise`) and the
-matched groups (``pairs``, ``a_st``/``b_st``, :mod:`compare.match`):
+Three steps over the two normalised sides (``a_t``/``b_t``, :mod:`probe.compare.normalise`) and the
+matched groups (``pairs``, ``a_st``/``b_st``, :mod:`probe.compare.match`):
 
 1. **pairing** (DuckDB, on the keys alone): the tensors of every matched group are paired by
    direction, slot and index, and the unmatched ones kept: each row is a row number in A, one
@@ -11,7 +11,7 @@ matched groups (``pairs``, ``a_st``/``b_st``, :mod:`compare.match`):
    taken from its table by row number (a join would copy them all through its hash table);
 3. **grading** (DuckDB, one projection, in halves on two threads when large): differences and
    relative errors of max/min/mean/norm, the dtype- and scale-aware ``err``, the tensor verdict
-   (both as :mod:`compare.verdict` defines them) and its reason.
+   (both as :mod:`probe.compare.verdict` defines them) and its reason.
 
 The msprobe-style tensor names are put in afterwards from the records, by position
 (:func:`tensor_names`, :func:`with_names`).
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compare.verdict import CONTEXT_FLOOR, tensor_verdict_sql, tolerance_sql
+from probe.compare.verdict import CONTEXT_FLOOR, tensor_verdict_sql, tolerance_sql
 
 __all__ = ["tensor_rows", "tensor_names", "with_names", "HELPER_COLUMNS", "PARTITION_ROWS"]
 
@@ -89,7 +89,7 @@ def tensor_rows(con: Any, parts: int = 1, views: dict | None = None) -> Any:
 
 #: The columns of :func:`tensor_rows`, in order, and where each comes from: ``g`` the gathered
 #: rows, ``c`` the grading, ``None`` a tensor-mode metric (null until
-#: :func:`compare.metrics.add_tensor_metrics`); a rename as ``(name, source column)``.
+#: :func:`probe.compare.metrics.add_tensor_metrics`); a rename as ``(name, source column)``.
 COLUMNS = (
     ("row_id", "g"), ("grp_a", "g"), ("grp_b", "g"), ("name_slot_a", "g"), ("name_slot_b", "g"),
     ("direction", "g"), ("slot", "g"), ("index", "g"), ("match_method", "g"), ("dtype_a", "g"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 
 @dataclass(frozen=True)

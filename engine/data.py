@@ -4,7 +4,7 @@ Each sequence follows ``x[t+1] = (a_k * x[t] + c_k) mod V`` for one of four rule
 by the seed, with 5% noise tokens, so the loss falls as the model learns the rules. The global batch of a step is the same
 whatever the rank count; rank ``r`` of ``n`` takes rows ``r*B/n .. (r+1)*B/n``.
 
->>> from engine.config import get_preset
+>>> from probe.engine.config import get_preset
 >>> x, y = make_batch(get_preset("tiny"), step=0, rank=0, world_size=2, seed=0)
 >>> x.shape, y.shape
 (torch.Size([4, 32]), torch.Size([4, 32]))
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig
-from ground.errors import ProbeError
+from probe.engine.config import ModelConfig
+from probe.ground.errors import ProbeError
 
 N_RULES = 4
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 KINDS = {
     "scale": "scale:<parameter name>:<factor>",

@@ -1,7 +1,7 @@
 """Launch the bundled engine: one rank in-process, or N ranks as spawned ``torch.distributed``
 processes (gloo on CPU, nccl on CUDA), data parallel with gradients all-reduced.
 
->>> from engine.spec import RunSpec
+>>> from probe.engine.spec import RunSpec
 >>> result = run_training(RunSpec(preset="tiny", max_steps=2, out_dir=__import__("tempfile").mkdtemp(),
 ...                               quiet=True))
 >>> len(result.steps)
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from collectors.store import STORE_DIRNAME
-from engine.spec import RunSpec
-from engine_adapter.config_format import CONFIG_DIRNAME
-from ground.errors import ProbeError
-from ground.outdir import claim
+from probe.collectors.store import STORE_DIRNAME
+from probe.engine.spec import RunSpec
+from probe.engine_adapter.config_format import CONFIG_DIRNAME
+from probe.ground.errors import ProbeError
+from probe.ground.outdir import claim
 
 MAX_PROCS = 64
 
@@ -51,8 +51,8 @@ class RunResult:
 
     def check_finite(self, allow_nan: bool) -> None:
         """Raise the one-line error of a run whose loss turned NaN/Inf (exit code
-        :data:`~ground.errors.EXIT_NONFINITE`), unless ``allow_nan``."""
-        from ground.errors import EXIT_NONFINITE
+        :data:`~probe.ground.errors.EXIT_NONFINITE`), unless ``allow_nan``."""
+        from probe.ground.errors import EXIT_NONFINITE
 
         row = self.first_nonfinite
         if row is None or allow_nan:
@@ -65,9 +65,9 @@ class RunResult:
 
 def validate(spec: RunSpec) -> None:
     """Check the spec before any process starts; a ProbeError names the bad value."""
-    from engine.config import get_preset
-    from engine.faults import parse_faults
-    from engine.models import ENGINES
+    from probe.engine.config import get_preset
+    from probe.engine.faults import parse_faults
+    from probe.engine.models import ENGINES
 
     if spec.engine not in ENGINES:
         raise ProbeError(f"unknown engine {spec.engine!r}; valid engines: {', '.join(ENGINES)}")
@@ -91,13 +91,13 @@ def validate(spec: RunSpec) -> None:
 def run_training(spec: RunSpec) -> RunResult:
     """Run ``spec`` to completion and return the per-step table read back from the store.
 
-    The run directory is claimed for ``spec.owner`` (see :mod:`ground.outdir`): a store that
+    The run directory is claimed for ``spec.owner`` (see :mod:`probe.ground.outdir`): a store that
     verb wrote before is replaced, anything else there stops the run unless ``spec.force``.
     """
     validate(spec)
     claim(spec.out_dir, spec.owner, [STORE_DIRNAME, CONFIG_DIRNAME], force=spec.force)
     if spec.nproc == 1:
-        from engine.train import run_rank
+        from probe.engine.train import run_rank
         run_rank(spec, 0, 1)
     else:
         _spawn(spec)
@@ -108,7 +108,7 @@ def step_table(out_dir: str) -> list[dict[str, Any]]:
     """Per-step rows over all ranks: mean loss, the step time, summed tokens/s, and the slowest
     rank by its own work (compute time, not the step time: in a synchronous job every rank's
     step lasts as long as the slowest one's, so step time cannot tell them apart)."""
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
 
     con = open_store(out_dir)
     rows = con.sql("""
@@ -129,7 +129,7 @@ def rank_table(out_dir: str) -> list[dict[str, Any]]:
     The rank whose compute is far above its peers' is the straggler; its peers show the wait for
     it as communication time.
     """
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
 
     rows = open_store(out_dir).sql("""
         SELECT rank, avg(coalesce(compute_time_ms, step_time_ms)) AS compute_ms,
@@ -248,7 +248,7 @@ def _worker(rank: int, spec: RunSpec, port: int, launcher_pid: int) -> None:
     try:
         dist.init_process_group(backend, rank=rank, world_size=spec.nproc,
                                 timeout=timedelta(seconds=120))
-        from engine.train import run_rank
+        from probe.engine.train import run_rank
         run_rank(spec, rank, spec.nproc)
     except ProbeError as e:
         print(f"probe: rank {rank}: error: {e}", file=sys.stderr, flush=True)

@@ -9,7 +9,7 @@ fused Q/K/V projection, ``linear_proj``; ``scaled_dot_product_attention`` inline
 (module names are kept).
 
 >>> import torch
->>> from engine.config import get_preset
+>>> from probe.engine.config import get_preset
 >>> m = FusedLlama(get_preset("tiny"))
 >>> m(torch.zeros(2, 5, dtype=torch.long)).shape
 torch.Size([2, 5, 256])
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.rotary import apply_rotary, rotary_tables
+from probe.engine.config import ModelConfig
+from probe.engine.rotary import apply_rotary, rotary_tables
 
 
 class FusedRMSNorm(nn.Module):

@@ -5,7 +5,7 @@ Module names follow the TinyLlama of msprobe's examples: ``embed``, ``layers.N``
 (``gate_proj up_proj down_proj``), then ``norm`` and ``lm_head``.
 
 >>> import torch
->>> from engine.config import get_preset
+>>> from probe.engine.config import get_preset
 >>> m = ReferenceLlama(get_preset("tiny"))
 >>> m(torch.zeros(2, 5, dtype=torch.long)).shape
 torch.Size([2, 5, 256])
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.rotary import apply_rotary, rotary_tables
+from probe.engine.config import ModelConfig
+from probe.engine.rotary import apply_rotary, rotary_tables
 
 
 class RMSNorm(nn.Module):

@@ -1,6 +1,6 @@
 """Build either implementation of the bundled engine and its shared initial weights.
 
->>> from engine.config import get_preset
+>>> from probe.engine.config import get_preset
 >>> cfg = get_preset("tiny")
 >>> state = init_reference_state(cfg, seed=0)
 >>> ref, fused = build_model("reference", cfg), build_model("fused", cfg)
@@ -14,8 +14,8 @@ import math
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
-from ground.errors import ProbeError
+from probe.engine.config import ModelConfig
+from probe.ground.errors import ProbeError
 
 ENGINES = ("reference", "fused")
 
@@ -23,17 +23,17 @@ ENGINES = ("reference", "fused")
 def build_model(engine: str, cfg: ModelConfig) -> nn.Module:
     """A fresh model of implementation ``engine`` (``reference`` or ``fused``)."""
     if engine == "reference":
-        from engine.model_reference import ReferenceLlama
+        from probe.engine.model_reference import ReferenceLlama
         return ReferenceLlama(cfg)
     if engine == "fused":
-        from engine.model_fused import FusedLlama
+        from probe.engine.model_fused import FusedLlama
         return FusedLlama(cfg)
     raise ProbeError(f"unknown engine {engine!r}; valid engines: {', '.join(ENGINES)}")
 
 
 def init_reference_state(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     """Seeded initial weights in the reference format (GPT-2 style scaled normal init)."""
-    from engine.model_reference import ReferenceLlama
+    from probe.engine.model_reference import ReferenceLlama
 
     gen = torch.Generator().manual_seed(seed)
     model = ReferenceLlama(cfg)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine_adapter.callbacks import CallbackSpec
+from probe.engine_adapter.callbacks import CallbackSpec
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,14 @@ Each step: fetch the synthetic batch, forward, cross-entropy, backward, all-redu
 gradients (one flat bucket through ``torch.distributed.all_reduce``), AdamW. The loop marks
 its phases with ``mstx`` ranges (domain ``step``: ``step N``; ``engine``: forward, backward,
 optimizer; ``dataloader``: fetch), writes per-step metric points to the rank's store (each
-step durable when it ends), and calls the training callbacks (:mod:`engine_adapter.callbacks`).
+step durable when it ends), and calls the training callbacks (:mod:`probe.engine_adapter.callbacks`).
 
-Rank 0 shows progress (:mod:`engine.progress`, unless ``spec.quiet``). Every rank's loss rides
+Rank 0 shows progress (:mod:`probe.engine.progress`, unless ``spec.quiet``). Every rank's loss rides
 in the gradients' all-reduce, so after it every rank knows them all: a NaN or Inf loss (or
 gradient norm) is reported by rank 0 in one line on stderr at the step it happens (``probe:
 rank 1 step 3: loss = nan; ...``), and unless ``spec.allow_nan`` every rank stops after that
 step (its records are written); the command then exits with
-:data:`ground.errors.EXIT_NONFINITE`.
+:data:`probe.ground.errors.EXIT_NONFINITE`.
 """
 
 from __future__ import annotations
@@ -27,23 +27,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from collectors.store import StoreWriter
-from engine_adapter.callbacks import CallbackList, CallbackSpec, TrainContext
-from engine_adapter.run_config import RunConfigCallback
-from engine.config import get_preset
-from engine.data import make_batch
-from engine.faults import FaultPlanter, check_faults, parse_faults
-from engine.models import build_model, init_reference_state, load_weights_file
-from engine.spec import RunSpec
-from ground.errors import EXIT_NONFINITE
-from profiler import mstx
+from probe.collectors.store import StoreWriter
+from probe.engine_adapter.callbacks import CallbackList, CallbackSpec, TrainContext
+from probe.engine_adapter.run_config import RunConfigCallback
+from probe.engine.config import get_preset
+from probe.engine.data import make_batch
+from probe.engine.faults import FaultPlanter, check_faults, parse_faults
+from probe.engine.models import build_model, init_reference_state, load_weights_file
+from probe.engine.spec import RunSpec
+from probe.ground.errors import EXIT_NONFINITE
+from probe.profiler import mstx
 
 MONITOR_ENV = "PROBE_MONITOR"
 
 
 def _with_monitor(callbacks: tuple[CallbackSpec, ...]) -> list[CallbackSpec]:
     """``callbacks`` plus the monitor agent's when ``PROBE_MONITOR=host:port`` is set."""
-    from monitor.agent_callback import MonitorAgentCallback
+    from probe.monitor.agent_callback import MonitorAgentCallback
 
     out = list(callbacks)
     if os.environ.get(MONITOR_ENV) and not any(c.factory is MonitorAgentCallback for c in out):
@@ -54,7 +54,7 @@ def _with_monitor(callbacks: tuple[CallbackSpec, ...]) -> list[CallbackSpec]:
 def resolve_device(name: str, rank: int) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            from ground.errors import ProbeError
+            from probe.ground.errors import ProbeError
             raise ProbeError(f"device {name!r}: CUDA is not available on this machine; use --device cpu")
         if name == "cuda":
             return torch.device("cuda", rank % torch.cuda.device_count())
@@ -97,7 +97,7 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 def check_dtype(name: str) -> None:
     """Raise a ProbeError for a ``--dtype`` the engine does not run."""
     if name not in DTYPES:
-        from ground.errors import ProbeError
+        from probe.ground.errors import ProbeError
         raise ProbeError(f"--dtype {name!r}: use one of {', '.join(DTYPES)}")
 
 
@@ -131,7 +131,7 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
     tokens_per_step = (spec.global_batch or cfg.global_batch) // world_size * cfg.seq_len
     progress = None
     if rank == 0 and not spec.quiet:
-        from engine.progress import Progress
+        from probe.engine.progress import Progress
         progress = Progress(spec.max_steps, f"{spec.engine}/{spec.preset} x{world_size}",
                             every=spec.log_every)
     metrics: dict[str, Any] = {}
@@ -318,7 +318,7 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
 
 
 def norm_in_float64(x: torch.Tensor) -> float:
-    """The L2 norm of ``x`` from :class:`engine_adapter.torch_stats.TorchStats`' statistics,
+    """The L2 norm of ``x`` from :class:`probe.engine_adapter.torch_stats.TorchStats`' statistics,
     whose sum of squares is float64 (the native kernel on the host, float64 chunks on a device):
     for finite gradients past ~1.8e19, whose float32 norm is inf. The step reports the float32
     norm, read with its losses in one transfer, and asks this only then: a finite gradient's
@@ -327,8 +327,8 @@ def norm_in_float64(x: torch.Tensor) -> float:
     >>> norm_in_float64(torch.full((100,), 1e20)), float(torch.linalg.vector_norm(torch.full((100,), 1e20)))
     (1.0000000200408773e+21, inf)
     """
-    from engine_adapter.base import FLOAT
-    from engine_adapter.torch_stats import TorchStats
+    from probe.engine_adapter.base import FLOAT
+    from probe.engine_adapter.torch_stats import TorchStats
 
     stats = TorchStats()
     return math.sqrt(stats.gather([stats.reduce(x.detach().reshape(-1), FLOAT)])[0][3])

@@ -24,7 +24,7 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 #: statistics kinds a backend assigns to a tensor
 FLOAT = "float"       # Max, Min, Mean, Norm, NaN and Inf counts
@@ -230,7 +230,7 @@ def get_adapter(framework: str) -> EngineAdapter:
     if not name.isidentifier():
         raise ProbeError(f"--framework {framework!r}: not an engine name; use torch or mindspore")
     try:
-        module = importlib.import_module(f"engine_adapter.{name}_adapter")
+        module = importlib.import_module(f"probe.engine_adapter.{name}_adapter")
     except ModuleNotFoundError as e:
         if e.name and e.name.startswith("engine_adapter."):
             raise ProbeError(f"--framework {framework!r}: no adapter for this engine; "

@@ -1,6 +1,6 @@
 """The training-callback interface: how the dump, the profiler and the monitor agent follow steps.
 
-A training loop (the bundled engine's, or :class:`engine_adapter.steps.StepSource` over any
+A training loop (the bundled engine's, or :class:`probe.engine_adapter.steps.StepSource` over any
 script's optimizer) calls a list of :class:`TrainCallback` objects at fixed points of each
 rank's run. A run that spawns ranks describes each callback by a picklable
 :class:`CallbackSpec`: the callback's class (or any factory) itself, not its name in a string,
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from collectors.store import StoreWriter
+    from probe.collectors.store import StoreWriter
 
 
 @dataclass

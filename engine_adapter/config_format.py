@@ -1,6 +1,6 @@
 """Where a run's setup record lives and how it names itself: shared by its writer
-(:mod:`engine_adapter.run_config`, in the training process) and its reader
-(:mod:`compare.config_diff`, which must not import torch), so this module imports nothing heavy.
+(:mod:`probe.engine_adapter.run_config`, in the training process) and its reader
+(:mod:`probe.compare.config_diff`, which must not import torch), so this module imports nothing heavy.
 
 >>> config_path("runs/a", 1)
 'runs/a/config/rank1.json'

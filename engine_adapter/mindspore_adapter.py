@@ -7,14 +7,14 @@
   msprobe names them:
   ``Cell.block.attn.q.Dense.forward.0``, dtypes as MindSpore prints them (``Float32``).
 - APIs (``api``/``mix``): ``mindspore.ops`` (``Functional.*``), ``mindspore.mint``
-  (``Mint.*``) and ``Tensor`` methods, see :mod:`engine_adapter.mindspore_api`.
+  (``Mint.*``) and ``Tensor`` methods, see :mod:`probe.engine_adapter.mindspore_api`.
 - Steps: every call of an ``nn.Optimizer``; models in script mode: the first call of a Cell
   that is not part of a known model.
 
 Statistics: on the CPU through ``asnumpy()`` (the host is where the tensor lives); on a device
 one stacked reduction per tensor left on the device and read once per step.
 
->>> from engine_adapter.base import get_adapter     # doctest: +SKIP
+>>> from probe.engine_adapter.base import get_adapter     # doctest: +SKIP
 >>> get_adapter("mindspore").module_prefix          # doctest: +SKIP
 'Cell'
 """
@@ -32,9 +32,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from engine_adapter.base import FLOAT, INTEGER, OPAQUE, EngineAdapter, HookSink, StatsBackend, TensorMeta
-from engine_adapter.guard import ReentryGuard
-from engine_adapter.host_stats import array_stats
+from probe.engine_adapter.base import FLOAT, INTEGER, OPAQUE, EngineAdapter, HookSink, StatsBackend, TensorMeta
+from probe.engine_adapter.guard import ReentryGuard
+from probe.engine_adapter.host_stats import array_stats
 
 _FLOATS = {ms.float16, ms.float32, ms.float64, getattr(ms, "bfloat16", ms.float16)}
 _INTS = {ms.int8, ms.int16, ms.int32, ms.int64, ms.uint8, ms.uint16, ms.uint32, ms.uint64}
@@ -51,7 +51,7 @@ def _on_host() -> bool:
 
 
 class MindSporeStats(StatsBackend):
-    """:class:`~engine_adapter.base.StatsBackend` for ``mindspore.Tensor``."""
+    """:class:`~probe.engine_adapter.base.StatsBackend` for ``mindspore.Tensor``."""
 
     tensor_type = ms.Tensor
 
@@ -216,7 +216,7 @@ class MindSporeAdapter(EngineAdapter):
 
     def attach_api(self, sink: HookSink, *, backward: bool = True,
                    include: Callable[[str], bool] | None = None) -> None:
-        from engine_adapter.mindspore_api import MindSporeApi
+        from probe.engine_adapter.mindspore_api import MindSporeApi
         if self._api is None:
             self._api = MindSporeApi(sink, self.guard)
             self._api.install()

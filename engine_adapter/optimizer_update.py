@@ -21,7 +21,7 @@ Anything else (another optimizer, Nesterov, plain SGD with weight decay, tensor 
 learning rate of a foreign type) returns None: the caller keeps its copy for that weight.
 
 >>> import torch
->>> from engine_adapter.torch_stats import TorchStats
+>>> from probe.engine_adapter.torch_stats import TorchStats
 >>> torch.manual_seed(0) and None
 >>> w = torch.nn.Parameter(torch.randn(1000))
 >>> opt = torch.optim.AdamW([w], lr=0.01, weight_decay=0.1)
@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from engine_adapter.torch_stats import TorchStats, native_kernel
+from probe.engine_adapter.torch_stats import TorchStats, native_kernel
 
 _NAN = math.nan
 

@@ -1,7 +1,7 @@
 """Record a run's setup: what must be equal for two runs to train alike.
 
 One JSON file per rank, ``OUT/config/rank{R}.json``, written when training starts and again
-when the first batches have been seen; ``probe config-check A B`` (:mod:`compare.config_diff`)
+when the first batches have been seen; ``probe config-check A B`` (:mod:`probe.compare.config_diff`)
 compares two runs' files. Its sections:
 
 1. ``run``: rank and world size; who, where and when (pid, host, kernel, time, argv, cwd,
@@ -18,7 +18,7 @@ compares two runs' files. Its sections:
 6. ``hyperparameters``: each optimizer's class and param_groups (the params replaced by their
    count), plus what the caller adds (the bundled engine's model config, engine, faults);
 7. ``model``: the module tree, and each parameter's and buffer's dtype, shape and checksum
-   before the first optimizer step (:mod:`engine_adapter.checksum`: on the device, two
+   before the first optimizer step (:mod:`probe.engine_adapter.checksum`: on the device, two
    integers per tensor to the host);
 8. ``batches``: dtype, shape and checksum of the root model's tensor inputs at its first
    forward in each of steps 0 to ``batch_steps - 1`` (a forward pre-hook, removed afterwards).
@@ -55,10 +55,10 @@ from typing import Any, Iterator
 
 import torch
 
-from engine_adapter.callbacks import TrainCallback, TrainContext
-from engine_adapter.checksum import Checksummer, to_hex
-from engine_adapter.config_format import CONFIG_DIRNAME, FORMAT, VERSION, config_path
-from engine_adapter.run_facts import (determinism_flags, environment, packages, platform_info,
+from probe.engine_adapter.callbacks import TrainCallback, TrainContext
+from probe.engine_adapter.checksum import Checksummer, to_hex
+from probe.engine_adapter.config_format import CONFIG_DIRNAME, FORMAT, VERSION, config_path
+from probe.engine_adapter.run_facts import (determinism_flags, environment, packages, platform_info,
                                       random_state, run_info)
 
 #: steps whose first batch is recorded

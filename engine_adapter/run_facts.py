@@ -1,4 +1,4 @@
-"""The facts of a run that :mod:`engine_adapter.run_config` records beside the model: who and
+"""The facts of a run that :mod:`probe.engine_adapter.run_config` records beside the model: who and
 where (``run``), the platform, the installed packages, the environment (secrets redacted), the
 determinism flags and digests of the random states.
 

@@ -2,9 +2,9 @@
 
 A script run by ``probe profile -- SCRIPT`` has its own training loop, which calls none of our
 callbacks. :class:`StepSource` stands in for that loop: the engine adapter's
-:meth:`~engine_adapter.base.EngineAdapter.watch_steps` (the one optimizer-step detection, for
+:meth:`~probe.engine_adapter.base.EngineAdapter.watch_steps` (the one optimizer-step detection, for
 PyTorch and MindSpore alike) tells it when a step ends, and it calls a list of
-:class:`~engine_adapter.callbacks.TrainCallback` objects as the bundled engine's loop does:
+:class:`~probe.engine_adapter.callbacks.TrainCallback` objects as the bundled engine's loop does:
 
 1. :meth:`StepSource.start`: ``on_train_start(ctx)`` with a :class:`TrainContext` of
    ``engine="script"`` (no model, optimizer or device: the script owns them; the rank and
@@ -22,7 +22,7 @@ PyTorch and MindSpore alike) tells it when a step ends, and it calls a list of
 A callback that raises is reported once and disabled (:class:`CallbackList`); the script goes on.
 
 >>> import tempfile, torch
->>> from engine_adapter.base import get_adapter
+>>> from probe.engine_adapter.base import get_adapter
 >>> class Show(TrainCallback):
 ...     def on_step_end(self, ctx, step, metrics):
 ...         print(ctx.engine, step, sorted(metrics))
@@ -44,8 +44,8 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from engine_adapter.base import EngineAdapter
-from engine_adapter.callbacks import CallbackList, TrainCallback, TrainContext
+from probe.engine_adapter.base import EngineAdapter
+from probe.engine_adapter.callbacks import CallbackList, TrainCallback, TrainContext
 
 
 def watch_first_optimizer(framework: str, on_first: Callable[[], None]) -> Callable[[], None] | None:

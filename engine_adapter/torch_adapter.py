@@ -8,18 +8,18 @@
   gradient), on every sub-module of the model, named by its path as msprobe names it:
   ``Module.layers.0.attn.q_proj.Linear``.
   When the recorder takes gradients already read (the module level's statistics), the same
-  backward hooks are C++ (:mod:`engine_adapter.torch_grads`, built once per machine): the
+  backward hooks are C++ (:mod:`probe.engine_adapter.torch_grads`, built once per machine): the
   backward pass runs without the GIL and the gradients are replayed into the same handlers as
   the step ends (or before the next forward call: gradient accumulation).
 - APIs (``api``/``mix`` levels): thin wrappers of the public ``torch``,
-  ``torch.nn.functional`` and ``Tensor`` functions (see :mod:`engine_adapter.torch_api`).
+  ``torch.nn.functional`` and ``Tensor`` functions (see :mod:`probe.engine_adapter.torch_api`).
 - Steps: ``torch.optim`` global optimizer step post-hook.
 - Compiled models (``torch.compile``): hooks are attached to the original modules and wrapped
   in ``torch._dynamo.disable``; module boundaries are kept, each hooked boundary is a graph
   break, and :meth:`TorchAdapter.notes` says so.
 
 >>> import torch
->>> from engine_adapter.torch_adapter import TorchAdapter
+>>> from probe.engine_adapter.torch_adapter import TorchAdapter
 >>> a = TorchAdapter()
 >>> a.framework, a.module_prefix
 ('pytorch', 'Module')
@@ -33,10 +33,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from engine_adapter.base import EngineAdapter, HookSink, StatsBackend
-from engine_adapter.guard import ReentryGuard
-from engine_adapter.torch_api import watch_gradient, wrap_inputs
-from engine_adapter.torch_stats import TorchStats
+from probe.engine_adapter.base import EngineAdapter, HookSink, StatsBackend
+from probe.engine_adapter.guard import ReentryGuard
+from probe.engine_adapter.torch_api import watch_gradient, wrap_inputs
+from probe.engine_adapter.torch_stats import TorchStats
 
 
 #: inside dump code, tensor subclasses (``nn.Parameter``) skip their Python ``__torch_function__``:
@@ -115,7 +115,7 @@ class TorchAdapter(EngineAdapter):
         """The library's hooks that call Python as they fire, handing gradients over read when
         ``sink`` takes them so, or None (asked once)."""
         if self._hooks is None:
-            from engine_adapter.torch_grads import PreparedGrad, hooks
+            from probe.engine_adapter.torch_grads import PreparedGrad, hooks
             accept = getattr(sink, "accept_prepared_grads", None)
             self._hooks = hooks(prepared=accept is not None and accept(PreparedGrad)) or False
         return self._hooks or None
@@ -130,7 +130,7 @@ class TorchAdapter(EngineAdapter):
             self._native = False
             accept = getattr(sink, "accept_prepared_grads", None)
             if accept is not None:
-                from engine_adapter.torch_grads import PreparedGrad, load
+                from probe.engine_adapter.torch_grads import PreparedGrad, load
                 if accept(PreparedGrad, replayed=True):
                     self._native = load(sink.backward_started) or False
                     if self._native:
@@ -196,7 +196,7 @@ class TorchAdapter(EngineAdapter):
     def _param_hook(self, sink: HookSink, base: str, key: int, pname: str, expected: int,
                     prepare: Callable[[Any], Any] | None = None):
         """The hook of a parameter's gradient (``prepare``: the library's, see
-        :class:`engine_adapter.torch_grads.CallingHooks`; the gradient is kept read, not as
+        :class:`probe.engine_adapter.torch_grads.CallingHooks`; the gradient is kept read, not as
         the tensor, until the module's other parameters' come)."""
         guard = self.guard
 
@@ -211,7 +211,7 @@ class TorchAdapter(EngineAdapter):
     # ----------------------------------------------------------------- APIs
     def attach_api(self, sink: HookSink, *, backward: bool = True,
                    include: Callable[[str], bool] | None = None) -> None:
-        from engine_adapter.torch_api import ApiMode
+        from probe.engine_adapter.torch_api import ApiMode
         if self._api_mode is None:
             self._api_mode = ApiMode(sink, self.guard, backward=backward,
                                      hooks=self._py_hooks(sink) if backward else None)
@@ -263,7 +263,7 @@ class TorchAdapter(EngineAdapter):
             self._hooks.new_step()
 
     def finish_pending(self) -> None:
-        from engine_adapter.torch_api import finish_partial_backward
+        from probe.engine_adapter.torch_api import finish_partial_backward
         if self._native:
             self._native.end_step()
         finish_partial_backward()
@@ -279,7 +279,7 @@ class TorchAdapter(EngineAdapter):
         return "" if self._roots == 1 else f"model{self._roots - 1}."
 
     def detach(self) -> None:
-        from engine_adapter.torch_api import forget_partial_backward
+        from probe.engine_adapter.torch_api import forget_partial_backward
         if self._native:
             self._native.forget()
         self._native = None

@@ -18,7 +18,7 @@ calls and ``out=`` calls have no backward entry (an identity node in front of an
 not allowed by autograd).
 
 ``torch.distributed`` collectives are not wrapped here: the dump registers a listener with
-:mod:`engine_adapter.torch_comm`, the one wrapper of collectives, and records
+:mod:`probe.engine_adapter.torch_comm`, the one wrapper of collectives, and records
 ``Distributed.all_reduce.<n>.forward`` from it.
 """
 
@@ -246,8 +246,8 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None,
                 hooks: Any = None) -> tuple[tuple, dict, bool]:
     """Route the differentiable tensors of ``args``/``kwargs`` through capture nodes
     (:func:`_alias` for one tensor, :func:`_alias_each` for several strided ones,
-    :class:`_Capture` otherwise). With ``native`` (:class:`engine_adapter.torch_grads.NativeGrads`,
-    replaying as the step ends) or ``hooks`` (:func:`engine_adapter.torch_grads.hooks`, calling
+    :class:`_Capture` otherwise). With ``native`` (:class:`probe.engine_adapter.torch_grads.NativeGrads`,
+    replaying as the step ends) or ``hooks`` (:func:`probe.engine_adapter.torch_grads.hooks`, calling
     as they fire), strided ones go through its ``capture``: the same view nodes hooked in C++,
     reaching ``call.input_grad`` (one input) or a :class:`_Gather`'s ``on_grad``."""
     slots: list[tuple] = []
@@ -324,7 +324,7 @@ def _hook_outputs(call: _Call, output: Any, hooks: Any = None) -> None:
 def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, backward: bool,
                  hooks: Any = None) -> Any:
     """The wrapper that records one API (see the module docstring); ``hooks``: the library's
-    hooks (:func:`engine_adapter.torch_grads.hooks`), None for the Python ones."""
+    hooks (:func:`probe.engine_adapter.torch_grads.hooks`), None for the Python ones."""
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
@@ -357,7 +357,7 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
 
 
 class _CommListener:
-    """Records ``Distributed.<op>`` entries from :mod:`engine_adapter.torch_comm` calls."""
+    """Records ``Distributed.<op>`` entries from :mod:`probe.engine_adapter.torch_comm` calls."""
 
     def __init__(self, sink: Any, guard: Any) -> None:
         self.sink = sink
@@ -415,7 +415,7 @@ class ApiMode:
         if self._listener is not None:
             return []
         try:
-            from engine_adapter import torch_comm
+            from probe.engine_adapter import torch_comm
         except ImportError:
             return ["torch.distributed collectives are not recorded: engine_adapter.torch_comm "
                     "is not available"]
@@ -424,6 +424,6 @@ class ApiMode:
 
     def detach_comm(self) -> None:
         if self._listener is not None:
-            from engine_adapter import torch_comm
+            from probe.engine_adapter import torch_comm
             torch_comm.remove_listener(self._listener)
             self._listener = None

@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from engine_adapter.guard import ReentryGuard
+from probe.engine_adapter.guard import ReentryGuard
 
 __all__ = ["CommCall", "CollectiveTracker", "add_listener", "remove_listener", "listeners",
            "WRAPPED_OPS", "P2P_OPS"]

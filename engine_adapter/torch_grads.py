@@ -1,6 +1,6 @@
 """The dump's backward capture in C++ (``torch_grads.cpp``): gradients read without the GIL.
 
-The Python capture of :mod:`engine_adapter.torch_adapter` runs a Python hook for each module
+The Python capture of :mod:`probe.engine_adapter.torch_adapter` runs a Python hook for each module
 output's gradient, each module input's and each parameter's (~75 a step of the bundled mini
 model): each call takes the GIL, which the dump's writer thread holds while it writes the last
 step, and costs ~20 us. :class:`NativeGrads` puts C++ hooks on the same autograd nodes: a CPU
@@ -71,7 +71,7 @@ def _build() -> Any:
         import importlib.util
         import sysconfig
 
-        from ground.native import build_cached
+        from probe.ground.native import build_cached
         from torch.utils.cpp_extension import include_paths, library_paths
 
         includes = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
@@ -95,7 +95,7 @@ def _build() -> Any:
 
 def available() -> bool:
     """Whether the C++ capture can be used here (built, or buildable, and the kernel loaded)."""
-    from engine_adapter.torch_stats import native_kernel
+    from probe.engine_adapter.torch_stats import native_kernel
 
     return bool(native_kernel()) and bool(_build())
 
@@ -149,13 +149,13 @@ class CallingHooks:
 def hooks(prepared: bool = False) -> CallingHooks | None:
     """The library's :class:`CallingHooks` (``prepared``: handing gradients over read, when
     the statistics kernel is here too), or None (not built here, ``PROBE_NO_NATIVE_GRADS``
-    set): then the Python hooks of :mod:`engine_adapter.torch_api`."""
+    set): then the Python hooks of :mod:`probe.engine_adapter.torch_api`."""
     lib = _build()
     if not lib:
         return None
     kernel = None
     if prepared:
-        from engine_adapter.torch_stats import native_kernel
+        from probe.engine_adapter.torch_stats import native_kernel
         kernel = native_kernel() or None
     return CallingHooks(lib, kernel)
 
@@ -163,7 +163,7 @@ def hooks(prepared: bool = False) -> CallingHooks | None:
 def load(on_first: Callable[[], None]) -> "NativeGrads | None":
     """The C++ capture, or None (no kernel, no compiler, ``PROBE_NO_NATIVE_GRADS`` set).
     ``on_first()`` is called, under the GIL, at the first gradient of each recorded step."""
-    from engine_adapter.torch_stats import native_kernel
+    from probe.engine_adapter.torch_stats import native_kernel
 
     kernel = native_kernel()
     lib = _build() if kernel else False

@@ -12,7 +12,7 @@ computed where the tensor lives:
   once per machine with the system C compiler, cached under ``~/.cache/probe``) reads max,
   min, sum, sum of squares and NaN/Inf counts at memory speed, a large tensor on torch's own
   OpenMP threads (each reads the share it just wrote, still in its core's cache). Without a compiler the same
-  numbers come from a zero-copy NumPy view (:func:`engine_adapter.host_stats.array_stats`).
+  numbers come from a zero-copy NumPy view (:func:`probe.engine_adapter.host_stats.array_stats`).
   The handle is then the finished list.
 
 :meth:`TorchStats.identity` keys a tensor by its bytes (address, dtype, extent, version), valid
@@ -35,8 +35,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend, TensorMeta
-from engine_adapter.host_stats import array_stats
+from probe.engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend, TensorMeta
+from probe.engine_adapter.host_stats import array_stats
 
 _FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 _INTS = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
@@ -75,7 +75,7 @@ def _identity(t: torch.Tensor, dtype: torch.dtype, numel: int) -> tuple | None:
 
 
 class TorchStats(StatsBackend):
-    """:class:`~engine_adapter.base.StatsBackend` for ``torch.Tensor``."""
+    """:class:`~probe.engine_adapter.base.StatsBackend` for ``torch.Tensor``."""
 
     tensor_type = torch.Tensor
 
@@ -165,7 +165,7 @@ class TorchStats(StatsBackend):
 
     def save(self, tensors: dict[str, Any], path: str) -> None:
         if len(tensors) == 1 and "tensor" in tensors:      # the dump's one tensor per file
-            from engine_adapter.torch_safetensors import write_tensor
+            from probe.engine_adapter.torch_safetensors import write_tensor
             if write_tensor(tensors["tensor"], path):
                 return
         if os.path.islink(path):
@@ -176,7 +176,7 @@ class TorchStats(StatsBackend):
     def snapshot(self, t: torch.Tensor) -> torch.Tensor | None:
         # a copy in memory runs at memory speed; the file write it replaces costs the page
         # cache's (several times slower here), and goes to the dump's writer thread instead
-        from engine_adapter.torch_safetensors import writable
+        from probe.engine_adapter.torch_safetensors import writable
         if not writable(t):
             return None
         x = t.detach()
@@ -213,7 +213,7 @@ def _load_kernel() -> Any:
     try:
         import ctypes
 
-        from ground.native import load_cached
+        from probe.ground.native import load_cached
 
         gomp = _torch_openmp()
         # linked to the libgomp already loaded, so it shares torch's threads; else serial

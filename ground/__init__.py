@@ -1,10 +1,10 @@
 """The ground floor: what every package needs and that needs nothing of the project.
 
-- :mod:`ground.errors`: :class:`~ground.errors.ProbeError`, the one user-facing error, and the
+- :mod:`probe.ground.errors`: :class:`~probe.ground.errors.ProbeError`, the one user-facing error, and the
   exit codes;
-- :mod:`ground.native`: the build-and-load cache of the small C helpers;
-- :mod:`ground.selection`: ``--steps``/``--ranks`` selections (``0,2-4``);
-- :mod:`ground.background`: the one bounded background queue with a worker thread that every
+- :mod:`probe.ground.native`: the build-and-load cache of the small C helpers;
+- :mod:`probe.ground.selection`: ``--steps``/``--ranks`` selections (``0,2-4``);
+- :mod:`probe.ground.background`: the one bounded background queue with a worker thread that every
   writer and sender uses.
 
 Nothing here imports another package of this project (a test checks it).

@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 MANIFEST = ".probe-outputs.json"
 

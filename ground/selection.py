@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 
 def parse_selection(text: str | None, *, what: str = "selection") -> list[int] | None:

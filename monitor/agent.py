@@ -1,29 +1,29 @@
 """The per-rank monitor agent: streams step metrics to the monitor service, never in the way.
 
 The training thread calls :meth:`MonitorAgent.record` once per step: it puts one tuple on a
-bounded :class:`~ground.background.BackgroundQueue` and returns (no network, no disk, no lock
+bounded :class:`~probe.ground.background.BackgroundQueue` and returns (no network, no disk, no lock
 held across I/O). The queue's worker is the sender: every ``flush_interval_s`` (which the
 service's ``set_interval`` command sets) it takes what was recorded, packs it into columnar
-batches (:mod:`monitor.batch_packer`, numbered ``seq`` 1, 2, ... per agent) and pushes them;
+batches (:mod:`probe.monitor.batch_packer`, numbered ``seq`` 1, 2, ... per agent) and pushes them;
 the service acknowledges a batch only once it is durable and acknowledges a resent one without
 storing it again. While the service is away every
-unacknowledged batch goes to a local spool file (:mod:`monitor.spool`), in order; on reconnect
+unacknowledged batch goes to a local spool file (:mod:`probe.monitor.spool`), in order; on reconnect
 the spool is resent first, then deleted. So a restart of the service (or of the rank, when the
 spool file is found again) neither loses nor doubles a point. If the training thread ever
 outruns the sender so far that the queue fills, the point is dropped and counted, and the count
 travels to the service with the next batch (``dropped``).
 
-The sender also samples host CPU and memory (:mod:`monitor.host_sampler`; at most every
+The sender also samples host CPU and memory (:mod:`probe.monitor.host_sampler`; at most every
 ``host_interval_s``, on the latest step), heartbeats when idle, and registers again after the
-service was lost (:mod:`monitor.agent_connection`). Every batch and heartbeat it sends says
+service was lost (:mod:`probe.monitor.agent_connection`). Every batch and heartbeat it sends says
 where the rank is, when ``collectives`` is set (a
-:class:`engine_adapter.torch_comm.CollectiveTracker`): ``step_in`` and the collective it has
+:class:`probe.engine_adapter.torch_comm.CollectiveTracker`): ``step_in`` and the collective it has
 entered and not left, read off the training thread; while the rank is stuck no step ends, the
 heartbeats go on, and the service sees what it waits in. A ``dump_stacks`` command writes
 every thread's Python stack (:mod:`faulthandler`, from the command thread: a stuck training
 thread cannot block it) to ``stacks_dir`` and sends the file back like a trace. A command thread holds the rank's command
-stream open (:mod:`monitor.command_listener`): a ``trace`` command makes
-:class:`monitor.agent_callback.MonitorAgentCallback` run a profiler session for exactly the
+stream open (:mod:`probe.monitor.command_listener`): a ``trace`` command makes
+:class:`probe.monitor.agent_callback.MonitorAgentCallback` run a profiler session for exactly the
 asked steps on the training thread, and the trace files go back to the service from the sender.
 
 >>> agent = MonitorAgent("127.0.0.1:50051", job="demo", rank=0, world_size=1)  # doctest: +SKIP
@@ -42,14 +42,14 @@ import uuid
 from collections import deque
 from typing import Any, Callable, Mapping
 
-from ground.background import BackgroundQueue
-from monitor.agent_connection import AgentConnection
-from monitor.agent_requests import AgentRequests
-from monitor.batch_packer import BatchPacker
-from monitor.command_listener import CommandListener
-from monitor.host_sampler import HostSampler
-from monitor.limits import MAX_BATCH_POINTS
-from monitor.spool import Spool, default_spool_path
+from probe.ground.background import BackgroundQueue
+from probe.monitor.agent_connection import AgentConnection
+from probe.monitor.agent_requests import AgentRequests
+from probe.monitor.batch_packer import BatchPacker
+from probe.monitor.command_listener import CommandListener
+from probe.monitor.host_sampler import HostSampler
+from probe.monitor.limits import MAX_BATCH_POINTS
+from probe.monitor.spool import Spool, default_spool_path
 
 ADDR_ENV = "PROBE_MONITOR"
 JOB_ENV = "PROBE_MONITOR_JOB"
@@ -74,7 +74,7 @@ class MonitorAgent(AgentRequests):
                  sample_host: bool = True, on_command: Callable[[Any], None] | None = None,
                  push_timeout_s: float = 10.0, exit_wait_s: float = 5.0,
                  host_interval_s: float = 1.0, max_spool_bytes: int = 1 << 30) -> None:
-        from monitor import auth
+        from probe.monitor import auth
 
         self.addr, self.job, self.rank = addr, job, int(rank)
         self.world_size, self.engine = int(world_size), engine
@@ -323,7 +323,7 @@ class MonitorAgent(AgentRequests):
         return True
 
     def _send(self) -> None:
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         if not self._link.connected and not self._connect():
             return
@@ -345,7 +345,7 @@ class MonitorAgent(AgentRequests):
 
     def _replay_spool(self) -> None:
         """Resend the spool in order; delete it once every record is acknowledged."""
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         self._to_spool()
         for i, payload in enumerate(self.spool.read()):

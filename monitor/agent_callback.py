@@ -1,14 +1,14 @@
 """The monitor agent as a training callback: what each rank of a monitored run runs.
 
 The bundled engine adds :class:`MonitorAgentCallback` when ``PROBE_MONITOR=host:port`` is set;
-any training loop that drives :class:`~engine_adapter.callbacks.TrainCallback` objects can add it.
-It records each step's metrics through a :class:`~monitor.agent.MonitorAgent` and runs the
+any training loop that drives :class:`~probe.engine_adapter.callbacks.TrainCallback` objects can add it.
+It records each step's metrics through a :class:`~probe.monitor.agent.MonitorAgent` and runs the
 service's ``trace`` commands as profiler sessions on the training thread. Under
 ``torch.distributed`` it also tells the agent which collective the rank is in
-(:class:`engine_adapter.torch_comm.CollectiveTracker`), so that the service can diagnose a hang,
+(:class:`probe.engine_adapter.torch_comm.CollectiveTracker`), so that the service can diagnose a hang,
 and where a ``dump_stacks`` command writes: ``<run folder>/stacks/``. A ``dump`` command (a
-targeted dump, :mod:`monitor.targeted_dump`) goes to the rank's
-:class:`~monitor.targeted_dump.DumpSchedule` in ``ctx.extra["monitor_dumps"]``, for the dump
+targeted dump, :mod:`probe.monitor.targeted_dump`) goes to the rank's
+:class:`~probe.monitor.targeted_dump.DumpSchedule` in ``ctx.extra["monitor_dumps"]``, for the dump
 runner (:class:`probe.dump_callback.TargetedDumpCallback`) to carry out; without one in the run,
 each order is answered with an error when its first step comes.
 """
@@ -21,9 +21,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from engine_adapter.callbacks import TrainCallback, TrainContext
-from monitor.agent import ADDR_ENV, JOB_ENV, MonitorAgent, _warn
-from monitor.targeted_dump import SCHEDULE_KEY, DumpOrder, DumpSchedule
+from probe.engine_adapter.callbacks import TrainCallback, TrainContext
+from probe.monitor.agent import ADDR_ENV, JOB_ENV, MonitorAgent, _warn
+from probe.monitor.targeted_dump import SCHEDULE_KEY, DumpOrder, DumpSchedule
 
 
 class MonitorAgentCallback(TrainCallback):
@@ -34,10 +34,10 @@ class MonitorAgentCallback(TrainCallback):
     tokens_per_s, grad_norm, data_time_ms, comm_time_ms, compute_time_ms, compute_cpu_ms on a
     CPU rank, nonfinite_grads, and flops/mfu/hfu when the profiler added them) is recorded,
     plus device memory on CUDA.
-    A ``trace`` command starts a profiler session (:mod:`profiler.session`) at the first asked
+    A ``trace`` command starts a profiler session (:mod:`probe.profiler.session`) at the first asked
     step and stops it after the last one; the trace files go to the service.
 
-    >>> from engine_adapter.callbacks import CallbackSpec
+    >>> from probe.engine_adapter.callbacks import CallbackSpec
     >>> CallbackSpec(MonitorAgentCallback, {"addr": "127.0.0.1:50051"}).build().addr
     '127.0.0.1:50051'
     """
@@ -80,7 +80,7 @@ class MonitorAgentCallback(TrainCallback):
             order.dump_id, order.start, order.end, path, steps, files, nbytes, error)
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
-            from engine_adapter import torch_comm
+            from probe.engine_adapter import torch_comm
 
             self._tracker = torch_comm.add_listener(torch_comm.CollectiveTracker())
             self.agent.collectives = self._tracker
@@ -134,7 +134,7 @@ class MonitorAgentCallback(TrainCallback):
     def _start_trace(self, ctx: TrainContext, trace_id: str, start: int, end: int) -> None:
         out = os.path.join(self.trace_dir, trace_id)
         try:
-            from profiler.session import Session
+            from probe.profiler.session import Session
 
             session = Session(out, rank=ctx.rank, world_size=ctx.world_size, run=ctx.run,
                               steps=range(start, end + 1), first_step=start).start()
@@ -183,7 +183,7 @@ class MonitorAgentCallback(TrainCallback):
 
     def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
         if self._tracker is not None:
-            from engine_adapter import torch_comm
+            from probe.engine_adapter import torch_comm
 
             torch_comm.remove_listener(self._tracker)
             self._tracker = None

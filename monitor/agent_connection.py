@@ -14,7 +14,7 @@ import socket
 import time
 from typing import Any, Callable
 
-from monitor.limits import MAX_MESSAGE_BYTES
+from probe.monitor.limits import MAX_MESSAGE_BYTES
 
 
 class AgentConnection:
@@ -27,7 +27,7 @@ class AgentConnection:
     def __init__(self, addr: str, *, job: str, rank: int, world_size: int, engine: str,
                  agent_id: str, token: str | None, ca: str | None, say: Callable[[str], None],
                  lost_note: str, on_lost: Callable[[], None]) -> None:
-        from monitor import auth
+        from probe.monitor import auth
 
         self.addr, self.ca = addr, ca
         self.job, self.rank, self.world_size = job, rank, world_size
@@ -50,9 +50,9 @@ class AgentConnection:
         """Register the rank; the service's reply, or None when not connected (yet)."""
         import grpc
 
-        from monitor import auth
-        from monitor.proto import monitor_pb2 as pb
-        from monitor.proto import monitor_pb2_grpc as pb_grpc
+        from probe.monitor import auth
+        from probe.monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2_grpc as pb_grpc
 
         if time.monotonic() < self._next_try:
             return None

@@ -1,7 +1,7 @@
 """What the service asks of a rank and what the rank sends back besides its metrics: trace
 files, targeted-dump reports, its Python stacks on a hang, and the commands it receives.
 
-:class:`AgentRequests` is a part of :class:`monitor.agent.MonitorAgent`: it uses the agent's
+:class:`AgentRequests` is a part of :class:`probe.monitor.agent.MonitorAgent`: it uses the agent's
 ``job``, ``rank``, ``stats``, ``_link`` (the connection), ``_uploads``/``_dump_reports`` (the
 queues the sender empties), ``stacks_dir``, ``step_in``, ``on_command`` and ``_warn_once``.
 """
@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 
 class AgentRequests:
-    """The agent's side of the command channel (a mixin of :class:`monitor.agent.MonitorAgent`)."""
+    """The agent's side of the command channel (a mixin of :class:`probe.monitor.agent.MonitorAgent`)."""
 
     def upload_trace(self, trace_id: str, start_step: int, end_step: int,
                      files: list[str] | None = None, error: str = "", root: str = "") -> None:
@@ -24,7 +24,7 @@ class AgentRequests:
     def report_dump(self, dump_id: str, start_step: int, end_step: int, path: str = "",
                     steps: list[int] | None = None, files: int = 0, nbytes: int = 0,
                     error: str = "") -> None:
-        """Queue the outcome of a targeted dump (:mod:`monitor.targeted_dump`): the folder it
+        """Queue the outcome of a targeted dump (:mod:`probe.monitor.targeted_dump`): the folder it
         was written to on this machine, or why there is none; the sender reports it."""
         self._dump_reports.append(dict(dump_id=dump_id, job=self.job, rank=self.rank,
                                        start_step=start_step, end_step=end_step, path=path,
@@ -34,7 +34,7 @@ class AgentRequests:
     def _send_uploads(self) -> None:
         import grpc
 
-        from monitor.trace_transfer import upload_chunks
+        from probe.monitor.trace_transfer import upload_chunks
 
         while self._uploads:
             trace_id, start, end, files, error, root = self._uploads[0]
@@ -53,7 +53,7 @@ class AgentRequests:
     def _send_dump_reports(self) -> None:
         import grpc
 
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         while self._dump_reports:
             try:
@@ -94,7 +94,7 @@ class AgentRequests:
 
     def _open_commands(self) -> Iterator[Any]:
         """The rank's command stream (on the command thread)."""
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         return self._link.stub.Commands(
             pb.CommandStreamRequest(job=self.job, rank=self.rank, agent_id=self.agent_id),

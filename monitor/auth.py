@@ -11,7 +11,7 @@ the CA that signed it (``PROBE_MONITOR_CA``).
 >>> check_bind("0.0.0.0", None)
 Traceback (most recent call last):
 ...
-ground.errors.ProbeError: --host 0.0.0.0: serving on a non-loopback address needs a token; pass --token or set PROBE_MONITOR_TOKEN
+probe.ground.errors.ProbeError: --host 0.0.0.0: serving on a non-loopback address needs a token; pass --token or set PROBE_MONITOR_TOKEN
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import grpc
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 TOKEN_ENV = "PROBE_MONITOR_TOKEN"
 CA_ENV = "PROBE_MONITOR_CA"

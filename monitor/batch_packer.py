@@ -1,6 +1,6 @@
 """Packing recorded steps into columnar metric batches, the agent's side of the wire format.
 
-A :class:`~monitor.proto.monitor_pb2.MetricBatch` carries its points as four little-endian
+A :class:`~probe.monitor.proto.monitor_pb2.MetricBatch` carries its points as four little-endian
 columns (``name_index`` i32 into ``names``, ``steps`` i64, ``time_ns`` i64, ``values`` f64), so
 neither side handles points one by one. :class:`BatchPacker` turns what the agent drained from
 its queue into such batches:
@@ -14,7 +14,7 @@ its queue into such batches:
    that has no points still makes one (empty) batch when it has such a count to tell, or when
    it is the ``final`` one (the last batch of the agent is marked ``final``).
 
-The service decodes the same columns in :func:`monitor.ingest.decode_batch`.
+The service decodes the same columns in :func:`probe.monitor.ingest.decode_batch`.
 
 >>> packer = BatchPacker("job", 0, "agent-1", max_points=2, warn=print)
 >>> items = [(0, 5, {"loss": 2.5, "note": "x"}), (1, 6, {"loss": 2.4}), (2, 7, {"lr": 1e-3})]
@@ -31,7 +31,7 @@ import numbers
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
-from monitor.limits import MAX_NAME_LEN
+from probe.monitor.limits import MAX_NAME_LEN
 
 
 class BatchPacker:
@@ -89,7 +89,7 @@ class BatchPacker:
 
     def _cut(self, batches: list[Any], dropped: int, final: bool) -> None:
         """Close the points so far into one batch (none when there is nothing to tell)."""
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         if not len(self._values) and not batches and not final and not dropped:
             return

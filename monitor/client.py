@@ -47,7 +47,7 @@ level="module")``
                                  trace | trace_request | dump_request | dump | hello.
 ===============================  ===================================================================
 
-Errors are :class:`ground.errors.ProbeError` with one line saying what to do (no service at the
+Errors are :class:`probe.ground.errors.ProbeError` with one line saying what to do (no service at the
 address, wrong token, unknown job).
 
 >>> c = MonitorClient("127.0.0.1:50051")                       # doctest: +SKIP
@@ -69,7 +69,7 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 
@@ -114,8 +114,8 @@ class MonitorClient:
 
     def __init__(self, addr: str | None = None, token: str | None = None, ca: str | None = None,
                  timeout: float = 10.0) -> None:
-        from monitor import auth
-        from monitor.proto import monitor_pb2_grpc as pb_grpc
+        from probe.monitor import auth
+        from probe.monitor.proto import monitor_pb2_grpc as pb_grpc
 
         self.addr = resolve_addr(addr)
         self.token = token if token is not None else os.environ.get(auth.TOKEN_ENV)
@@ -159,7 +159,7 @@ class MonitorClient:
     # -- queries -------------------------------------------------------------------------------
 
     def status(self, job: str | None = None) -> dict[str, Any]:
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         return json.loads(self._call("Status", pb.StatusRequest(job=job or "")).json)
 
@@ -169,7 +169,7 @@ class MonitorClient:
 
     def metrics(self, job: str | None = None, since_step: int = 0, ranks: Sequence[int] = (),
                 names: Sequence[str] = (), pivot: bool = False, limit: int = 0) -> pa.Table:
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         return _table(self._call("Metrics", pb.MetricsRequest(
             job=job or "", since_step=since_step, ranks=list(ranks), names=list(names),
@@ -180,13 +180,13 @@ class MonitorClient:
         return self.metrics(job, since_step, ranks, names, pivot=True)
 
     def alerts(self, job: str | None = None, since_id: int = 0, kind: str | None = None) -> pa.Table:
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         return _table(self._call("Alerts", pb.AlertsRequest(job=job or "", since_id=since_id,
                                                             kind=kind or "")))
 
     def traces(self, job: str | None = None, trace_id: str | None = None) -> pa.Table:
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         return _table(self._call("Traces", pb.TracesRequest(job=job or "", trace_id=trace_id or "")))
 
@@ -196,7 +196,7 @@ class MonitorClient:
                       steps: str | Sequence[int] | None = None, next_steps: int | None = None,
                       reason: str = "operator") -> dict[str, Any]:
         """Ask ``ranks`` (all of the job's when empty) for a deep trace of ``steps`` or the next N."""
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         rng = _step_range(steps, next_steps, "trace")
         req = pb.TraceRequest(job=job, ranks=list(ranks or []), reason=reason,
@@ -208,7 +208,7 @@ class MonitorClient:
     def stop_trace(self, job: str, ranks: Sequence[int] | None = None,
                    trace_id: str | None = None) -> dict[str, Any]:
         """End running deep traces after the current step; the ranks send what they recorded."""
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         reply = self._call("SendCommand", pb.CommandRequest(job=job, ranks=list(ranks or []),
                                                             kind="stop_trace",
@@ -218,7 +218,7 @@ class MonitorClient:
     def set_interval(self, job: str, seconds: float,
                      ranks: Sequence[int] | None = None) -> dict[str, Any]:
         """Change how often the ranks' agents send their batches."""
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         reply = self._call("SendCommand", pb.CommandRequest(job=job, ranks=list(ranks or []),
                                                             kind="set_interval",
@@ -230,9 +230,9 @@ class MonitorClient:
                      scope: str = "", task: str = "statistics", level: str = "module",
                      reason: str = "operator") -> dict[str, Any]:
         """Ask ``ranks`` (all of the job's when empty) to dump the entries ``scope`` matches for
-        ``steps`` or the next N steps (:mod:`monitor.targeted_dump`)."""
-        from monitor.proto import monitor_pb2 as pb
-        from monitor.targeted_dump import check_order
+        ``steps`` or the next N steps (:mod:`probe.monitor.targeted_dump`)."""
+        from probe.monitor.proto import monitor_pb2 as pb
+        from probe.monitor.targeted_dump import check_order
 
         rng = _step_range(steps, next_steps, "dump")
         why = check_order(task, level, scope)
@@ -246,7 +246,7 @@ class MonitorClient:
         return {"dump_id": reply.trace_id, "ranks": list(reply.ranks), "missing": list(reply.missing)}
 
     def dumps(self, job: str | None = None, dump_id: str | None = None) -> pa.Table:
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         return _table(self._call("Dumps", pb.DumpsRequest(job=job or "", dump_id=dump_id or "")))
 
@@ -283,8 +283,8 @@ class MonitorClient:
         """Copy one rank's trace files into ``out_dir``; returns their paths."""
         import grpc
 
-        from monitor.proto import monitor_pb2 as pb
-        from monitor.storage import safe_relpath
+        from probe.monitor.proto import monitor_pb2 as pb
+        from probe.monitor.storage import safe_relpath
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -313,7 +313,7 @@ class MonitorClient:
         """Live events as dicts (``type``: alert, trace, trace_request, hello) until closed."""
         import grpc
 
-        from monitor.proto import monitor_pb2 as pb
+        from probe.monitor.proto import monitor_pb2 as pb
 
         stream = self._stub.Watch(pb.WatchRequest(job=job or ""), timeout=timeout, metadata=self._md)
         try:

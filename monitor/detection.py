@@ -8,13 +8,13 @@ Every ``interval_s`` the thread:
    rank, registered and not lost, has reported; a finished job's last step), reads the steps
    from the last judged one up to it from the store (only those, as points), appends them to
    the job's :class:`JobWindow` (the last :data:`WINDOW_STEPS` steps, whose derived series are
-   computed once per step) and runs the detectors of :mod:`monitor.detectors` on each new
-   step; the same steps' per-module ``numerics:*`` points (:mod:`monitor.numerics_names`),
-   when the job sends them, join its :class:`~monitor.numerics_window.NumericsWindow` and the
-   detectors of :mod:`monitor.numerics_detectors` judge them;
+   computed once per step) and runs the detectors of :mod:`probe.monitor.detectors` on each new
+   step; the same steps' per-module ``numerics:*`` points (:mod:`probe.monitor.numerics_names`),
+   when the job sends them, join its :class:`~probe.monitor.numerics_window.NumericsWindow` and the
+   detectors of :mod:`probe.monitor.numerics_detectors` judge them;
 3. checks every running job for a hang: from each rank's last report of the collective it is
-   in (:mod:`monitor.ranks`), with a threshold from the job's own step times
-   (:func:`monitor.detectors.hang_threshold_s`); a hang alert names the rank(s) that never
+   in (:mod:`probe.monitor.ranks`), with a threshold from the job's own step times
+   (:func:`probe.monitor.detectors.hang_threshold_s`); a hang alert names the rank(s) that never
    entered the collective the others wait in, and it is resolved when they move again;
 4. merges what it found into the open alerts (:class:`AlertBook`): one open alert per cause
    (kind and rank; for a hang, the collective; for numerics, the module and quantity),
@@ -36,14 +36,14 @@ import time
 from typing import Any, Callable
 
 
-from monitor import detectors
-from monitor.detectors import StepMatrix
-from monitor.job_window import WINDOW_STEPS, JobWindow
-from monitor.module_matrix import ModuleMatrix
-from monitor.numerics_window import NumericsWindow
-from monitor.ranks import RankRegistry
-from monitor.storage import MonitorStore
-from monitor.watchers import Watchers
+from probe.monitor import detectors
+from probe.monitor.detectors import StepMatrix
+from probe.monitor.job_window import WINDOW_STEPS, JobWindow
+from probe.monitor.module_matrix import ModuleMatrix
+from probe.monitor.numerics_window import NumericsWindow
+from probe.monitor.ranks import RankRegistry
+from probe.monitor.storage import MonitorStore
+from probe.monitor.watchers import Watchers
 
 #: An open alert whose cause has not recurred for this many judged steps is closed.
 CLOSE_AFTER_STEPS = 50

@@ -2,7 +2,7 @@
 
 1. ``Push`` decodes a batch with :func:`decode_batch` (its columns straight into an Arrow
    table, no per-point Python) and hands it to :meth:`IngestWriter.write`, which waits;
-2. the writer thread (a :class:`~ground.background.BackgroundQueue` worker) takes every batch
+2. the writer thread (a :class:`~probe.ground.background.BackgroundQueue` worker) takes every batch
    waiting and inserts them in one transaction with their (agent_id, seq) keys, up to
    ``MAX_GROUP_POINTS`` points a transaction: one fsync for many ranks;
 3. then it wakes their callers: an ack means durable, and a batch resent after a lost ack is
@@ -18,10 +18,10 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from ground.background import BackgroundQueue
-from monitor.limits import MAX_BATCH_POINTS, MAX_NAME_LEN
-from monitor.proto import monitor_pb2 as pb
-from monitor.storage import BatchKey, MonitorStore
+from probe.ground.background import BackgroundQueue
+from probe.monitor.limits import MAX_BATCH_POINTS, MAX_NAME_LEN
+from probe.monitor.proto import monitor_pb2 as pb
+from probe.monitor.storage import BatchKey, MonitorStore
 
 #: Group commit: the most points inserted in one transaction.
 MAX_GROUP_POINTS = 1_000_000

@@ -1,6 +1,6 @@
 """A job's rolling window of its last complete steps, as the service's detector thread keeps it:
-a :class:`~monitor.step_matrix.StepMatrix` whose derived series (:func:`monitor.detectors.derive`)
-are computed once per new row, judged by the step detectors of :mod:`monitor.detectors`.
+a :class:`~probe.monitor.step_matrix.StepMatrix` whose derived series (:func:`probe.monitor.detectors.derive`)
+are computed once per new row, judged by the step detectors of :mod:`probe.monitor.detectors`.
 """
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from monitor import detectors
-from monitor.step_matrix import StepMatrix
+from probe.monitor import detectors
+from probe.monitor.step_matrix import StepMatrix
 
 #: Steps the rolling window of a job keeps: the detectors' noise history.
 WINDOW_STEPS = detectors.HISTORY
 
 
 class JobWindow:
-    """The last ``size`` complete steps of one job as a :class:`~monitor.detectors.StepMatrix`.
+    """The last ``size`` complete steps of one job as a :class:`~probe.monitor.detectors.StepMatrix`.
 
     Rows live in buffers of twice ``size`` rows, moved to the front once per ``size`` steps,
     so appending a step copies one row per series, not the window; the detectors' series
-    (:func:`monitor.detectors.derive`) are computed for the new rows only.
+    (:func:`probe.monitor.detectors.derive`) are computed for the new rows only.
 
     >>> w = JobWindow("j", size=3)
     >>> w.append(StepMatrix.of([{"rank": r, "step": s, "step_time_ms": 10.0} for s in range(5)

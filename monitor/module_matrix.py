@@ -1,5 +1,5 @@
 """The numerics detectors' input: per-(step, rank, module) values of each quantity of
-:mod:`monitor.numerics_names`, from the monitor store's ``numerics:*`` points or from rows.
+:mod:`probe.monitor.numerics_names`, from the monitor store's ``numerics:*`` points or from rows.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from monitor.numerics_names import QUANTITIES, parse_metric_name
+from probe.monitor.numerics_names import QUANTITIES, parse_metric_name
 
 
 @dataclass

@@ -2,30 +2,30 @@
 
 :class:`NumericsCallback` watches the modules of a model (every leaf module with parameters, or
 those whose path matches a regular expression) and, each step, sends for each of them the
-quantities of :mod:`monitor.numerics_names` (activation, weight, gradient and optimizer-state
+quantities of :mod:`probe.monitor.numerics_names` (activation, weight, gradient and optimizer-state
 norms, the update ratio across the optimizer step, NaN/Inf counts) as metric points named
 ``numerics:<module>:<quantity>``.
 
 Cheap by construction: every tensor is reduced where it lives by the dump's statistics backend
-(:class:`engine_adapter.torch_stats.TorchStats`: one stacked reduction per tensor on an
+(:class:`probe.engine_adapter.torch_stats.TorchStats`: one stacked reduction per tensor on an
 accelerator, one native pass on the CPU), and the step's handles are read with **one**
-:meth:`~engine_adapter.base.StatsBackend.gather` at the step's end: no host-device
+:meth:`~probe.engine_adapter.base.StatsBackend.gather` at the step's end: no host-device
 synchronisation per tensor. The output of a module is reduced in its forward hook; the weights,
 gradients and optimizer state right after ``optimizer.step()`` (a step post-hook), where the
 update is read too: from the optimizer's own state for Adam, AdamW and SGD
-(:mod:`engine_adapter.optimizer_update`: on the CPU one native pass reads weight, moments and
+(:mod:`probe.engine_adapter.optimizer_update`: on the CPU one native pass reads weight, moments and
 update together, no copy of the weights), otherwise as the difference from a copy taken just
 before the step (``update_ratio=False`` spares both).
 
-The points go through the rank's monitor agent (:class:`monitor.agent.MonitorAgent`, which the
-:class:`~monitor.agent_callback.MonitorAgentCallback` puts in ``ctx.extra["monitor_agent"]``):
+The points go through the rank's monitor agent (:class:`probe.monitor.agent.MonitorAgent`, which the
+:class:`~probe.monitor.agent_callback.MonitorAgentCallback` puts in ``ctx.extra["monitor_agent"]``):
 bounded, acknowledged and spooled like the other points. Each module's points carry the time of
 its forward pass, so the service can tell the modules' execution order (which module showed a
 NaN first). Without a monitor agent the points are added to the step's metrics instead (the
 bundled engine writes those to the run's store).
 
 >>> import torch
->>> from engine_adapter.callbacks import TrainContext
+>>> from probe.engine_adapter.callbacks import TrainContext
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
 >>> opt = torch.optim.Adam(model.parameters(), lr=0.1)
 >>> ctx = TrainContext(0, 1, "doc", "/tmp", "script", "", None, model, opt, None, 1, None)
@@ -54,8 +54,8 @@ import sys
 import time
 from typing import Any
 
-from engine_adapter.callbacks import TrainCallback, TrainContext
-from monitor.numerics_names import metric_name
+from probe.engine_adapter.callbacks import TrainCallback, TrainContext
+from probe.monitor.numerics_names import metric_name
 
 #: ``ctx.extra`` key under which the monitor agent callback leaves its agent.
 AGENT_KEY = "monitor_agent"
@@ -99,7 +99,7 @@ class NumericsCallback(TrainCallback):
     parameters). ``update_ratio``: measure the update across the optimizer step (keeps a copy of
     the watched weights). ``every``: measure every N-th step only (1: every step).
 
-    >>> from engine_adapter.callbacks import CallbackSpec
+    >>> from probe.engine_adapter.callbacks import CallbackSpec
     >>> CallbackSpec(NumericsCallback, {"pattern": "mlp"}).build().pattern
     'mlp'
     """
@@ -142,7 +142,7 @@ class NumericsCallback(TrainCallback):
         if not isinstance(model, torch.nn.Module):
             _warn("no torch model in this run; numerics are off")
             return
-        from engine_adapter.torch_stats import TorchStats
+        from probe.engine_adapter.torch_stats import TorchStats
 
         self._stats = TorchStats()
         chosen = select_modules(model, self.pattern)
@@ -170,7 +170,7 @@ class NumericsCallback(TrainCallback):
             self._hooks.append(mod.register_forward_hook(self._forward_hook(i)))
         opt = self._opt = ctx.optimizer
         if opt is not None and self.update_ratio and hasattr(opt, "param_groups"):
-            from engine_adapter.optimizer_update import reads_update
+            from probe.engine_adapter.optimizer_update import reads_update
 
             for group in opt.param_groups:
                 known = reads_update(opt, group)
@@ -236,11 +236,11 @@ class NumericsCallback(TrainCallback):
     def _after_step(self) -> None:
         """After ``optimizer.step()``: every watched parameter's weight, gradient, optimizer
         state and update, reduced where they live (handles; read at the step's end). The update
-        comes from the optimizer's state where :func:`engine_adapter.optimizer_update.
+        comes from the optimizer's state where :func:`probe.engine_adapter.optimizer_update.
         measure_param` knows it, else from the copy taken before the step."""
         import torch
 
-        from engine_adapter.optimizer_update import measure_param, state_tensors
+        from probe.engine_adapter.optimizer_update import measure_param, state_tensors
 
         if not self._stepped:
             return
@@ -304,7 +304,7 @@ class NumericsCallback(TrainCallback):
     def measure(self) -> dict[str, dict[str, float]]:
         """This step's points per module (``{module: {metric name: value}}``), read with one
         gather of every handle started this step."""
-        from engine_adapter.optimizer_update import state_tensors
+        from probe.engine_adapter.optimizer_update import state_tensors
 
         stats = self._stats
         handles: list[Any] = []
@@ -373,7 +373,7 @@ class NumericsCallback(TrainCallback):
     @property
     def weights_copied(self) -> int:
         """How many watched parameters keep a copy for their update (those whose optimizer
-        :mod:`engine_adapter.optimizer_update` cannot read the update from)."""
+        :mod:`probe.engine_adapter.optimizer_update` cannot read the update from)."""
         return sum(b is not None for b in self._before)
 
     def _opt_state(self, p: Any) -> Any:

@@ -1,6 +1,6 @@
 """Numerics detectors: pure functions over the per-module series of ``numerics:*`` points.
 
-The input is a :class:`ModuleMatrix`: for each quantity of :mod:`monitor.numerics_names` an
+The input is a :class:`ModuleMatrix`: for each quantity of :mod:`probe.monitor.numerics_names` an
 array ``[steps, ranks, modules]`` (NaN where nothing was reported), and the time of each point
 (the callback stamps a module's points with the time of its forward pass: the modules'
 execution order). A *series* is one (rank, module, quantity). Each detector judges the steps
@@ -23,20 +23,20 @@ alert of those that name the same module, quantity and step on several ranks.
   gradients (the ``nonfinite`` count, or a norm that overflowed to Inf), at the first step of a
   rank where it appears, naming the first module in execution order that has it.
 
-The first three judge like the timing detectors (:mod:`monitor.detectors`, rules 3 and 4): the
+The first three judge like the timing detectors (:mod:`probe.monitor.detectors`, rules 3 and 4): the
 noise is measured on the job (how often the series of the *other* modules, on every rank,
 exceed each level over the last :data:`HISTORY` steps, and how often an excess runs on into
 the next step; the same module on another rank is no witness: data-parallel ranks hold the
 same weights) and an
 alert needs the excess in ``k`` of the last ``n`` steps (``n`` in :data:`WINDOWS`, ``k`` at
 least 3), with ``k`` so many that its chance under that noise is below
-:data:`~monitor.noise_model.ALPHA` shared by the series judged. A series is judged once it has
+:data:`~probe.monitor.noise_model.ALPHA` shared by the series judged. A series is judged once it has
 :data:`MIN_BASELINE` earlier steps: the first steps of a run (Adam's warm-up moves everything)
 are history only.
 
 The detectors' per-step work is cached in ``ModuleMatrix.derived`` (the level bins of each
 test, and their sums over the series); the service's rolling window
-(:class:`monitor.numerics_window.NumericsWindow`) computes them once per new step.
+(:class:`probe.monitor.numerics_window.NumericsWindow`) computes them once per new step.
 
 >>> rows = [{"rank": 0, "step": s, "module": m, "weight_norm": 10.0 * (1.25 ** max(0, s - 20)
 ...          if m == "l3" else 1.0 + 0.001 * s)} for s in range(40) for m in ("l0", "l1", "l2", "l3")]
@@ -51,10 +51,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from monitor.module_matrix import ModuleMatrix
-from monitor.noise_model import ALPHA
-from monitor.numerics_names import QUANTITIES
-from monitor.numerics_evidence import (BASELINE, HISTORY, LAG, LAYER_QUANTITIES, MIN_BASELINE,
+from probe.monitor.module_matrix import ModuleMatrix
+from probe.monitor.noise_model import ALPHA
+from probe.monitor.numerics_names import QUANTITIES
+from probe.monitor.numerics_evidence import (BASELINE, HISTORY, LAG, LAYER_QUANTITIES, MIN_BASELINE,
                                        MIN_MODULES, OWN_QUANTITIES, RATIO_LEVELS, UPDATE_LEVELS,
                                        WINDOWS, Z_FLOOR, Z_LEVELS, Alert, derive, ensure_derived,
                                        fmt, log_values, make_alert, persistent_findings)

@@ -3,7 +3,7 @@
 Every batch the service stores (``Push``, once per batch: a resent one is not counted twice)
 is recorded here; a ``PeriodicExportingMetricReader`` sends what was recorded every
 ``OTEL_METRIC_EXPORT_INTERVAL`` ms (5000 here unless set) to the collector the
-``OTEL_EXPORTER_OTLP_*`` variables name (:mod:`collectors.otlp`). Instruments, each point with
+``OTEL_EXPORTER_OTLP_*`` variables name (:mod:`probe.collectors.otlp`). Instruments, each point with
 the attributes ``probe.job`` and ``probe.rank``:
 
 - ``probe.<name>``: a gauge per metric name the ranks send (``probe.loss``,
@@ -114,7 +114,7 @@ def _pausing(inner: Any) -> Any:
 class OtlpMetrics:
     """Records stored metric batches as OpenTelemetry instruments and exports them periodically.
 
-    ``exporter``: a metric exporter (default: OTLP, :func:`collectors.otlp.metric_exporter`);
+    ``exporter``: a metric exporter (default: OTLP, :func:`probe.collectors.otlp.metric_exporter`);
     ``reader``: a metric reader instead of the periodic one (tests); ``interval_ms``: export
     period (default ``OTEL_METRIC_EXPORT_INTERVAL`` or :data:`DEFAULT_INTERVAL_MS`).
     """
@@ -129,7 +129,7 @@ class OtlpMetrics:
         self.exporter: Any = None
         if reader is None:
             if exporter is None:
-                from collectors import otlp
+                from probe.collectors import otlp
 
                 exporter = otlp.metric_exporter()
                 self.describe = f"{otlp.endpoint('metrics')} ({otlp.protocol('metrics')})"

@@ -1,7 +1,7 @@
 """The service's commands to ranks: deep traces, targeted dumps, stacks and settings, queued
-for each rank's command stream (:mod:`monitor.ranks`), and the reactions to new alerts.
+for each rank's command stream (:mod:`probe.monitor.ranks`), and the reactions to new alerts.
 
-:class:`RemoteControl` is a part of :class:`monitor.service.MonitorService` (its gRPC calls
+:class:`RemoteControl` is a part of :class:`probe.monitor.service.MonitorService` (its gRPC calls
 ``RequestTrace``, ``RequestDump``, ``SendCommand`` and their Python twins); it uses the
 service's ``store``, ``ranks``, ``watchers``, ``_log`` and its ``dump_on_alert`` settings.
 """
@@ -13,14 +13,14 @@ from typing import Any, Callable
 
 import grpc
 
-from monitor.limits import check_name
-from monitor.proto import monitor_pb2 as pb
-from monitor.targeted_dump import check_order, module_scope
-from monitor.watchers import Watchers
+from probe.monitor.limits import check_name
+from probe.monitor.proto import monitor_pb2 as pb
+from probe.monitor.targeted_dump import check_order, module_scope
+from probe.monitor.watchers import Watchers
 
 
 class RemoteControl:
-    """Commands to the ranks of a job (a mixin of :class:`monitor.service.MonitorService`)."""
+    """Commands to the ranks of a job (a mixin of :class:`probe.monitor.service.MonitorService`)."""
 
     def RequestTrace(self, request: pb.TraceRequest, context: grpc.ServicerContext) -> pb.TraceReply:
         check_name(request.job, "job", context)

@@ -1,10 +1,10 @@
 """The monitor's store: one DuckDB file, written and queried by the service process only.
 
 DuckDB allows one writer per file, so the service owns the connection; the CLI and the web UI
-read through the service (:mod:`monitor.client`). Tables:
+read through the service (:mod:`probe.monitor.client`). Tables:
 
 - ``metrics``    one row per metric point, the ``metric`` record schema of
-                 :mod:`collectors.records` (time_ns, job, rank, step, name, value);
+                 :mod:`probe.collectors.records` (time_ns, job, rank, step, name, value);
 - ``batches``    (job, rank, agent_id, seq, points, dropped, time_ns, last_step) of every
                  stored batch, in the same transaction as its points: the key for exactly-once
                  ingest, and the cheap source of per-rank status;
@@ -45,8 +45,8 @@ from typing import Any, Iterable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.records import METRIC
-from ground.errors import ProbeError
+from probe.collectors.records import METRIC
+from probe.ground.errors import ProbeError
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS metrics (time_ns BIGINT, job VARCHAR, rank INTEGER, step BIGINT,
@@ -442,7 +442,7 @@ class MonitorStore:
 
     def numerics_points(self, job: str, since_step: int, until_step: int) -> pa.Table:
         """The numerics detectors' input, long: (rank, step, name, value, time_ns) of the
-        ``numerics:*`` points (:mod:`monitor.numerics_names`) of the steps
+        ``numerics:*`` points (:mod:`probe.monitor.numerics_names`) of the steps
         ``since_step..until_step``."""
         return self._query("SELECT rank, step, name, value, time_ns FROM metrics WHERE job = ? "
                            "AND step >= ? AND step <= ? AND starts_with(name, 'numerics:')",

@@ -2,8 +2,8 @@
 
 ``probe monitor dump --job J --ranks R --steps S-T --scope PATTERN`` (or a numerics alert, with
 ``probe monitor serve --dump-on-alert N``) makes the service queue a ``dump`` command for the
-ranks; each rank's agent receives it on its command thread (:mod:`monitor.command_listener`),
-and :class:`~monitor.agent_callback.MonitorAgentCallback` files it in the rank's
+ranks; each rank's agent receives it on its command thread (:mod:`probe.monitor.command_listener`),
+and :class:`~probe.monitor.agent_callback.MonitorAgentCallback` files it in the rank's
 :class:`DumpSchedule` (``ctx.extra["monitor_dumps"]``). A dump runner on the training thread
 (:class:`probe.dump_callback.TargetedDumpCallback`, floor 9: the dump recorder lives in
 ``probe/``) takes each order at its first step, switches a dump of the matching modules on for
@@ -58,7 +58,7 @@ class DumpOrder:
 
     @classmethod
     def from_command(cls, cmd: Any) -> "DumpOrder":
-        """The order of a ``dump`` command (:class:`monitor.proto.monitor_pb2.Command`)."""
+        """The order of a ``dump`` command (:class:`probe.monitor.proto.monitor_pb2.Command`)."""
         return cls(cmd.id, int(cmd.start_step), int(cmd.end_step), int(cmd.next_steps),
                    cmd.scope, cmd.task or "statistics", cmd.level or "module")
 

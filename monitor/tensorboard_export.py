@@ -1,7 +1,7 @@
 """The monitor's metric series as TensorBoard scalars: ``probe monitor export --tensorboard DIR``.
 
 Every stored point (step metrics such as ``loss`` and ``step_time_ms``, and the per-module
-numerics ``numerics:<module>:<quantity>`` of :mod:`monitor.numerics_names`) becomes a scalar in
+numerics ``numerics:<module>:<quantity>`` of :mod:`probe.monitor.numerics_names`) becomes a scalar in
 an event file TensorBoard reads, one run per job and rank::
 
     DIR/<job>/rank<R>/events.out.tfevents.<time>.probe-monitor
@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from monitor.numerics_names import parse_metric_name
+from probe.monitor.numerics_names import parse_metric_name
 
 #: Rows asked of the service per page when reading a job's points.
 PAGE_ROWS = 500_000
@@ -179,7 +179,7 @@ def points_from_store(path: str | os.PathLike, job: str | None = None) -> pa.Tab
     """Every metric point of a monitor store file (DuckDB, opened read-only)."""
     import duckdb
 
-    from ground.errors import ProbeError
+    from probe.ground.errors import ProbeError
 
     try:
         con = duckdb.connect(str(path), read_only=True)

@@ -15,11 +15,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from monitor.limits import MAX_TRACE_BYTES, check_name
-from monitor.proto import monitor_pb2 as pb
+from probe.monitor.limits import MAX_TRACE_BYTES, check_name
+from probe.monitor.proto import monitor_pb2 as pb
 
 if TYPE_CHECKING:                       # the agent sends files without loading the store
-    from monitor.storage import MonitorStore
+    from probe.monitor.storage import MonitorStore
 
 #: The most bytes of a file in one chunk.
 CHUNK_BYTES = 1 << 20

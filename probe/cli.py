@@ -17,7 +17,7 @@ import sys
 
 import click
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 VERBS: dict[str, tuple[str, str]] = {
     "train": ("probe.commands.train", "Train the bundled engine (reference or fused)."),

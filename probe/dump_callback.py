@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine_adapter.callbacks import TrainCallback, TrainContext
+from probe.engine_adapter.callbacks import TrainCallback, TrainContext
 
 
 class DumpCallback(TrainCallback):
@@ -43,7 +43,7 @@ class DumpCallback(TrainCallback):
 
 
 class TargetedDumpCallback(TrainCallback):
-    """The rank's runner of targeted dumps (:mod:`monitor.targeted_dump`): off until the
+    """The rank's runner of targeted dumps (:mod:`probe.monitor.targeted_dump`): off until the
     monitor service sends a ``dump`` command, then a :class:`probe.session.DumpSession` of the
     matching modules for exactly the asked steps, written to
     ``OUT/monitor_dumps/<id>/step{N}/rank{R}/``, and the folder reported to the service.
@@ -61,7 +61,7 @@ class TargetedDumpCallback(TrainCallback):
         self._ctx: TrainContext | None = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        from monitor.targeted_dump import SCHEDULE_KEY, DumpSchedule
+        from probe.monitor.targeted_dump import SCHEDULE_KEY, DumpSchedule
 
         self._ctx = ctx
         self.schedule = ctx.extra.setdefault(SCHEDULE_KEY, DumpSchedule())
@@ -81,7 +81,7 @@ class TargetedDumpCallback(TrainCallback):
                 self._start(ctx, order, step)
 
     def _start(self, ctx: TrainContext, order: Any, step: int) -> None:
-        from monitor.targeted_dump import dump_folder
+        from probe.monitor.targeted_dump import dump_folder
         from probe.session import DumpSession
 
         folder = dump_folder(ctx.out_dir, order.dump_id)
@@ -110,7 +110,7 @@ class TargetedDumpCallback(TrainCallback):
             session.begin_step(step + 1)
 
     def _finish(self, error: str = "") -> None:
-        from monitor.targeted_dump import folder_size
+        from probe.monitor.targeted_dump import folder_size
 
         order, session, folder = self.active
         self.active = None

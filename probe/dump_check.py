@@ -3,7 +3,7 @@
 Each recorded API call of the selected steps is replayed the moment it returns, on the golden
 backend in higher precision, from its live inputs (as they were at the call: an in-place call,
 whose input is gone, is skipped as the offline check skips it), and graded against its
-standard (:mod:`checker.replay`). Module calls (``--level mix``) only name the module each
+standard (:mod:`probe.checker.replay`). Module calls (``--level mix``) only name the module each
 call ran in. Results go to ``OUT/check/rank{R}/check_api.csv``, ``check_api.parquet`` and
 ``summary.json`` (the columns and summary of ``probe check-api``), rewritten at the end of
 every selected step, so a crash loses at most the step in flight.
@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from checker.replay import check_call, golden as golden_backend
-from checker.report import summarise, write
+from probe.checker.replay import check_call, golden as golden_backend
+from probe.checker.report import summarise, write
 from probe.dump_recorder import DumpRecorder
 
 
 class CheckRecorder(DumpRecorder):
-    """The :class:`~engine_adapter.base.HookSink` of the ``check`` task (module docstring)."""
+    """The :class:`~probe.engine_adapter.base.HookSink` of the ``check`` task (module docstring)."""
 
     def __init__(self, adapter: Any, config: Any, *, rank: int | None = None, store: Any = None) -> None:
         super().__init__(adapter, config, rank=rank, store=store)
@@ -117,7 +117,7 @@ def summarise_run(out: str, options: dict[str, Any], code: int) -> None:
     import click
     import pyarrow.parquet as pq
 
-    from checker.report import CHECK_VERDICTS, first_failure, format_summary, format_table
+    from probe.checker.report import CHECK_VERDICTS, first_failure, format_summary, format_table
 
     root = Path(out)
     rows: list[dict] = []

@@ -5,11 +5,11 @@
 >>> DumpConfig(level="L9")
 Traceback (most recent call last):
 ...
-ground.errors.ProbeError: --level 'L9': use one of module, api, mix
+probe.ground.errors.ProbeError: --level 'L9': use one of module, api, mix
 >>> DumpConfig(task="check")
 Traceback (most recent call last):
 ...
-ground.errors.ProbeError: --task check replays API calls: use --level api or mix
+probe.ground.errors.ProbeError: --task check replays API calls: use --level api or mix
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 LEVELS = ("module", "api", "mix")
 TASKS = ("statistics", "tensor", "md5", "check", "overflow")
@@ -63,7 +63,7 @@ class DumpConfig:
             raise ProbeError(f"--golden {self.golden!r}: use one of {', '.join(GOLDENS)}")
         if isinstance(self.max_hits, bool) or not isinstance(self.max_hits, int) or self.max_hits < 1:
             raise ProbeError(f"--max-hits {self.max_hits!r}: give a whole number of at least 1")
-        from collectors.store import FSYNC_MODES
+        from probe.collectors.store import FSYNC_MODES
         if self.fsync not in FSYNC_MODES:
             raise ProbeError(f"--fsync {self.fsync!r}: use one of {', '.join(FSYNC_MODES)}")
         if self.scope:

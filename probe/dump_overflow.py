@@ -39,8 +39,8 @@ from typing import Any, Iterable
 
 import torch
 
-from collectors import msprobe_writer
-from engine_adapter.base import FLOAT
+from probe.collectors import msprobe_writer
+from probe.engine_adapter.base import FLOAT
 from probe.dump_recorder import _OWN_FILES, DumpRecorder
 from probe.dump_rows import POS, RowBuilder, apply_statistics
 
@@ -51,7 +51,7 @@ _STRIDED = torch.strided
 
 
 class OverflowRecorder(DumpRecorder):
-    """The :class:`~engine_adapter.base.HookSink` of the ``overflow`` task (module docstring)."""
+    """The :class:`~probe.engine_adapter.base.HookSink` of the ``overflow`` task (module docstring)."""
 
     def __init__(self, adapter: Any, config: Any, *, rank: int | None = None, store: Any = None) -> None:
         super().__init__(adapter, config, rank=rank, store=store)

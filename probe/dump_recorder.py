@@ -3,7 +3,7 @@
 :class:`DumpRecorder` turns hook calls into msprobe entries (``Module.<path>.<Class>.forward.<n>``,
 ``Functional.linear.<n>.forward``, ``...backward``, ``...parameters_grad.<n>``; named and put in
 the call tree by :mod:`probe.dump_tree`), starts each tensor's statistics on its device through
-the adapter's :class:`~engine_adapter.base.StatsBackend` (no host-device synchronisation per
+the adapter's :class:`~probe.engine_adapter.base.StatsBackend` (no host-device synchronisation per
 tensor; :mod:`probe.dump_rows`), and at the end of a step hands the step to the writer thread
 (:mod:`probe.dump_writer`), which gathers every statistic at once and writes both outputs:
 msprobe's ``OUT/step{N}/rank{R}/dump.json, construct.json, stack.json`` and the TENSOR and NODE
@@ -12,7 +12,7 @@ records of the Arrow store.
 Nothing raised inside the recorder reaches the training loop: it is reported once on stderr
 and the step goes on.
 
->>> from engine_adapter.base import get_adapter                        # doctest: +SKIP
+>>> from probe.engine_adapter.base import get_adapter                        # doctest: +SKIP
 >>> rec = DumpRecorder(get_adapter("torch"), DumpConfig(out="runs/d"))  # doctest: +SKIP
 """
 
@@ -24,8 +24,8 @@ import sys
 from time import perf_counter
 from typing import Any, Iterable
 
-from collectors import msprobe_writer
-from engine_adapter.base import EngineAdapter
+from probe.collectors import msprobe_writer
+from probe.engine_adapter.base import EngineAdapter
 from probe.dump_config import DumpConfig
 from probe.dump_rows import POS, RowBuilder
 from probe.dump_tree import CallTree
@@ -38,7 +38,7 @@ _OWN_FILES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 
 class DumpRecorder:
-    """Implements :class:`~engine_adapter.base.HookSink` for the dump; one per process."""
+    """Implements :class:`~probe.engine_adapter.base.HookSink` for the dump; one per process."""
 
     def __init__(self, adapter: EngineAdapter, config: DumpConfig, *, rank: int | None = None,
                  store: Any = None) -> None:

@@ -1,7 +1,7 @@
 """The dump's row building: each value seen at a call boundary becomes its msprobe JSON entry and
 one tensor record row.
 
-The columns are the tensor record's, named once in :mod:`collectors.records`. A row holds the
+The columns are the tensor record's, named once in :mod:`probe.collectors.records`. A row holds the
 columns a call sets (:data:`ROW_COLUMNS`, in the schema's order); the step's columns
 (:data:`STEP_COLUMNS`) are set when its table is made, and the statistics
 (:data:`STAT_COLUMNS`) arrive as columns of their own when the step's statistics are gathered
@@ -19,8 +19,8 @@ get distinct file names, and one name gets the same file name in every run and r
 
 With ``tensor_ids`` each tensor also gets the data's id in the step (the ``tensor_id`` column and
 the entry's ``"tensor_id"``): 0, 1, 2, ... in the order the step first reads each distinct
-:meth:`~engine_adapter.base.StatsBackend.identity`, the same id while that key holds (its
-:meth:`~engine_adapter.base.StatsBackend.owner`, for torch the storage, is alive: the key its
+:meth:`~probe.engine_adapter.base.StatsBackend.identity`, the same id while that key holds (its
+:meth:`~probe.engine_adapter.base.StatsBackend.owner`, for torch the storage, is alive: the key its
 statistics are reused under), so a module's output and the input of the module that takes it
 share one id, as do a tensor and its dense views (reshape, transpose); an in-place change (a
 new version) or memory given to other data gets a new id. A tensor without an identity (no
@@ -42,9 +42,9 @@ import time
 import weakref
 from typing import Any, Callable, NamedTuple, Sequence
 
-from collectors import msprobe_writer
-from collectors.records import TENSOR
-from engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend
+from probe.collectors import msprobe_writer
+from probe.collectors.records import TENSOR
+from probe.engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend
 
 #: columns the writer sets for a whole step
 STEP_COLUMNS = ("run", "rank", "step", "host_ts_ns")

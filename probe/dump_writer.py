@@ -5,7 +5,7 @@ gathers the step's statistics (one transfer per device), fills the JSON entries 
 writes msprobe's ``OUT/step{N}/rank{R}/dump.json, construct.json, stack.json`` and the TENSOR
 and NODE records of the Arrow store, one step at a time.
 
-The queue (:class:`ground.background.BackgroundQueue`) holds at most :data:`QUEUE_STEPS` steps
+The queue (:class:`probe.ground.background.BackgroundQueue`) holds at most :data:`QUEUE_STEPS` steps
 (statistics and names, a few hundred KB a step): a disk that stalls for a moment (writeback, a
 shared volume) does not stall training, while a disk slower than training for good makes the
 training thread wait at the end of a step instead of holding unbounded memory.
@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from collectors import msprobe_writer
-from engine_adapter.base import EngineAdapter
-from ground.background import BackgroundQueue
+from probe.collectors import msprobe_writer
+from probe.engine_adapter.base import EngineAdapter
+from probe.ground.background import BackgroundQueue
 from probe.dump_config import DumpConfig
 from probe.dump_rows import ROW_COLUMNS, Leaf, TensorTables, apply_statistics, records_statistics
 from probe.dump_tree import CallTree, node_depths
@@ -51,7 +51,7 @@ from probe.dump_tree import CallTree, node_depths
 QUEUE_STEPS = 16
 #: the same for the tensor task, whose steps hold a copy of every tensor until it is written
 QUEUE_TENSOR_STEPS = 2
-#: msprobe's files of a step, in the order :func:`collectors.msprobe_writer.write_step` writes them
+#: msprobe's files of a step, in the order :func:`probe.collectors.msprobe_writer.write_step` writes them
 STEP_FILES = ("dump.json", "construct.json", "stack.json")
 _FILE_COLUMN = ROW_COLUMNS.index("tensor_file")
 _FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
@@ -251,7 +251,7 @@ class DumpWriter:
     def _store_records(self, b: StepBatch, statistics: dict[str, Any], grouped: dict[str, list]) -> None:
         """The step's tensor records, kept for the next flush, and the node records of calls
         the store has not seen yet."""
-        from collectors.records import table_from_columns
+        from probe.collectors.records import table_from_columns
 
         if self._tables is None:
             self._tables = TensorTables(self.run, self.rank)

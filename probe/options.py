@@ -3,7 +3,7 @@
 ``--steps`` and ``--ranks`` always *select* (``0,2-4``, as msprobe's step and rank lists);
 counts are ``--nproc`` and ``--max-steps``.
 
->>> from ground.selection import parse_selection
+>>> from probe.ground.selection import parse_selection
 >>> parse_selection("0,2-4")
 [0, 2, 3, 4]
 """
@@ -14,9 +14,9 @@ from typing import Callable
 
 import click
 
-from engine.config import PRESETS
-from ground.errors import EXIT_NONFINITE, ProbeError
-from ground.selection import parse_selection
+from probe.engine.config import PRESETS
+from probe.ground.errors import EXIT_NONFINITE, ProbeError
+from probe.ground.selection import parse_selection
 
 #: the options of :func:`engine_options` (click parameter names), none of which apply to a SCRIPT
 ENGINE_PARAMS = ("engine", "preset", "nproc", "max_steps", "seed", "faults", "device", "log_every",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 
 def check_script(argv: list[str]) -> Path:

@@ -31,7 +31,7 @@ import atexit
 import sys
 from typing import Any, Sequence
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 from probe.dump_config import DumpConfig
 from probe.dump_recorder import DumpRecorder
 
@@ -43,7 +43,7 @@ def _selection(value: Any, what: str) -> list[int] | None:
         return None if value is None else sorted({int(v) for v in value})
     if isinstance(value, int):
         return [value]
-    from ground.selection import parse_selection
+    from probe.ground.selection import parse_selection
     return parse_selection(str(value), what=what)
 
 
@@ -82,14 +82,14 @@ class DumpSession:
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> "DumpSession":
         """Attach the hooks and start recording step ``first_step`` (None: wait for :meth:`begin_step`)."""
-        from engine_adapter.base import get_adapter
+        from probe.engine_adapter.base import get_adapter
 
         if self.recorder is not None:
             return self
         self.adapter = get_adapter(self.framework)
         rank = self.adapter.rank() if self._rank_arg is None else int(self._rank_arg)
         if self._store_arg is True:
-            from collectors.store import StoreWriter
+            from probe.collectors.store import StoreWriter
             self.store = StoreWriter(self.config.out, rank=rank, run=self.config.run,
                                      fsync=self.config.fsync)
             self._own_store = True

@@ -256,7 +256,7 @@ static int parse_msg_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
 
 static PyObject *call3(PyObject *fn, PyObject *x, PyObject *y, PyObject *z) {
     if (fn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "profiler._mstx_native is not configured");
+        PyErr_SetString(PyExc_RuntimeError, "probe.profiler._mstx_native is not configured");
         return NULL;
     }
     PyObject *argv[3] = {x, y, z};

@@ -1,7 +1,7 @@
 """The ranges a profiling session adds on its own, around calls that user code does not mark.
 
 - every ``torch.distributed`` collective and point-to-point call: one range in domain
-  ``communication`` (from :mod:`engine_adapter.torch_comm`'s listener, with its op, group and
+  ``communication`` (from :mod:`probe.engine_adapter.torch_comm`'s listener, with its op, group and
   bytes as payload);
 - every dataloader fetch (``_BaseDataLoaderIter.__next__``): ``fetch`` in domain ``dataloader``;
 - ``torch.save`` and (when loaded) ``torch.distributed.checkpoint.save``: in domain
@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from profiler.events import emit_complete
+from probe.profiler.events import emit_complete
 
 
 class BuiltinRanges:
@@ -44,7 +44,7 @@ class BuiltinRanges:
         if torch is None:
             return
         if self.comm:
-            from engine_adapter import torch_comm
+            from probe.engine_adapter import torch_comm
 
             listener = _CommRanges()
             torch_comm.add_listener(listener)

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from profiler import mstx
+from probe.profiler import mstx
 
 
 class DeviceClock:

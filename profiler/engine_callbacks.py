@@ -1,20 +1,20 @@
-"""The profiler as training callbacks (:mod:`engine_adapter.callbacks`) of the bundled engine or any loop.
+"""The profiler as training callbacks (:mod:`probe.engine_adapter.callbacks`) of the bundled engine or any loop.
 
-- :class:`FlopsCallback` counts the FLOPs of a step with :class:`profiler.flops.FlopCounter`
+- :class:`FlopsCallback` counts the FLOPs of a step with :class:`probe.profiler.flops.FlopCounter`
   (on the first step, and again every ``recount_every`` steps) and adds ``flops`` (model FLOPs),
   ``hw_flops``, ``achieved_tflops``, ``mfu`` and ``hfu`` to each step's metrics dict, so later
   callbacks (the monitor agent) and the store see them, as MindSpore's
   FlopsUtilizationCollector does, for any op.
-- :class:`ProfileCallback` runs a :class:`profiler.session.Session` over the selected steps of
+- :class:`ProfileCallback` runs a :class:`probe.profiler.session.Session` over the selected steps of
   every rank (clocks aligned at start, or right after a script's ``init_process_group``),
   includes a FlopsCallback, and puts the step metrics in :data:`COUNTERS` on counter tracks of
   the trace.
 
-Use them through :class:`~engine_adapter.callbacks.CallbackSpec` in the bundled engine::
+Use them through :class:`~probe.engine_adapter.callbacks.CallbackSpec` in the bundled engine::
 
     RunSpec(..., callbacks=(CallbackSpec(ProfileCallback, {"steps": [0, 1, 2], "peak_tflops": 0.2}),))
 
-or on any script's optimizer steps with :class:`engine_adapter.steps.StepSource` (what
+or on any script's optimizer steps with :class:`probe.engine_adapter.steps.StepSource` (what
 ``probe profile -- SCRIPT`` does; ``step_ranges=True`` records each step as a range, since a
 script marks none)::
 
@@ -28,8 +28,8 @@ import sys
 import time
 from typing import Any, Iterable
 
-from engine_adapter.callbacks import TrainCallback, TrainContext
-from profiler.events import emit_complete
+from probe.engine_adapter.callbacks import TrainCallback, TrainContext
+from probe.profiler.events import emit_complete
 
 
 #: Step metrics shown as counter tracks in the trace.
@@ -40,15 +40,15 @@ class FlopsCallback(TrainCallback):
     """Adds ``flops``, ``hw_flops``, ``achieved_tflops``, ``mfu``, ``hfu`` to step metrics.
 
     ``peak_tflops``: the device's peak (per rank); without it a GPU's is looked up in
-    :data:`profiler.flops.PEAK_TFLOPS` for the dtype most FLOPs ran in (so autocast counts as
+    :data:`probe.profiler.flops.PEAK_TFLOPS` for the dtype most FLOPs ran in (so autocast counts as
     its compute dtype), and a CPU gets FLOPs but no MFU/HFU.
     ``recount_every``: count again every N steps (shapes that change); 0 counts once.
     A loop without a model in its context (a script's steps) gets the peak only from
     ``peak_tflops``.
 
     >>> import tempfile, torch
-    >>> from engine_adapter.base import get_adapter
-    >>> from engine_adapter.steps import StepSource
+    >>> from probe.engine_adapter.base import get_adapter
+    >>> from probe.engine_adapter.steps import StepSource
     >>> model = torch.nn.Linear(16, 16)
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> with StepSource(get_adapter("torch"), [FlopsCallback(peak_tflops=1)], tempfile.mkdtemp()) as source:
@@ -70,7 +70,7 @@ class FlopsCallback(TrainCallback):
         self._counted_step: int | None = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        from profiler.flops import peak_flops
+        from probe.profiler.flops import peak_flops
 
         dtype = next((p.dtype for p in ctx.model.parameters()), None) if ctx.model is not None else None
         self.peak = peak_flops(ctx.device, dtype, self.peak_tflops)
@@ -80,13 +80,13 @@ class FlopsCallback(TrainCallback):
             self.recount_every > 0 and self._counted_step is not None
             and step - self._counted_step >= self.recount_every)
         if due:
-            from profiler.flops import FlopCounter
+            from probe.profiler.flops import FlopCounter
 
             self._counter = FlopCounter()
             self._counter.__enter__()
 
     def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
-        from profiler.flops import utilisation
+        from probe.profiler.flops import utilisation
 
         if self._counter is not None:
             counter, self._counter = self._counter, None
@@ -94,7 +94,7 @@ class FlopsCallback(TrainCallback):
             self.model_flops, self.hardware_flops = counter.model_flops, counter.hardware_flops
             self._counted_step = step
             if self.peak_tflops is None and counter.main_dtype is not None:
-                from profiler.flops import peak_flops
+                from probe.profiler.flops import peak_flops
 
                 self.peak = peak_flops(ctx.device, counter.main_dtype) or self.peak
         if self.model_flops is None:
@@ -128,7 +128,7 @@ class ProfileCallback(TrainCallback):
     ``step_ranges``: record each step as a ``step N`` range in domain ``step`` (for a loop that
     marks none, such as a script's optimizer steps; the payload names the context's
     ``extra["step_source"]``); ``overflow`` (``block``, ``spool`` or ``drop``) and ``max_buffer``:
-    what a thread's full mstx buffer does, as :class:`profiler.session.Session` (the default
+    what a thread's full mstx buffer does, as :class:`probe.profiler.session.Session` (the default
     loses nothing).
     """
 
@@ -156,8 +156,8 @@ class ProfileCallback(TrainCallback):
         self._step_token: int | None = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        from profiler.clock import group_is_up, measure_offset
-        from profiler.session import Session
+        from probe.profiler.clock import group_is_up, measure_offset
+        from probe.profiler.session import Session
 
         if self.flops is not None:
             self.flops.on_train_start(ctx)
@@ -212,7 +212,7 @@ class ProfileCallback(TrainCallback):
 
 
 def otel_exporter_from(otel: Any) -> Any:
-    """The span exporter an ``otel`` option names (:func:`collectors.otel.span_exporter_from`):
+    """The span exporter an ``otel`` option names (:func:`probe.collectors.otel.span_exporter_from`):
     ``"otlp"`` (configured by the ``OTEL_EXPORTER_OTLP_*`` variables), ``"console"``; an
     exporter object passes through; None stays None.
 
@@ -221,6 +221,6 @@ def otel_exporter_from(otel: Any) -> Any:
     """
     if otel is None or otel is False:
         return None
-    from collectors.otel import span_exporter_from
+    from probe.collectors.otel import span_exporter_from
 
     return span_exporter_from(otel)

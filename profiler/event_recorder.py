@@ -1,17 +1,17 @@
-"""The recording stage behind :mod:`profiler.mstx`: per-thread buffers drained into event batches.
+"""The recording stage behind :mod:`probe.profiler.mstx`: per-thread buffers drained into event batches.
 
 While an :class:`EventRecorder` runs, each thread that calls ``mstx`` gets its own buffer
 (registered once per thread); the hot path only appends one record to it: to C arrays when the
 ``profiler._mstx_native`` extension is built, else a 5-tuple to a list. A background worker (a
-:class:`ground.background.BackgroundQueue` woken every ``interval_s``) drains every buffer in
+:class:`probe.ground.background.BackgroundQueue` woken every ``interval_s``) drains every buffer in
 batches (no lock needed under the GIL) and turns a batch into columns at C speed (the
-extension's bytes, or ``map``/numpy over the tuples); :mod:`profiler.range_pairing` pairs range
-starts with their ends; :mod:`profiler.device_times` adds device timestamps whose CUDA events
-have completed. Finished events go to the sink as an :class:`~profiler.events.EventBatch`
-(columns; iterating it yields :class:`~profiler.events.Event` rows).
+extension's bytes, or ``map``/numpy over the tuples); :mod:`probe.profiler.range_pairing` pairs range
+starts with their ends; :mod:`probe.profiler.device_times` adds device timestamps whose CUDA events
+have completed. Finished events go to the sink as an :class:`~probe.profiler.events.EventBatch`
+(columns; iterating it yields :class:`~probe.profiler.events.Event` rows).
 
 Every buffer is bounded by ``max_buffer`` records between two drains; what a full buffer does is
-``overflow``, in the words of :mod:`ground.background`:
+``overflow``, in the words of :mod:`probe.ground.background`:
 
 - ``"block"`` (the default): nothing is lost. The C path wakes the drain and the recording
   thread waits, the GIL released, until the drain has taken its buffer; the pure-Python path
@@ -21,7 +21,7 @@ Every buffer is bounded by ``max_buffer`` records between two drains; what a ful
   so it never waits; a tight loop of ``mstx`` calls runs at the drain's pace. The waits are
   counted (:attr:`EventRecorder.waits`, :attr:`EventRecorder.wait_ns`).
 - ``"spool"``: nothing is lost and nobody waits: the full buffer is written to disk
-  (:class:`profiler.spool.Spool`; by the recording thread on the C path, by the drain on the
+  (:class:`probe.profiler.spool.Spool`; by the recording thread on the C path, by the drain on the
   pure-Python path) and the drain reads it back, oldest first (:attr:`EventRecorder.spilled`).
 - ``"drop"``: the records past the bound are dropped and counted as ``dropped_records``.
 
@@ -32,7 +32,7 @@ id that no ``range_start`` returned), ``unclosed_range`` (started, never ended),
 characters), ``end_domain_differs``; and the recording's own loss, ``dropped_records`` (only under
 ``overflow="drop"``, or when a thread is full while no drain can run: the drain's own thread).
 
->>> from profiler import mstx
+>>> from probe.profiler import mstx
 >>> got = []
 >>> rec = EventRecorder(sink=got.extend).start()
 >>> rid = mstx.range_start("work", domain="engine"); mstx.range_end(rid, domain="engine")
@@ -53,12 +53,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ground.background import OVERFLOW_POLICIES, BackgroundQueue
-from profiler import mstx
-from profiler.device_times import DeviceTimes
-from profiler.events import DOMAIN_KINDS, EventBatch
-from profiler.range_pairing import RangePairer, Rows, take
-from profiler.spool import Spool
+from probe.ground.background import OVERFLOW_POLICIES, BackgroundQueue
+from probe.profiler import mstx
+from probe.profiler.device_times import DeviceTimes
+from probe.profiler.events import DOMAIN_KINDS, EventBatch
+from probe.profiler.range_pairing import RangePairer, Rows, take
+from probe.profiler.spool import Spool
 
 #: Longest message kept; longer ones are cut and counted as ``huge_message``.
 MAX_MESSAGE = 4096
@@ -79,7 +79,7 @@ os.register_at_fork(after_in_child=_off_in_child)
 class EventRecorder:
     """Switches ``mstx`` on, drains its per-thread buffers in batches and feeds ``sink``.
 
-    ``sink(batch)`` receives :class:`~profiler.events.EventBatch` objects. ``windows()``
+    ``sink(batch)`` receives :class:`~probe.profiler.events.EventBatch` objects. ``windows()``
     returns the step windows as ``(start_ns list, step list)`` (a step of None drops the events
     that start in it, e.g. a warmup step; events before the first window are dropped);
     ``offset_ns`` is added to every host timestamp (the rank's measured clock offset);

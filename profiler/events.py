@@ -1,6 +1,6 @@
 """The profiler's finished events: one :class:`Event` row, an :class:`EventBatch` of columns.
 
-An event is what the recording stage (:mod:`profiler.event_recorder`) hands to the sinks: a
+An event is what the recording stage (:mod:`probe.profiler.event_recorder`) hands to the sinks: a
 mark, a range (its start paired with its end), a communication call, a step or a device kernel,
 timestamps in ns on the session's (aligned) host clock. Built-in wrappers that measure a whole
 range themselves (communication calls, dataloader fetches, checkpoint saves, step ranges of a
@@ -19,7 +19,7 @@ import threading
 from collections import Counter
 from typing import Iterable, Iterator, NamedTuple
 
-from profiler import mstx
+from probe.profiler import mstx
 
 #: Record kind of an event by its domain (everything else is ``range`` or ``mark``).
 DOMAIN_KINDS = {"communication": "comm", "step": "step"}

@@ -3,7 +3,7 @@
 The API mirrors Ascend's mstx (``mark``, ``range_start``, ``range_end``) plus a ``range``
 context manager/decorator and named domains. With no profiling session active every call is
 one global check and a return (cheaper than an NVTX push/pop with no tool attached). While a
-:class:`profiler.session.Session` records, each call appends one tuple with a
+:class:`probe.profiler.session.Session` records, each call appends one tuple with a
 ``time.perf_counter_ns`` timestamp to a per-thread buffer; a background stage drains the buffers
 in batches, pairs starts with ends (``range_end`` may run on another thread than
 ``range_start``) and hands finished events to the sinks (Arrow store, Perfetto trace, OTel).
@@ -15,7 +15,7 @@ session ends.
 With ``stream=`` (a ``torch.cuda.Stream``) a range also gets device timestamps: CUDA events are
 recorded on that stream and resolved later, without blocking the caller.
 
->>> from profiler import mstx
+>>> from probe.profiler import mstx
 >>> rid = mstx.range_start("load batch", domain="dataloader")
 >>> mstx.range_end(rid, domain="dataloader")
 >>> with mstx.range("forward", domain="engine"):
@@ -289,7 +289,7 @@ def domain(name: str) -> Domain:
 _native: Any = None
 if os.environ.get("PROBE_MSTX_NATIVE", "1") != "0":
     try:
-        from profiler import _mstx_native as _native
+        from probe.profiler import _mstx_native as _native
     except ImportError:          # not built (no C compiler at install): the Python path records
         _native = None
 if _native is not None:

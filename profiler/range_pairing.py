@@ -1,8 +1,8 @@
 """Pairing of recorded range starts with their ends, one thread's batch at a time.
 
-The recording stage (:mod:`profiler.event_recorder`) hands a :class:`RangePairer` each
+The recording stage (:mod:`probe.profiler.event_recorder`) hands a :class:`RangePairer` each
 thread's drained records as columns (kind codes, range ids, timestamps and the two text
-fields of the record layout in :mod:`profiler.mstx`). It pairs them:
+fields of the record layout in :mod:`probe.profiler.mstx`). It pairs them:
 
 1. marks pass through as rows of their own;
 2. ends whose id is not an int are counted as ``unknown_range_id`` and dropped;

@@ -1,9 +1,9 @@
 """Profiling sessions: which steps are recorded, and where their events go.
 
-A :class:`Session` switches :mod:`profiler.mstx` on (through an
-:class:`~profiler.event_recorder.EventRecorder`), adds the built-in ranges of
-:mod:`profiler.builtin_ranges` (collectives and point-to-point calls, dataloader fetches,
-checkpoint saves), optionally torch.profiler's op activity (:mod:`profiler.torch_ops`), and
+A :class:`Session` switches :mod:`probe.profiler.mstx` on (through an
+:class:`~probe.profiler.event_recorder.EventRecorder`), adds the built-in ranges of
+:mod:`probe.profiler.builtin_ranges` (collectives and point-to-point calls, dataloader fetches,
+checkpoint saves), optionally torch.profiler's op activity (:mod:`probe.profiler.torch_ops`), and
 sends finished events to its sinks: the Arrow record store, a Chrome/Perfetto trace fragment
 ``OUT/trace/rank<R>.json``, OpenTelemetry spans (streamed while the run goes, nested, to any
 span exporter: ``otel_exporter=`` an exporter object, or ``"otlp"`` / ``"console"``), or any
@@ -18,20 +18,20 @@ Which steps are kept, either:
 
 ``step()`` says the current step ended (as ``torch.profiler.profile.step``). Events belong to
 the step during which they started. Ranges still open when recording pauses get their end.
-A script's optimizer steps drive a session through :class:`engine_adapter.steps.StepSource`
-and :class:`profiler.engine_callbacks.ProfileCallback` (which then also records each step as a
+A script's optimizer steps drive a session through :class:`probe.engine_adapter.steps.StepSource`
+and :class:`probe.profiler.engine_callbacks.ProfileCallback` (which then also records each step as a
 ``step N`` range in domain ``step``).
 
 Recording loses nothing by default: ``overflow="block"`` makes a thread that fills its buffer
 (``max_buffer`` records between two drains) wait for the drain; ``"spool"`` writes the full
-buffer to disk instead; ``"drop"`` drops the excess (see :mod:`profiler.event_recorder`). What
+buffer to disk instead; ``"drop"`` drops the excess (see :mod:`probe.profiler.event_recorder`). What
 was dropped, spooled or waited is in the report, in the trace (a ``process_labels`` metadata
 event of the rank) and in the store (metrics ``mstx_dropped_records``, ``mstx_spilled_records``,
 ``mstx_wait_ms``).
 
 The simple API for a deep trace of steps S..S+N on one rank (what the monitor agent calls)::
 
-    from profiler.session import Session
+    from probe.profiler.session import Session
     s = Session("runs/x", rank=3, steps=range(S, S + N), first_step=current_step).start()
     ...   # each step: s.step()
     report = s.stop()          # writes runs/x/trace/rank3.json and event records
@@ -39,14 +39,14 @@ The simple API for a deep trace of steps S..S+N on one rank (what the monitor ag
 
 or with ``profile`` as a context manager (``torch.profiler`` style)::
 
-    from profiler import profile
+    from probe.profiler import profile
     with profile("out", schedule=(1, 1, 3, 1)) as prof:
         for batch in data:
             train_step(batch)
             prof.step()
 
 >>> import tempfile
->>> from profiler import mstx
+>>> from probe.profiler import mstx
 >>> with Session(tempfile.mkdtemp(), trace=True, store=False) as s:
 ...     with mstx.range("work"):
 ...         pass
@@ -67,11 +67,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from profiler.builtin_ranges import BuiltinRanges
-from profiler.event_recorder import EventRecorder
-from profiler.events import DOMAIN_KINDS, Event, EventBatch, describe_problems
-from profiler.sinks import StoreSink, TraceMeta, recording_label
-from profiler.torch_ops import TorchOps
+from probe.profiler.builtin_ranges import BuiltinRanges
+from probe.profiler.event_recorder import EventRecorder
+from probe.profiler.events import DOMAIN_KINDS, Event, EventBatch, describe_problems
+from probe.profiler.sinks import StoreSink, TraceMeta, recording_label
+from probe.profiler.torch_ops import TorchOps
 
 OFF, WARMUP, ACTIVE = "off", "warmup", "active"
 
@@ -172,10 +172,10 @@ class Session:
         """Measure the clock offset (when ``align_clocks``), open the sinks, start recording.
 
         ``align_clocks=True`` is a collective: every rank must start its session together
-        (or measure once with :func:`profiler.clock.measure_offset` and pass
+        (or measure once with :func:`probe.profiler.clock.measure_offset` and pass
         ``clock_offset_ns=``).
         """
-        from profiler.clock import epoch_offset_ns, measure_offset
+        from probe.profiler.clock import epoch_offset_ns, measure_offset
 
         if self._started:
             return self
@@ -218,7 +218,7 @@ class Session:
 
     def announce(self, name: str, domain: str, start_ns: int) -> int | None:
         """Say that a range a built-in wrapper measures itself (it will hand it over with
-        :func:`profiler.events.emit_complete` when it ends) started at ``start_ns``
+        :func:`probe.profiler.events.emit_complete` when it ends) started at ``start_ns``
         (``time.perf_counter_ns``, this thread), so a sink that streams nested spans sees it
         open meanwhile; :meth:`retire` the token it returns right after the emit.
         """
@@ -344,21 +344,21 @@ class Session:
                      extra: Sequence[Any]) -> list[Any]:
         sinks: list[Any] = []
         if store is True and self.out_dir is not None:
-            from collectors.store import StoreWriter
+            from probe.collectors.store import StoreWriter
 
             sinks.append(StoreSink(StoreWriter(self.out_dir, rank=self.rank, run=self.run),
                                    own_store=True))
         elif store not in (None, False, True):
             sinks.append(StoreSink(store, own_store=False))
         if trace and self.out_dir is not None:
-            from collectors.perfetto import ChromeTraceSink
+            from probe.collectors.perfetto import ChromeTraceSink
 
             sinks.append(ChromeTraceSink(self.out_dir / "trace" / f"rank{self.rank}.json"))
         if otel_exporter is not None:
-            from collectors.otel import OTelSink
+            from probe.collectors.otel import OTelSink
 
             if isinstance(otel_exporter, str):
-                from collectors.otel import span_exporter_from
+                from probe.collectors.otel import span_exporter_from
 
                 otel_exporter = span_exporter_from(otel_exporter)
             sinks.append(OTelSink(otel_exporter, processor=otel_processor,
@@ -390,7 +390,7 @@ class Session:
             self._sink_errors[f"clock alignment: {type(e).__name__}: {e}"[:200]] += 1
 
     def _set_offset(self, rank: int, world_size: int) -> None:
-        from profiler.clock import epoch_offset_ns, measure_offset
+        from probe.profiler.clock import epoch_offset_ns, measure_offset
 
         offset = measure_offset()
         self.clock_offset_ns = offset
@@ -433,7 +433,7 @@ def profile(out_dir: str | os.PathLike | None = None, *,
     """A :class:`Session` (use as a context manager, call ``.step()`` each step).
 
     >>> import tempfile
-    >>> from profiler import mstx
+    >>> from probe.profiler import mstx
     >>> with profile(tempfile.mkdtemp(), schedule=(0, 1, 1, 1), store=False) as prof:
     ...     for i in range(3):
     ...         mstx.mark(f"step {i}")

@@ -1,17 +1,17 @@
 """Where a session's events go: the sink interface and the Arrow store sink.
 
 A sink has three methods, called from the session's batching thread (never the hot path):
-``open(meta)`` once, ``write(batch)`` with each :class:`profiler.events.EventBatch` of finished
-events (columns; iterating it yields :class:`profiler.events.Event` rows), ``close()`` once.
+``open(meta)`` once, ``write(batch)`` with each :class:`probe.profiler.events.EventBatch` of finished
+events (columns; iterating it yields :class:`probe.profiler.events.Event` rows), ``close()`` once.
 ``meta`` is a :class:`TraceMeta`. The Perfetto trace sink lives in
-:mod:`collectors.perfetto`, the OpenTelemetry sink in :mod:`collectors.otel`. At the end of a
+:mod:`probe.collectors.perfetto`, the OpenTelemetry sink in :mod:`probe.collectors.otel`. At the end of a
 session the recording's own figures (overflow policy, records dropped and spooled, time
 waited) go to the trace as :func:`recording_label` and to the store by
 :meth:`StoreSink.add_recording`.
 
 >>> import tempfile
->>> from collectors.store import StoreWriter, open_store
->>> from profiler.events import Event, EventBatch
+>>> from probe.collectors.store import StoreWriter, open_store
+>>> from probe.profiler.events import Event, EventBatch
 >>> d = tempfile.mkdtemp()
 >>> sink = StoreSink(StoreWriter(d, rank=0, run="r"), own_store=True)
 >>> sink.open(TraceMeta(rank=0, world_size=1, run="r"))
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import json
 from typing import Any, Callable, Protocol
 
-from profiler.events import EventBatch, payload_json
+from probe.profiler.events import EventBatch, payload_json
 
 
 @dataclass
@@ -42,7 +42,7 @@ class TraceMeta:
     epoch_offset_ns: int = 0          # added to a (rank-0-aligned) timestamp to get Unix-epoch ns
     thread_names: dict[int, str] = field(default_factory=dict)
     #: The ranges open now, as events whose ``end_ns`` is -1 (for a sink that streams nested
-    #: spans, :mod:`collectors.otel`); called from the drain thread, during ``write``.
+    #: spans, :mod:`probe.collectors.otel`); called from the drain thread, during ``write``.
     open_ranges: Callable[[], list] | None = None
 
 
@@ -80,7 +80,7 @@ class Sink(Protocol):
 
 
 class StoreSink:
-    """Writes events as ``event`` records to a :class:`collectors.store.StoreWriter`.
+    """Writes events as ``event`` records to a :class:`probe.collectors.store.StoreWriter`.
 
     ``own_store``: close the writer at the end (a writer the engine owns stays open).
     """
@@ -94,7 +94,7 @@ class StoreSink:
         self.meta = meta
 
     def write(self, events: EventBatch) -> None:
-        from collectors.records import table_from_columns
+        from probe.collectors.records import table_from_columns
 
         n = len(events)
         if not n:

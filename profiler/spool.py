@@ -1,10 +1,10 @@
 """Full ``mstx`` buffers kept on disk until the drain takes them (the ``spool`` overflow policy).
 
 Under ``overflow="spool"`` a thread whose buffer is full hands the whole buffer to
-:meth:`Spool.write` (on its own thread, as :mod:`ground.background` spills) and goes on recording
+:meth:`Spool.write` (on its own thread, as :mod:`probe.ground.background` spills) and goes on recording
 into an empty one; the recorder's drain takes the chunks back with :meth:`Spool.take`, oldest
 first, before the buffers still in memory, so a thread's records are paired in the order they
-were made. A chunk is what :func:`profiler._mstx_native.drain` yields for one thread, or
+were made. A chunk is what :func:`probe.profiler._mstx_native.drain` yields for one thread, or
 ``(thread id, record tuples)`` from the pure-Python path. Nothing is ever lost: a chunk that
 cannot be written (a full disk, a message object that cannot be pickled) is kept in memory
 instead, and counted in :attr:`Spool.kept_in_memory`.

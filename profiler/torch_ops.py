@@ -15,8 +15,8 @@ import os
 import tempfile
 from typing import Any
 
-from profiler.events import Event, EventBatch
-from profiler.sinks import TraceMeta
+from probe.profiler.events import Event, EventBatch
+from probe.profiler.sinks import TraceMeta
 
 #: torch.profiler categories that ran on a device
 KERNEL_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})

@@ -1,7 +1,7 @@
 """Level 2: the traced storages as an allocator serves them, with each op's workspace.
 
 Storages are requested and released in trace order from the first training op on (those alive
-then first, in the order made): at op ``k`` first those that died before it, then those it made, then its kernel's workspace (:mod:`simulator.workspace`), taken and
+then first, in the order made): at op ``k`` first those that died before it, then those it made, then its kernel's workspace (:mod:`probe.simulator.workspace`), taken and
 given back inside the op; the first op with FLOPs also takes the matmul library's persistent
 workspace. Two allocators:
 
@@ -14,7 +14,7 @@ workspace. Two allocators:
   and stay reserved (the cache). *Allocated* counts the blocks handed out (what
   ``torch.cuda.max_memory_allocated`` reports), *reserved* the segments (what the device gives).
 
-Per-category factors shrink sharded storages (ZeRO), as :mod:`simulator.ranks` asks.
+Per-category factors shrink sharded storages (ZeRO), as :mod:`probe.simulator.ranks` asks.
 
 >>> import numpy as np
 >>> a = CachingAllocator()
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.memory import storage_arrays
-from simulator.trace import CATEGORIES, Trace
+from probe.simulator.memory import storage_arrays
+from probe.simulator.trace import CATEGORIES, Trace
 
 KB, MB = 1024, 1024 * 1024
 ROUND, SMALL, SMALL_SEGMENT, LARGE_SEGMENT, MIN_LARGE_ALLOC, ROUND_LARGE = (

@@ -1,6 +1,6 @@
 """Measure this machine for the time model: ``probe simulate --calibrate``.
 
-Three curves, each the fastest time of batches of calls at growing sizes (:mod:`simulator.clock`),
+Three curves, each the fastest time of batches of calls at growing sizes (:mod:`probe.simulator.clock`),
 each size timed twice, a sweep apart (the faster kept), on the threads torch uses
 now (the CPU) or on the current CUDA device, and one figure from a real training loop:
 
@@ -10,13 +10,13 @@ now (the CPU) or on the current CUDA device, and one figure from a real training
 3. ``view_s``: a metadata-only op (``x.view(-1)``), the cost of an op that moves nothing;
 4. ``op_overhead_s``: what an eager training loop spends beyond the ops themselves (Python,
    module calls, autograd bookkeeping, the optimizer's loop), per op of each phase and per
-   module call (:mod:`simulator.overhead`).
+   module call (:mod:`probe.simulator.overhead`).
 
 Sizes grow until one call takes longer than ``max_call_s``. On a CPU with one thread the clock
 is the thread's own CPU time (``time.thread_time``), so other work on a shared machine does
 not count; otherwise wall time (synchronised on CUDA). The result is a
-:class:`~simulator.devices.Device` whose peak FLOP/s and bandwidth are the best measured, saved
-in the user cache (:func:`simulator.devices.save_calibrated`) by the command.
+:class:`~probe.simulator.devices.Device` whose peak FLOP/s and bandwidth are the best measured, saved
+in the user cache (:func:`probe.simulator.devices.save_calibrated`) by the command.
 
 >>> dev = calibrate("cpu", max_call_s=0.002, min_time_s=0.002)
 >>> dev.name, dev.source.startswith("calibrated"), len(dev.curves["memory"]) > 2
@@ -30,10 +30,10 @@ import os
 import platform
 import torch
 
-from ground.errors import ProbeError
-from simulator.clock import clock_name, timer_for
-from simulator.devices import Device
-from simulator.overhead import measure_overhead
+from probe.ground.errors import ProbeError
+from probe.simulator.clock import clock_name, timer_for
+from probe.simulator.devices import Device
+from probe.simulator.overhead import measure_overhead
 
 MATMUL_SIZES = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
 ELEMENTS = tuple(4 ** k for k in range(2, 14))          # 16 .. 64M elements

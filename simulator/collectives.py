@@ -1,7 +1,7 @@
 """How long a collective takes, from its size, its group and the links between the ranks.
 
 A group of ``n`` ranks runs on the slowest link it needs: inside a node (NVLink, HCCS) when all
-its ranks share one (:meth:`~simulator.layout.Layout.group_span` within ``ranks_per_node``),
+its ranks share one (:meth:`~probe.simulator.layout.Layout.group_span` within ``ranks_per_node``),
 else one rank's network link. Bandwidth terms are those of ring algorithms (NCCL's and HCCL's
 for large messages), the latency term that of a tree (``2 * ceil(log2 n)`` link latencies):
 
@@ -10,7 +10,7 @@ for large messages), the latency term that of a tree (``2 * ceil(log2 n)`` link 
 - all-gather (``bytes``: this rank's part): ``(n-1) * bytes``;
 - broadcast, reduce, send, recv: ``bytes``.
 
->>> from simulator.devices import get_device
+>>> from probe.simulator.devices import get_device
 >>> h100 = get_device("H100")
 >>> round(comm_seconds("all_reduce", 10**9, 8, h100, crosses_nodes=False) * 1e3, 2)
 3.95
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 
-from simulator.devices import Device
-from simulator.layout import Layout
+from probe.simulator.devices import Device
+from probe.simulator.layout import Layout
 
 _RING_ALL = {"all_reduce", "all_reduce_coalesced"}
 _SCATTER = {"reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all",

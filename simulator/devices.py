@@ -1,10 +1,10 @@
 """The devices a simulation is judged against: memory, peak compute, bandwidths, allocator.
 
 Accelerators come from their datasheets (dense peak FLOP/s per dtype as
-:data:`profiler.flops.PEAK_TFLOPS` has them, HBM bandwidth, capacity, the per-GPU links inside
+:data:`probe.profiler.flops.PEAK_TFLOPS` has them, HBM bandwidth, capacity, the per-GPU links inside
 a node and between nodes). Their times are roofline times: an op takes the longer of its FLOPs
 at the peak and its bytes at the HBM bandwidth, at least one kernel launch. A machine measured
-by ``probe simulate --calibrate`` (:mod:`simulator.calibrate`) carries its measured op-time
+by ``probe simulate --calibrate`` (:mod:`probe.simulator.calibrate`) carries its measured op-time
 curves instead, stored in the user cache file :func:`cache_path`; this machine's CPU is
 ``cpu``, a calibrated GPU its own name (which then replaces the datasheet entry it matches).
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ground.errors import ProbeError
-from profiler.flops import PEAK_TFLOPS
+from probe.ground.errors import ProbeError
+from probe.profiler.flops import PEAK_TFLOPS
 
 GiB = 2**30
 GB = 10**9

@@ -3,17 +3,17 @@
 Two ways, by what the engine can run:
 
 1. a layout it runs (data parallel only, one microbatch per step, float32 or its bfloat16
-   autocast): its own loop, :func:`engine.train.run_rank`, runs unchanged inside
-   :class:`~simulator.fake_run.FakeRun` as rank 0 of ``dp`` ranks (a ``fake`` process group
+   autocast): its own loop, :func:`probe.engine.train.run_rank`, runs unchanged inside
+   :class:`~probe.simulator.fake_run.FakeRun` as rank 0 of ``dp`` ranks (a ``fake`` process group
    answers its gradient all-reduce), for two optimizer steps;
 2. anything else (``--tp``, ``--pp``, several microbatches, float16): each distinct stage of
-   :class:`~simulator.shard_model.ShardLlama` (first, middle, last; one when ``pp`` is 1)
+   :class:`~probe.simulator.shard_model.ShardLlama` (first, middle, last; one when ``pp`` is 1)
    trains two steps of one microbatch each as the engine trains: float32 weights, gradients
    and AdamW state, forward and loss under autocast to the 16-bit dtype when one is asked for.
    Received activations and gradients of pipeline neighbours are fake tensors of their shape,
    with their sends and receives recorded.
 
->>> from simulator.layout import make_layout
+>>> from probe.simulator.layout import make_layout
 >>> lay = make_layout(nproc=2, global_batch=8)
 >>> traced = trace_engine("tiny", "reference", "float32", lay)
 >>> traced.params, len(traced.ranks), traced.ranks[0].ranks
@@ -30,12 +30,12 @@ from typing import Any, Callable
 
 import torch
 
-from engine.config import ModelConfig, get_preset
-from simulator.fake_run import FakeRun
-from simulator.layout import Layout
-from simulator.shard_model import ShardLlama, check_shardable
-from simulator.trace import OpTracer
-from simulator.workload import RankTrace, Traced
+from probe.engine.config import ModelConfig, get_preset
+from probe.simulator.fake_run import FakeRun
+from probe.simulator.layout import Layout
+from probe.simulator.shard_model import ShardLlama, check_shardable
+from probe.simulator.trace import OpTracer
+from probe.simulator.workload import RankTrace, Traced
 
 #: ``--dtype`` -> the dtype the forward and the loss compute in (autocast below float32)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -52,7 +52,7 @@ def trace_engine(preset: str, engine: str, dtype: str, layout: Layout, *, seq_le
         progress(f"tracing {engine}/{preset} on fake tensors ({layout.nproc} ranks) ...")
     describe = {"workload": "bundled engine", "engine": engine, "preset": preset,
                 "dtype": dtype, "seq_len": cfg.seq_len, "micro_batch": layout.micro_batch}
-    from engine.train import DTYPES as ENGINE_DTYPES
+    from probe.engine.train import DTYPES as ENGINE_DTYPES
 
     engine_dtype = next((k for k, v in DTYPES.items() if v == dtype), None)
     runs_as_is = layout.tp == layout.pp == 1 and layout.microbatches == 1 and engine_dtype in ENGINE_DTYPES
@@ -67,8 +67,8 @@ def trace_engine(preset: str, engine: str, dtype: str, layout: Layout, *, seq_le
 
 def _trace_loop(preset: str, engine: str, dtype: str, cfg: ModelConfig, layout: Layout,
                 describe: dict, signatures: bool) -> Traced:
-    from engine.spec import RunSpec
-    from engine.train import MONITOR_ENV, run_rank
+    from probe.engine.spec import RunSpec
+    from probe.engine.train import MONITOR_ENV, run_rank
 
     out = tempfile.mkdtemp(prefix="probe-simulate-")
     spec = RunSpec(engine=engine, preset=preset, nproc=layout.dp, max_steps=TRACED_STEPS,
@@ -173,7 +173,7 @@ def _full_params(cfg: ModelConfig) -> int:
     """The exact parameter count of the unsharded reference model (built on fake tensors)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from engine.models import build_model
+    from probe.engine.models import build_model
 
     with FakeTensorMode():
         model = build_model("reference", cfg)

@@ -4,11 +4,11 @@ Inside :class:`FakeRun`:
 
 1. a ``FakeTensorMode`` makes every tensor a fake one (shape, dtype, device; no storage);
    tensors made before (real ones) are accepted as inputs;
-2. an :class:`~simulator.trace.OpTracer` above it records every op and storage, with a
-   :class:`~simulator.placeholders.ValueReader` answering value reads;
+2. an :class:`~probe.simulator.trace.OpTracer` above it records every op and storage, with a
+   :class:`~probe.simulator.placeholders.ValueReader` answering value reads;
 3. with ``world_size > 1`` and no process group yet, ``torch.distributed`` gets one of the
    ``fake`` backend (rank 0 of ``world_size``; collectives return at once), and each collective
-   is recorded through :mod:`engine_adapter.torch_comm`; the environment says
+   is recorded through :mod:`probe.engine_adapter.torch_comm`; the environment says
    ``RANK=0 WORLD_SIZE=N`` for code that reads it, and the code's own
    ``init_process_group``/``destroy_process_group`` calls leave the fake group standing;
    ``DistributedDataParallel`` wraps a module without its C++ reducer (which reads values): the
@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from simulator.placeholders import ValueReader
-from simulator.trace import OpTracer
+from probe.simulator.placeholders import ValueReader
+from probe.simulator.trace import OpTracer
 
 
 class StopSimulation(BaseException):
@@ -124,7 +124,7 @@ class FakeRun:
         dist.init_process_group = dist.destroy_process_group = _already_done
         self._undo.append(lambda: (setattr(dist, "init_process_group", init),
                                    setattr(dist, "destroy_process_group", destroy)))
-        from engine_adapter import torch_comm
+        from probe.engine_adapter import torch_comm
 
         listener = torch_comm.add_listener(_CommToTrace(self.tracer, self.world_size))
         self._undo.append(lambda: torch_comm.remove_listener(listener))
@@ -140,7 +140,7 @@ class FakeRun:
 class _ReplicaModule(torch.nn.Module):
     """Stands for ``DistributedDataParallel`` on fake tensors (its C++ reducer reads values):
     the wrapped module as ``.module``, called as it is; the gradient all-reduce DDP would run is
-    the simulation's data-parallel sync (:mod:`simulator.ranks`)."""
+    the simulation's data-parallel sync (:mod:`probe.simulator.ranks`)."""
 
     def __init__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         super().__init__()
@@ -156,7 +156,7 @@ class _ReplicaModule(torch.nn.Module):
 
 
 class _CommToTrace:
-    """A :mod:`engine_adapter.torch_comm` listener that records each collective in the trace."""
+    """A :mod:`probe.engine_adapter.torch_comm` listener that records each collective in the trace."""
 
     def __init__(self, tracer: OpTracer, world_size: int) -> None:
         self.tracer, self.world_size = tracer, world_size

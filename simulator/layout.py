@@ -12,14 +12,14 @@ optimizer state, 2 also the gradients, 3 also the parameters.
 (2, 7)
 >>> make_layout(nproc=6, dp=4, tp=1, pp=1, zero=0, global_batch=8, micro_batch=2)
 Traceback (most recent call last):
-ground.errors.ProbeError: --nproc 6 is not --dp 4 x --tp 1 x --pp 1 = 4; give --nproc equal to their product (or leave one out)
+probe.ground.errors.ProbeError: --nproc 6 is not --dp 4 x --tp 1 x --pp 1 = 4; give --nproc equal to their product (or leave one out)
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,16 @@
 """Memory over a traced run: live bytes per category after every op, the peak, and who holds it.
 
-From a :class:`~simulator.trace.Trace`:
+From a :class:`~probe.simulator.trace.Trace`:
 
 1. each storage adds its bytes to its category from the op that made it and takes them away at
    the op count when it died (never died: kept to the end);
 2. a cumulative sum over ops gives ``live[category, op]``, the bytes live after each op;
 3. the peak is the op with the most live bytes in all (scaled per category for a sharded rank,
-   plus any extra series, as :mod:`simulator.ranks` asks);
+   plus any extra series, as :mod:`probe.simulator.ranks` asks);
 4. the holders at the peak are the storages live then, summed by (module, category).
 
 >>> import torch
->>> from simulator.trace import OpTracer
+>>> from probe.simulator.trace import OpTracer
 >>> with OpTracer() as tracer:
 ...     a = torch.ones(1024)            # 4 KiB, kept
 ...     b = a * 2                       # 4 KiB, dies at once
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.trace import CATEGORIES, Trace
+from probe.simulator.trace import CATEGORIES, Trace
 
 
 @dataclass

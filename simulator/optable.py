@@ -1,6 +1,6 @@
 """The operator table of a simulation, as event records in the run's store.
 
-Each traced op becomes an ``event`` record (:mod:`collectors.records`) of domain ``simulate``
+Each traced op becomes an ``event`` record (:mod:`probe.collectors.records`) of domain ``simulate``
 and kind ``kernel``; each collective one of kind ``comm``. The rank is the first rank the trace
 stands for; ``step`` the optimizer steps finished before the op; ``device_start_ns`` and
 ``device_end_ns`` the op's place on the simulated timeline of the chosen device at level 3
@@ -12,11 +12,11 @@ So ``probe query OUT "select ... from events where domain = 'simulate'"`` reads 
            json_extract(payload, '$.flops') as bigint)) as flops
     from events where domain = 'simulate' and kind = 'kernel' group by module order by flops desc
 
->>> from simulator.engine_workload import trace_engine
->>> from simulator.layout import make_layout
->>> from simulator.simulation import simulate
+>>> from probe.simulator.engine_workload import trace_engine
+>>> from probe.simulator.layout import make_layout
+>>> from probe.simulator.simulation import simulate
 >>> import tempfile
->>> from collectors.store import open_store
+>>> from probe.collectors.store import open_store
 >>> lay = make_layout(nproc=1, global_batch=8)
 >>> sim = simulate(trace_engine("tiny", "reference", "float32", lay), lay, level=3, device="A100")
 >>> out = tempfile.mkdtemp()
@@ -32,10 +32,10 @@ import os
 
 import numpy as np
 
-from collectors.records import table_from_columns
-from collectors.store import StoreWriter
-from simulator.simulation import Simulation
-from simulator.trace import PHASES
+from probe.collectors.records import table_from_columns
+from probe.collectors.store import StoreWriter
+from probe.simulator.simulation import Simulation
+from probe.simulator.trace import PHASES
 
 
 def write_op_table(sim: Simulation, out: str) -> int:

@@ -1,15 +1,15 @@
 """What a simulation leaves in its output folder.
 
-- ``simulation.json``: :meth:`simulator.simulation.Simulation.as_json`;
+- ``simulation.json``: :meth:`probe.simulator.simulation.Simulation.as_json`;
 - ``memory_timeline.html``: the fullest rank's memory over the traced steps (level 1 and up);
-- ``store/event/rank*/``: the operator table (:mod:`simulator.optable`), for ``probe query``.
+- ``store/event/rank*/``: the operator table (:mod:`probe.simulator.optable`), for ``probe query``.
 
-The folder is claimed first (:func:`ground.outdir.claim`): only a previous ``probe simulate``'s
+The folder is claimed first (:func:`probe.ground.outdir.claim`): only a previous ``probe simulate``'s
 entries are replaced unless ``force``.
 
->>> from simulator.engine_workload import trace_engine
->>> from simulator.layout import make_layout
->>> from simulator.simulation import simulate
+>>> from probe.simulator.engine_workload import trace_engine
+>>> from probe.simulator.layout import make_layout
+>>> from probe.simulator.simulation import simulate
 >>> import tempfile
 >>> lay = make_layout(nproc=1, global_batch=8)
 >>> sim = simulate(trace_engine("tiny", "reference", "float32", lay), lay, level=1, device="H100")
@@ -22,10 +22,10 @@ from __future__ import annotations
 import json
 import os
 
-from ground.outdir import claim
-from simulator.optable import write_op_table
-from simulator.plot import memory_plot
-from simulator.simulation import Simulation
+from probe.ground.outdir import claim
+from probe.simulator.optable import write_op_table
+from probe.simulator.plot import memory_plot
+from probe.simulator.simulation import Simulation
 
 ENTRIES = ["simulation.json", "memory_timeline.html", "store"]
 

@@ -1,6 +1,6 @@
 """What an eager training loop spends beyond its ops: Python, module calls, autograd, optimizer.
 
-A calibrated op time (:mod:`simulator.replay`, :mod:`simulator.calibrate`) is the op alone. A
+A calibrated op time (:mod:`probe.simulator.replay`, :mod:`probe.simulator.calibrate`) is the op alone. A
 real step also pays, per op, the Python call and the autograd bookkeeping, and per
 ``nn.Module`` call its ``__call__``. Measured here on this machine:
 
@@ -14,7 +14,7 @@ real step also pays, per op, the Python call and the autograd bookkeeping, and p
    two unknowns (same ops, different module calls); backward and the optimizer: per op.
 
 >>> import time, torch
->>> from simulator.calibrate import calibrate
+>>> from probe.simulator.calibrate import calibrate
 >>> curves = calibrate("cpu", max_call_s=0.001, min_time_s=0.001).curves
 >>> sorted(curves["op_overhead_s"])
 ['backward', 'forward', 'module_call', 'optimizer', 'other']
@@ -28,11 +28,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from simulator.devices import Device
-from simulator.fake_run import FakeRun
-from simulator.replay import replay_seconds
-from simulator.timing import op_seconds, phase_seconds
-from simulator.trace import BACKWARD, FORWARD, OPTIMIZER, OTHER
+from probe.simulator.devices import Device
+from probe.simulator.fake_run import FakeRun
+from probe.simulator.replay import replay_seconds
+from probe.simulator.timing import op_seconds, phase_seconds
+from probe.simulator.trace import BACKWARD, FORWARD, OPTIMIZER, OTHER
 
 D, HEADS, VOCAB, STEPS = 64, 4, 256, 24
 

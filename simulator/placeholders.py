@@ -14,7 +14,7 @@ with a placeholder so the script goes on, and notes the script line that asked:
 
 >>> import torch
 >>> from torch._subclasses.fake_tensor import FakeTensorMode
->>> from simulator.trace import OpTracer
+>>> from probe.simulator.trace import OpTracer
 >>> reader = ValueReader()
 >>> with FakeTensorMode(), OpTracer(reader=reader):
 ...     x = torch.randn(4)

@@ -5,9 +5,9 @@ and ZeRO-3 gathers on top); at level 2 also the allocator's allocated and reserv
 traced steps as bands by phase and the peak marked. Long traces are thinned to at most
 ``points`` columns, each keeping the op where the total is highest, so no peak is lost.
 
->>> from simulator.engine_workload import trace_engine
->>> from simulator.layout import make_layout
->>> from simulator.simulation import simulate
+>>> from probe.simulator.engine_workload import trace_engine
+>>> from probe.simulator.layout import make_layout
+>>> from probe.simulator.simulation import simulate
 >>> import tempfile, os
 >>> lay = make_layout(nproc=1, global_batch=8)
 >>> sim = simulate(trace_engine("tiny", "reference", "float32", lay), lay, level=2, device="H100")
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.ranks import stack, window_start
-from simulator.simulation import Simulation
-from simulator.trace import PHASES
+from probe.simulator.ranks import stack, window_start
+from probe.simulator.simulation import Simulation
+from probe.simulator.trace import PHASES
 
 COLOURS = {"params": "#4c78a8", "grads": "#f58518", "optimizer": "#54a24b",
            "activations": "#e45756", "temporary": "#b279a2", "in flight / gathered": "#9d755d"}

@@ -9,7 +9,7 @@ Memory of a rank (levels 1 and 2), over the training steps (from the first forwa
    ``in_flight - 1`` other microbatches a 1F1B pipeline stage holds then;
 3. plus, with ZeRO-3, two layers' gathered parameters during forward and backward (the one
    computing and the one prefetched, as FSDP allows);
-4. level 2: the storages go through the device's allocator (:mod:`simulator.allocator`) with
+4. level 2: the storages go through the device's allocator (:mod:`probe.simulator.allocator`) with
    their workspaces instead of being summed; peak *allocated* and *reserved* are reported.
 
 Step time (level 3): ``sum_s fb_s + (m - 1) * max_s fb_s + max_s (other_s + optimizer_s +
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.allocator import serve
-from simulator.collectives import comm_seconds, group_crosses_nodes
-from simulator.devices import Device
-from simulator.layout import Layout
-from simulator.memory import Timeline, holders, storage_arrays
-from simulator.timing import phase_seconds, step_flops
-from simulator.trace import BACKWARD, CATEGORIES, FORWARD, Trace
-from simulator.workload import RankTrace
+from probe.simulator.allocator import serve
+from probe.simulator.collectives import comm_seconds, group_crosses_nodes
+from probe.simulator.devices import Device
+from probe.simulator.layout import Layout
+from probe.simulator.memory import Timeline, holders, storage_arrays
+from probe.simulator.timing import phase_seconds, step_flops
+from probe.simulator.trace import BACKWARD, CATEGORIES, FORWARD, Trace
+from probe.simulator.workload import RankTrace
 
 
 @dataclass
@@ -53,7 +53,7 @@ class MemoryFigures:
 def zero_factors(layout: Layout) -> dict[str, float]:
     """The share of each category a rank keeps under ``layout.zero`` (see the module docstring).
 
-    >>> from simulator.layout import make_layout
+    >>> from probe.simulator.layout import make_layout
     >>> zero_factors(make_layout(nproc=4, zero=2, global_batch=4))
     {'params': 1.0, 'grads': 0.25, 'optimizer': 0.25, 'activations': 1.0, 'temporary': 1.0}
     """
@@ -134,8 +134,8 @@ def gather_unit_bytes(trace: Trace) -> int:
     """Parameter bytes of the largest repeated block (``...layers.N``), else of one module, among
     the parameters alive when training starts.
 
-    >>> from simulator.engine_workload import trace_engine
-    >>> from simulator.layout import make_layout
+    >>> from probe.simulator.engine_workload import trace_engine
+    >>> from probe.simulator.layout import make_layout
     >>> trace = trace_engine("tiny", "reference", "float32", make_layout(global_batch=8)).ranks[0].trace
     >>> gather_unit_bytes(trace) == 4 * (4 * 64 * 64 + 3 * 64 * 172 + 2 * 64)
     True

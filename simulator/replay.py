@@ -1,16 +1,16 @@
 """Time a trace's ops by running each distinct one for real on this machine.
 
 A calibrated device (``probe simulate --calibrate``) is this machine. Curves by size
-(:mod:`simulator.timing`) miss how much kernels of the same size differ (on a CPU an ``abs`` or a
+(:mod:`probe.simulator.timing`) miss how much kernels of the same size differ (on a CPU an ``abs`` or a
 ``sqrt`` costs several times an ``add`` of the same bytes; a matmul's speed depends on its
 shape and transposition), so for it every distinct op signature of the trace (op, argument
-shapes, strides, dtypes and values, kept by :class:`~simulator.trace.OpTracer`) is run on real
+shapes, strides, dtypes and values, kept by :class:`~probe.simulator.trace.OpTracer`) is run on real
 inputs and timed:
 
 1. each tensor argument is made real with its shape, strides and dtype: floating point values
    uniform in [0.5, 1.5) (no NaN or denormal paths), integers and booleans zero (a valid index
    into anything);
-2. the op is called as traced, on :mod:`simulator.clock`'s clock, the fastest of batches, in
+2. the op is called as traced, on :mod:`probe.simulator.clock`'s clock, the fastest of batches, in
    ``PASSES`` passes over all the ops (the fastest of them): a slow stretch of a shared machine
    (a virtual CPU the host takes away counts on even the thread's own clock) lasts longer than
    one op's batches, but seldom across both passes;
@@ -20,8 +20,8 @@ inputs and timed:
    time those.
 
 >>> import torch
->>> from simulator.trace import OpTracer
->>> from simulator.calibrate import calibrate
+>>> from probe.simulator.trace import OpTracer
+>>> from probe.simulator.calibrate import calibrate
 >>> with OpTracer(signatures=True) as tracer:
 ...     x = torch.ones(64, 64)
 ...     y = x @ x
@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from simulator.clock import timer_for
-from simulator.devices import Device, cache_path
-from simulator.signature import TensorSpec, signature_key
-from simulator.trace import Trace
+from probe.simulator.clock import timer_for
+from probe.simulator.devices import Device, cache_path
+from probe.simulator.signature import TensorSpec, signature_key
+from probe.simulator.trace import Trace
 
 PASSES = 2
 

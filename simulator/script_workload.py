@@ -1,15 +1,15 @@
 """Trace a user's training script, unchanged, on fake tensors.
 
 The script runs in this process (the caller supplies ``run``, e.g. ``probe.script.run_script``)
-inside :class:`~simulator.fake_run.FakeRun`: every tensor it makes is fake, its value reads get
-placeholders (:mod:`simulator.placeholders`, each noted with its line), and it stops after
+inside :class:`~probe.simulator.fake_run.FakeRun`: every tensor it makes is fake, its value reads get
+placeholders (:mod:`probe.simulator.placeholders`, each noted with its line), and it stops after
 ``max_steps`` optimizer steps. With ``--nproc N`` it runs as rank 0 of ``N`` data-parallel ranks
 (``torch.distributed`` answers through a ``fake`` process group); its gradient sync is taken
 to overlap backward as DDP's does. The timed step is the second one when there is one
 (optimizer state exists by then).
 
 >>> import os, tempfile
->>> from simulator.layout import make_layout
+>>> from probe.simulator.layout import make_layout
 >>> path = os.path.join(tempfile.mkdtemp(), "train.py")
 >>> _ = open(path, "w").write(
 ...     "import torch\\nm = torch.nn.Linear(64, 64)\\nopt = torch.optim.AdamW(m.parameters())\\n"
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from simulator.fake_run import FakeRun
-from simulator.layout import Layout
-from simulator.workload import RankTrace, Traced
+from probe.simulator.fake_run import FakeRun
+from probe.simulator.layout import Layout
+from probe.simulator.workload import RankTrace, Traced
 
 
 def trace_script(run: Callable[[], int], script: str, *, max_steps: int, layout: Layout,

@@ -12,12 +12,12 @@ cut as Megatron-LM cuts a Llama:
 - pipeline parallel: stage ``s`` of ``pp`` holds layers ``s*L/pp .. (s+1)*L/pp - 1``, the first
   also the embedding, the last also the final norm and the LM head.
 
-Blocks are the engine's own :class:`engine.model_reference.Block` forward with sharded attention
+Blocks are the engine's own :class:`probe.engine.model_reference.Block` forward with sharded attention
 and MLP, module names as the reference model's (``layers.N.attn.q_proj``, N the global index).
 Collectives are not run: each is reported to ``record(op, group, nbytes)``.
 
 >>> import torch
->>> from engine.config import get_preset
+>>> from probe.engine.config import get_preset
 >>> cfg = get_preset("tiny")
 >>> seen = []
 >>> stage = ShardLlama(cfg, tp=2, layers=range(1, 2), first=False, last=True,
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.model_reference import Attention, Block, RMSNorm
+from probe.engine.config import ModelConfig
+from probe.engine.model_reference import Attention, Block, RMSNorm
 
 Record = Callable[[str, str, int], None]
 
@@ -155,7 +155,7 @@ class ShardLlama(nn.Module):
 
 def check_shardable(cfg: ModelConfig, tp: int, pp: int) -> None:
     """A one-line ProbeError when ``cfg`` cannot be cut into ``tp`` x ``pp``."""
-    from ground.errors import ProbeError
+    from probe.ground.errors import ProbeError
 
     for what, value in (("heads", cfg.n_heads), ("FFN features", cfg.ffn_hidden),
                         ("vocabulary entries", cfg.vocab_size)):

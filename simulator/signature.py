@@ -1,4 +1,4 @@
-"""An op's call signature, kept so the op can be run again for real (:mod:`simulator.replay`).
+"""An op's call signature, kept so the op can be run again for real (:mod:`probe.simulator.replay`).
 
 Tensors become :class:`TensorSpec` (shape, strides, storage offset, dtype); generators are
 dropped (a replay draws from the default one); every other argument is kept as it is.

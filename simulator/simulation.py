@@ -1,19 +1,19 @@
 """From traced ranks to the answer: each rank's memory and step time, and a verdict per device.
 
-:func:`simulate` takes what a workload traced (:mod:`simulator.engine_workload`,
-:mod:`simulator.script_workload`) and, by level (MindSpore's ``MS_SIMULATION_LEVEL``):
+:func:`simulate` takes what a workload traced (:mod:`probe.simulator.engine_workload`,
+:mod:`probe.simulator.script_workload`) and, by level (MindSpore's ``MS_SIMULATION_LEVEL``):
 
 - 0: the operators and the module tree of a training step;
 - 1: + each rank's memory timeline from every op's inputs and outputs, its peak and holders;
 - 2: + each op's workspace and the device's allocator (rounding, pools, segments, reserve);
 - 3: + each op's time on the device, the collectives, the step time, exposed communication, MFU.
 
-Every device of the table (:func:`simulator.devices.all_devices`) gets a verdict (fits or not,
+Every device of the table (:func:`probe.simulator.devices.all_devices`) gets a verdict (fits or not,
 and at level 3 its step time); the chosen ``device`` gets the full figures. The result's
 :meth:`Simulation.as_json` is ``simulation.json``.
 
->>> from simulator.engine_workload import trace_engine
->>> from simulator.layout import make_layout
+>>> from probe.simulator.engine_workload import trace_engine
+>>> from probe.simulator.layout import make_layout
 >>> lay = make_layout(nproc=4, zero=1, global_batch=8)
 >>> sim = simulate(trace_engine("tiny", "reference", "float32", lay), lay, level=2, device="H100")
 >>> doc = sim.as_json()
@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.devices import Device, all_devices, get_device
-from simulator.layout import Layout
-from simulator.memory import Timeline, timeline
-from simulator.ranks import MemoryFigures, memory_figures, step_time, window_start
-from simulator.timing import op_seconds
-from simulator.trace import PHASES
-from simulator.workload import Traced
+from probe.simulator.devices import Device, all_devices, get_device
+from probe.simulator.layout import Layout
+from probe.simulator.memory import Timeline, timeline
+from probe.simulator.ranks import MemoryFigures, memory_figures, step_time, window_start
+from probe.simulator.timing import op_seconds
+from probe.simulator.trace import PHASES
+from probe.simulator.workload import Traced
 
 
 @dataclass

@@ -1,28 +1,28 @@
 """How long each traced op takes on a device, and the compute time of a step by phase.
 
-An op's time, for a device with measured curves (:mod:`simulator.calibrate`):
+An op's time, for a device with measured curves (:mod:`probe.simulator.calibrate`):
 
-- an op with FLOPs (matmuls, attention: :mod:`profiler.flops`' formulas): the ``matmul`` curve
+- an op with FLOPs (matmuls, attention: :mod:`probe.profiler.flops`' formulas): the ``matmul`` curve
   of its dtype (float32's when that dtype was not measured) at its FLOPs;
 - an op that moves no bytes (views, metadata): ``view_s``;
 - any other op: the ``memory`` curve at the bytes it reads and writes;
 - every op, in addition: ``op_overhead_s`` of its phase and of the module calls entered just
-  before it, what the eager loop spends around it (:mod:`simulator.overhead`).
+  before it, what the eager loop spends around it (:mod:`probe.simulator.overhead`).
 
 Curves are read in log-log between measured points; below the first point an op takes the
 first point's time (the fixed cost of an op), above the last it goes at the last point's rate.
 
-Where an op was replayed for real (:mod:`simulator.replay`), its measured time replaces the
+Where an op was replayed for real (:mod:`probe.simulator.replay`), its measured time replaces the
 curve's.
 
 For a datasheet device, the roofline: the longer of FLOPs at the dtype's peak and bytes at the
 HBM bandwidth, at least one launch; views cost nothing (they never reach the device).
-Collective ops in the trace (``c10d.*``) cost nothing here: :mod:`simulator.collectives` times
+Collective ops in the trace (``c10d.*``) cost nothing here: :mod:`probe.simulator.collectives` times
 them from their sizes.
 
 >>> import numpy as np
->>> from simulator.devices import get_device
->>> from simulator.trace import Trace
+>>> from probe.simulator.devices import get_device
+>>> from probe.simulator.trace import Trace
 >>> t = Trace(op_name=["aten.mm.default", "aten.view.default"], op_flops=[2 * 4096 ** 3, 0],
 ...           op_bytes=[3 * 2 * 4096 ** 2, 0], op_dtype=["bfloat16", "bfloat16"])
 >>> seconds = op_seconds(t, get_device("H100"))
@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.devices import Device
-from simulator.trace import PHASES, Trace
+from probe.simulator.devices import Device
+from probe.simulator.trace import PHASES, Trace
 
 
 def op_seconds(trace: Trace, device: Device, measured: np.ndarray | None = None) -> np.ndarray:
     """Seconds of each op of ``trace`` on ``device`` (NaN where the device has no peak for the
     op's dtype); see the module docstring. ``measured``: replayed times
-    (:mod:`simulator.replay`) used instead of the curves where they are not NaN."""
+    (:mod:`probe.simulator.replay`) used instead of the curves where they are not NaN."""
     flops = np.asarray(trace.op_flops, dtype=np.float64)
     moved = np.asarray(trace.op_bytes, dtype=np.float64)
     dtypes = np.asarray(trace.op_dtype, dtype=object)

@@ -1,8 +1,8 @@
 """The record of one simulated run: every aten op and every storage, as one rank would see them.
 
 :class:`OpTracer` is a ``TorchDispatchMode`` that sits on top of a
-:class:`profiler.flops.FlopCounter` (which gives each op its FLOPs); below both, normally, a
-``FakeTensorMode`` (:mod:`simulator.fake_run`), so no storage is ever allocated. For each op it
+:class:`probe.profiler.flops.FlopCounter` (which gives each op its FLOPs); below both, normally, a
+``FakeTensorMode`` (:mod:`probe.simulator.fake_run`), so no storage is ever allocated. For each op it
 keeps, in columns of a :class:`Trace`:
 
 1. the op's name, the innermost module running it (``torch.utils.module_tracker``; forward and
@@ -13,16 +13,16 @@ keeps, in columns of a :class:`Trace`:
    it; a weak reference tells when it dies, as the count of ops finished by then. Live bytes
    after op ``k`` are then the storages made at or before ``k`` and not dead by ``k``, the
    figure an allocator sees while op ``k`` runs;
-3. the memory the op's kernel takes beyond its outputs (:mod:`simulator.workspace`);
+3. the memory the op's kernel takes beyond its outputs (:mod:`probe.simulator.workspace`);
 4. each storage's roles, the strongest one naming its category: ``params`` (a parameter seen as
    an op input, or in an optimizer's groups), ``grads`` (a parameter's ``.grad`` when the
    optimizer steps), ``optimizer`` (a tensor in ``optimizer.state``), ``activations`` (saved for
    backward: an autograd saved-tensor hook), else ``temporary``;
-5. collectives as :class:`CommRecord` rows, reported by :mod:`engine_adapter.torch_comm` or by
+5. collectives as :class:`CommRecord` rows, reported by :mod:`probe.engine_adapter.torch_comm` or by
    a workload that models its own (:meth:`OpTracer.comm`).
 
 Ops that read values (``.item()``, ``bool``, ``.tolist()``) go to a reader (see
-:mod:`simulator.placeholders`) instead of running.
+:mod:`probe.simulator.placeholders`) instead of running.
 
 >>> import torch
 >>> with OpTracer() as tracer:
@@ -47,9 +47,9 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
-from profiler.flops import FlopCounter
-from simulator.signature import signature, signature_key
-from simulator.workspace import op_workspace
+from probe.profiler.flops import FlopCounter
+from probe.simulator.signature import signature, signature_key
+from probe.simulator.workspace import op_workspace
 
 PHASES = ("other", "forward", "backward", "optimizer")
 OTHER, FORWARD, BACKWARD, OPTIMIZER = range(4)
@@ -119,7 +119,7 @@ class OpTracer(TorchDispatchMode):
     ``reader``: called as ``reader(func, args, kwargs)`` for value reads and data-dependent
     shapes (``func`` raising a fake-tensor data exception); without one they run as they are.
     ``signatures``: also keep each op's call signature (op, argument shapes, strides, dtypes and
-    plain values), once per distinct one, so :mod:`simulator.replay` can run it for real.
+    plain values), once per distinct one, so :mod:`probe.simulator.replay` can run it for real.
     """
 
     def __init__(self, reader: Callable[..., Any] | None = None, signatures: bool = False) -> None:

@@ -29,15 +29,15 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import get_preset
-from engine_adapter.callbacks import CallbackSpec, TrainCallback
-from ground.errors import ProbeError
-from simulator.clock import clock_for, clock_name
-from simulator.devices import Device, all_devices, this_cpu
-from simulator.engine_workload import TRACED_STEPS, trace_engine
-from simulator.layout import make_layout
-from simulator.replay import replay_seconds
-from simulator.simulation import simulate
+from probe.engine.config import get_preset
+from probe.engine_adapter.callbacks import CallbackSpec, TrainCallback
+from probe.ground.errors import ProbeError
+from probe.simulator.clock import clock_for, clock_name
+from probe.simulator.devices import Device, all_devices, this_cpu
+from probe.simulator.engine_workload import TRACED_STEPS, trace_engine
+from probe.simulator.layout import make_layout
+from probe.simulator.replay import replay_seconds
+from probe.simulator.simulation import simulate
 
 MEMORY_TOLERANCE = 0.10
 CPU_TIME_TOLERANCE = 0.30
@@ -159,8 +159,8 @@ def _this_gpu() -> Device:
 
 
 def _run(preset: str, engine: str, device: str, steps: int, *callbacks: CallbackSpec) -> None:
-    from engine.spec import RunSpec
-    from engine.train import run_rank
+    from probe.engine.spec import RunSpec
+    from probe.engine.train import run_rank
 
     with tempfile.TemporaryDirectory(prefix="probe-validate-") as out:
         spec = RunSpec(engine=engine, preset=preset, max_steps=steps, out_dir=out, quiet=True,

@@ -1,12 +1,12 @@
 """What was traced, for whom: a traced rank that stands for a set of ranks.
 
 A simulation traces as few ranks as give every rank's figures: data-parallel peers hold the
-same (ZeRO's sharding is applied to the figures, :mod:`simulator.ranks`), tensor-parallel peers
+same (ZeRO's sharding is applied to the figures, :mod:`probe.simulator.ranks`), tensor-parallel peers
 too; pipeline stages differ (what they hold, how many microbatches they keep in flight), so
-there is one :class:`RankTrace` per stage, sharing the :class:`~simulator.trace.Trace` of
+there is one :class:`RankTrace` per stage, sharing the :class:`~probe.simulator.trace.Trace` of
 stages that hold the same layers.
 
->>> from simulator.trace import Trace
+>>> from probe.simulator.trace import Trace
 >>> rt = RankTrace(label="stage 1 of 4", ranks=[2, 3], trace=Trace(), in_flight=3)
 >>> rt.ranks, rt.in_flight, rt.timed_step
 ([2, 3], 3, 1)
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simulator.trace import Trace
+from probe.simulator.trace import Trace
 
 
 @dataclass

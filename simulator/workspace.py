@@ -9,7 +9,7 @@ Rules, each from how ATen (or the library it calls) runs the op:
 - flash-attention backward on CUDA accumulates ``dq`` in float32, one float per element of
   ``q`` (FlashAttention-2's ``dq_accum``);
 - the matmul library keeps a workspace once it has run (cuBLAS: a device's ``blas_workspace``),
-  which :mod:`simulator.allocator` adds at the first op with FLOPs.
+  which :mod:`probe.simulator.allocator` adds at the first op with FLOPs.
 
 >>> import torch
 >>> mask = torch.ones(1000, dtype=torch.bool)

@@ -1,7 +1,7 @@
 """Colour states of a node, and the precision score and band of a node pair.
 
-A node is coloured by its state (:meth:`visualizer.diff.DiffGraph.state`): its own verdict from
-the compare (:mod:`compare.verdict`: ``pass``, ``warning``, ``error``, ``nan``, ``unmatched``),
+A node is coloured by its state (:meth:`probe.visualizer.diff.DiffGraph.state`): its own verdict from
+the compare (:mod:`probe.compare.verdict`: ``pass``, ``warning``, ``error``, ``nan``, ``unmatched``),
 or ``none`` (no numerics to judge, e.g. a single dump).
 
 The precision score is how much the relative error grows from a pair's inputs to its outputs;
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from visualizer.graph import TensorStat
+from probe.visualizer.graph import TensorStat
 
 PASS, WARNING, ERROR, NAN, UNMATCHED, NONE = "pass", "warning", "error", "nan", "unmatched", "none"
 WARNING_AT = 0.3

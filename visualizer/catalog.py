@@ -5,12 +5,12 @@ are its *roots*. From the page one may open any *run* under a root (a folder hol
 dumps, ``step<N>/rank<R>/dump.json``, or a record store, ``store/``) against another, at any step
 and rank both hold, with or without a *compare result* (a ``probe compare --out`` folder). A
 choice outside the roots, a folder that holds no dump, a step or rank a run lacks, a compare
-result of other dumps: each is a :class:`ground.errors.ProbeError` whose one line says what to
+result of other dumps: each is a :class:`probe.ground.errors.ProbeError` whose one line says what to
 choose instead (the page shows it).
 
 An opened choice keeps its diff graph and the two side views (:class:`Opened`); the last few
 are kept, the one the dashboard started on always. Each side's view marks the calls that the API
-precision check of its dump flagged (:mod:`visualizer.check_marks`): the result given for that
+precision check of its dump flagged (:mod:`probe.visualizer.check_marks`): the result given for that
 run (``probe web --check``), else one found next to the dump (``RUN/check/``).
 
 >>> cat = Catalog(["/runs"])                                             # doctest: +SKIP
@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from collectors.msprobe_layout import find_dump_files, step_rank
-from collectors.store import STORE_DIRNAME
-from ground.errors import ProbeError
-from visualizer.check_marks import CheckMarks
-from visualizer.diff import SIDES, DiffGraph
-from visualizer.view import SideView
+from probe.collectors.msprobe_layout import find_dump_files, step_rank
+from probe.collectors.store import STORE_DIRNAME
+from probe.ground.errors import ProbeError
+from probe.visualizer.check_marks import CheckMarks
+from probe.visualizer.diff import SIDES, DiffGraph
+from probe.visualizer.view import SideView
 
 #: What a compare result folder holds.
 COMPARE_FILES = ("summary.json", "nodes.parquet", "compare.parquet")
@@ -89,7 +89,7 @@ class Opened:
     diff: DiffGraph
     views: dict[str, SideView] = field(default_factory=dict)
     #: per side, the API precision check result given for its dump (else one next to it is
-    #: looked for: :func:`visualizer.check_marks.find_check`)
+    #: looked for: :func:`probe.visualizer.check_marks.find_check`)
     checks: Mapping[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

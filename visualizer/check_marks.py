@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from collectors.msprobe_layout import step_rank
-from collectors.store import STORE_DIRNAME
-from ground.errors import ProbeError
+from probe.collectors.msprobe_layout import step_rank
+from probe.collectors.store import STORE_DIRNAME
+from probe.ground.errors import ProbeError
 
 #: what ``probe check-api`` writes (the Parquet table is read; the CSV when it is alone)
 CHECK_FILES = ("check_api.parquet", "check_api.csv")

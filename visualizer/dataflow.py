@@ -24,7 +24,7 @@ An edge is only drawn where the two ends are known to hold the same tensor:
 Execution order only picks among producers of the same data; it never makes an edge by itself.
 
 >>> import pyarrow as pa
->>> from collectors.records import table_from_rows
+>>> from probe.collectors.records import table_from_rows
 >>> row = dict(dtype="float32", shape=[2], max=2.0, min=-1.0, mean=0.5, l2norm=2.2)
 >>> t = table_from_rows("tensor", [dict(row, node="a", slot="output", seq=0),
 ...                                dict(row, node="b", slot="input", seq=1)])
@@ -88,7 +88,7 @@ def _stat_key(values: tuple) -> tuple | None:
 
 
 def flow_edges(tensors: pa.Table, parent: Mapping[str, str | None]) -> list[Edge]:
-    """The data-flow edges of one dump's tensor records (:data:`collectors.records.TENSOR`,
+    """The data-flow edges of one dump's tensor records (:data:`probe.collectors.records.TENSOR`,
     optionally with a ``tensor_id`` column), between the deepest nodes that touch each tensor
     (see the module docstring); ``parent`` maps every node to its parent (None at the top)."""
     if tensors.num_rows == 0:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from visualizer import bands as B
-from visualizer.check_marks import CheckMarks
-from visualizer.diff import DiffGraph
-from visualizer.graph import TensorStat
+from probe.visualizer import bands as B
+from probe.visualizer.check_marks import CheckMarks
+from probe.visualizer.diff import DiffGraph
+from probe.visualizer.graph import TensorStat
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Detail:
     stack_a: list[str] = field(default_factory=list)
     stack_b: list[str] = field(default_factory=list)
     nonfinite: bool = False
-    #: the API precision check's row of this call when it flagged it (:mod:`visualizer.check_marks`)
+    #: the API precision check's row of this call when it flagged it (:mod:`probe.visualizer.check_marks`)
     check: dict[str, Any] | None = None
     #: the flagged calls inside this node, worst first: (name, label, verdict, reason)
     check_inside: list[tuple[str, str, str, str]] = field(default_factory=list)

@@ -2,14 +2,14 @@
 
 Built from a compare result (``compare.api.compare`` or ``compare.api.load_result``), or from one
 dump alone (no pairs; NaN/Inf still found). A node's state, its colour, is its own verdict in
-the compare (:mod:`compare.verdict`); whether its divergence starts there or comes from upstream
-(:func:`compare.localise.with_impact`) is told apart by :meth:`DiffGraph.impact`. A compare
+the compare (:mod:`probe.compare.verdict`); whether its divergence starts there or comes from upstream
+(:func:`probe.compare.localise.with_impact`) is told apart by :meth:`DiffGraph.impact`. A compare
 result of other dumps than the ones given is refused (:attr:`DiffGraph.refusal`). Everything
 is computed when first asked for: states of the nodes on screen, the worst state below a
 collapsed node. Finding nodes (first divergence, first NaN, filters, search) is
-:mod:`visualizer.navigate`; what the detail panel shows of a node is :mod:`visualizer.detail`.
+:mod:`probe.visualizer.navigate`; what the detail panel shows of a node is :mod:`probe.visualizer.detail`.
 
->>> from visualizer.graph import Graph
+>>> from probe.visualizer.graph import Graph
 >>> g = Graph.load("/work/shared/data/msprobe/torch_L0")                      # doctest: +SKIP
 >>> d = DiffGraph(g)                                                           # doctest: +SKIP
 >>> d.band("a", g.roots()[0])                                                  # doctest: +SKIP
@@ -22,10 +22,10 @@ import os
 import threading
 from typing import Any, Iterable, Mapping
 
-from ground.errors import ProbeError
-from visualizer import bands as B
-from visualizer.graph import GROUP, Graph, dump_source, load_graph
-from visualizer.pairs import PROXY_METHODS, NodePair, as_mapping, node_pairs, records
+from probe.ground.errors import ProbeError
+from probe.visualizer import bands as B
+from probe.visualizer.graph import GROUP, Graph, dump_source, load_graph
+from probe.visualizer.pairs import PROXY_METHODS, NodePair, as_mapping, node_pairs, records
 
 SIDES = ("a", "b")
 #: What the filter list can show.
@@ -57,7 +57,7 @@ class DiffGraph:
                     held = self._pair[side].get(name)
                     if held is None or p.direct > held.direct:
                         self._pair[side][name] = p
-        #: the compare's per-tensor rows (:mod:`visualizer.detail` shows a pair's)
+        #: the compare's per-tensor rows (:mod:`probe.visualizer.detail` shows a pair's)
         self.rows = list(rows)
         self._rows_by: dict[tuple[str | None, str | None], list[dict]] | None = None
         self._twins: dict[str, dict[str, str | None]] = {"a": {}, "b": {}}
@@ -65,7 +65,7 @@ class DiffGraph:
         self._band: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._state: dict[str, dict[str, str]] = {"a": {}, "b": {}}
         self._search_keys: dict[str, tuple[str, str]] | None = None
-        #: answers of :mod:`visualizer.navigate` that hold for the whole diff, computed once
+        #: answers of :mod:`probe.visualizer.navigate` that hold for the whole diff, computed once
         self.found: dict[Any, Any] = {}
         self._warm = threading.Event()
         self._warm_lock = threading.Lock()
@@ -85,7 +85,7 @@ class DiffGraph:
     @classmethod
     def refused(cls, message: str) -> "DiffGraph":
         """A diff that holds nothing but why it was refused (:attr:`refusal`)."""
-        from collectors.records import NODE, TENSOR
+        from probe.collectors.records import NODE, TENSOR
 
         diff = cls(Graph(TENSOR.empty_table(), NODE.empty_table()))
         diff.refusal = message
@@ -106,7 +106,7 @@ class DiffGraph:
             if dump_b is None:
                 return cls(Graph.load(dump_a, step, rank))
         try:
-            from compare import api
+            from probe.compare import api
         except ImportError as e:
             raise ProbeError(f"compare is not available ({e}); open one dump at a time") from None
         if compare_dir is None:
@@ -120,7 +120,7 @@ class DiffGraph:
         dump_b = dump_b if dump_b is not None else summary.get("b")
         if not dump_a or not dump_b:
             raise ProbeError(f"{compare_dir}: the result does not name its dumps; give them too (--dump A B)")
-        from compare.fingerprint import foreign_input
+        from probe.compare.fingerprint import foreign_input
 
         why = foreign_input(summary, {"a": dump_source(dump_a, step, rank), "b": dump_source(dump_b, step, rank)})
         if why:
@@ -221,7 +221,7 @@ class DiffGraph:
     def impact(self, side: str, name: str) -> tuple[str, tuple[str, str] | None]:
         """``("origin", None)`` when a divergence starts at the node, ``("affected", (side,
         node))`` when it comes from that earlier node (on this side when it has a name here),
-        ``("", None)`` otherwise (from :func:`compare.localise.with_impact`)."""
+        ``("", None)`` otherwise (from :func:`probe.compare.localise.with_impact`)."""
         p = self._direct(side, name)
         if p is None or self.state(side, name) not in (B.WARNING, B.ERROR, B.NAN):
             return "", None
@@ -234,7 +234,7 @@ class DiffGraph:
         return "", None
 
     def band(self, side: str, name: str) -> str:
-        """The precision band of the pair's score (see :mod:`visualizer.bands`): pass |
+        """The precision band of the pair's score (see :mod:`probe.visualizer.bands`): pass |
         warning | error | unmatched | none (no numerics to judge, or one dump)."""
         cached = self._band[side].get(name)
         if cached is not None:
@@ -321,9 +321,9 @@ class DiffGraph:
         return self.labelled_counts()["nodes"]
 
     def labelled_counts(self) -> dict[str, Any]:
-        """The compare's labelled counts (:func:`compare.verdict.counts`) of the tensor rows and
+        """The compare's labelled counts (:func:`probe.compare.verdict.counts`) of the tensor rows and
         node pairs this diff holds: what summary.json's ``counts`` says of the same result."""
-        from compare.verdict import counts
+        from probe.compare.verdict import counts
 
         def verdict(p: NodePair) -> str:
             side, name = ("a", p.node_a) if p.node_a else ("b", p.node_b)

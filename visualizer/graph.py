@@ -5,9 +5,9 @@ nested as construct.json says; children are ordered by execution order and compu
 a node is first expanded, so a 10k-node dump opens at once. API calls made at the top level
 between modules are grouped, as msprobe's graph does, under ``Apis_Between_Modules.N`` nodes
 (kind ``group``), so a mix-level dump opens on the model's top modules. Data-flow edges join the
-node whose output a tensor is to the nodes that take it as input (:mod:`visualizer.dataflow`). The graph is made of the dump's
-tensor and node records (:data:`collectors.records.TENSOR`, :data:`collectors.records.NODE`), as
-:func:`collectors.msprobe_reader.read_msprobe_dump` reads them; a node's statistics (inputs,
+node whose output a tensor is to the nodes that take it as input (:mod:`probe.visualizer.dataflow`). The graph is made of the dump's
+tensor and node records (:data:`probe.collectors.records.TENSOR`, :data:`probe.collectors.records.NODE`), as
+:func:`probe.collectors.msprobe_reader.read_msprobe_dump` reads them; a node's statistics (inputs,
 kwargs, outputs, parameters, parameter gradients) become :class:`TensorStat` when first looked at.
 
 >>> g = Graph.load("/work/shared/data/msprobe/torch_L0")               # doctest: +SKIP
@@ -27,10 +27,10 @@ from typing import Iterator, Mapping
 
 import pyarrow as pa
 
-from collectors.msprobe_layout import find_dump, find_dump_files, parse_node_name
-from collectors.msprobe_reader import read_msprobe_dump
-from collectors.store import STORE_DIRNAME, read_step
-from visualizer.dataflow import Edge, flow_edges
+from probe.collectors.msprobe_layout import find_dump, find_dump_files, parse_node_name
+from probe.collectors.msprobe_reader import read_msprobe_dump
+from probe.collectors.store import STORE_DIRNAME, read_step
+from probe.visualizer.dataflow import Edge, flow_edges
 
 #: Kind and class name of the node that groups top-level API calls between two modules.
 GROUP = "group"
@@ -91,7 +91,7 @@ class Node:
 
 def parse_name(name: str) -> tuple[str, str, str, str]:
     """Split a dump name into (kind, direction, class name, path) for display, from
-    :func:`collectors.msprobe_reader.parse_node_name`.
+    :func:`probe.collectors.msprobe_reader.parse_node_name`.
 
     >>> parse_name("Module.layers.0.attn.Attention.forward.0")
     ('module', 'forward', 'Attention', 'layers.0.attn')
@@ -314,7 +314,7 @@ class Graph:
 
     def flow(self) -> list[Edge]:
         """Every data-flow edge of the dump, between the deepest nodes that touch each tensor
-        (:func:`visualizer.dataflow.flow_edges`), computed on first use."""
+        (:func:`probe.visualizer.dataflow.flow_edges`), computed on first use."""
         if self._flow is None:
             self._index()
             edges = flow_edges(self._records, {n: node.parent for n, node in self.nodes.items()})
@@ -360,7 +360,7 @@ class Graph:
 
 def dump_source(path: str | os.PathLike, step: int | None = None, rank: int | None = None) -> Path:
     """What :meth:`Graph.load` reads for ``path``: the dump.json it names (see
-    :func:`collectors.msprobe_layout.find_dump`), or a run folder's record store
+    :func:`probe.collectors.msprobe_layout.find_dump`), or a run folder's record store
     (``RUN/store``) when it holds no dump.json."""
     p = Path(path)
     run_dir = p.parent if p.name == STORE_DIRNAME else p

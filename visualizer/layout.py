@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Collection
 
-from visualizer.graph import Graph
+from probe.visualizer.graph import Graph
 
 NODE_H = 28.0
 GAP_X = 18.0

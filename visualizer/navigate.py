@@ -1,7 +1,7 @@
 """Finding nodes in a diff graph: the first divergence, the first NaN, filters, search, what to
 expand to show a node, and the chains a UI highlights.
 
-Every function takes a :class:`visualizer.diff.DiffGraph` and returns ``(side, node)`` pairs or
+Every function takes a :class:`probe.visualizer.diff.DiffGraph` and returns ``(side, node)`` pairs or
 node names, in execution order where there are several.
 
 - :func:`first_divergence`: the compare summary's, else the first node whose precision band is
@@ -25,9 +25,9 @@ from collections import deque
 from functools import wraps
 from typing import Any, Callable, Iterable, Mapping
 
-from visualizer import bands as B
-from visualizer.diff import SIDES, DiffGraph, other_side
-from visualizer.search import find
+from probe.visualizer import bands as B
+from probe.visualizer.diff import SIDES, DiffGraph, other_side
+from probe.visualizer.search import find
 
 
 def _once(fn: Callable) -> Callable:

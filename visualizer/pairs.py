@@ -1,6 +1,6 @@
 """The node pairs of a compare result, as the diff graph reads them.
 
-A compare's node rows (``CompareResult.nodes``, nodes.parquet; :mod:`compare.result`) become
+A compare's node rows (``CompareResult.nodes``, nodes.parquet; :mod:`probe.compare.result`) become
 :class:`NodePair`: the two names, how they were matched, the node verdict, the precision score,
 the reason, and whether a divergence starts at the pair or which origin it comes from. Any
 table-like object will do (an Arrow table, a DataFrame, a list of mappings or dataclasses).

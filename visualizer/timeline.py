@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 #: The most spans handed to the UI (the longest are kept).
 MAX_SPANS = 20_000
@@ -98,7 +98,7 @@ def load_trace_spans(path: str | os.PathLike) -> list[Span]:
 
 def store_spans(store_dir: str | os.PathLike) -> list[Span]:
     """Spans of the ``events`` records in the store under ``store_dir`` (host clock)."""
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
 
     con = open_store(store_dir)
     try:

@@ -7,12 +7,12 @@ node. Each is one *entry*, the same for the tree (a row) and the graph (a box):
 fill: the node's own verdict, ``band-<state>``; marks: ``origin``, ``affected``, ``proxy``,
 ``nan``, ``nomatch`` when a paired diff has no counterpart for it; ``check-<verdict>`` on a call
 the API precision check flagged, ``check-in`` on a node holding some, whose label then ends in a
-badge: :mod:`visualizer.check_marks`) · ``k`` has children · ``o``
+badge: :mod:`probe.visualizer.check_marks`) · ``k`` has children · ``o``
 open · ``h`` the worst state hidden inside a collapsed node · ``t`` its counterpart on the other
 side · ``a``/``an`` label and name of the node an affected one comes from · ``x``, ``y``,
-``w``, ``hh`` its box (:mod:`visualizer.layout`, relative to its parent).
+``w``, ``hh`` its box (:mod:`probe.visualizer.layout`, relative to its parent).
 
-Edges are the data-flow edges (:meth:`visualizer.graph.Graph.flow`) lifted to the visible
+Edges are the data-flow edges (:meth:`probe.visualizer.graph.Graph.flow`) lifted to the visible
 nodes: each end to its deepest visible ancestor (or itself); an edge whose ends lift to one node,
 or to a node and its ancestor, is not drawn.
 
@@ -33,10 +33,10 @@ from __future__ import annotations
 
 from typing import Any, Collection
 
-from visualizer import bands as B
-from visualizer.check_marks import CheckMarks
-from visualizer.diff import DiffGraph
-from visualizer.layout import Box, Layout
+from probe.visualizer import bands as B
+from probe.visualizer.check_marks import CheckMarks
+from probe.visualizer.diff import DiffGraph
+from probe.visualizer.layout import Box, Layout
 
 HINTS = (B.NAN, B.ERROR, B.WARNING)
 
@@ -48,7 +48,7 @@ class SideView:
         self.diff = diff
         self.side = side
         self.graph = diff.graph(side)
-        #: the API precision check's flagged calls of this side's dump (:mod:`visualizer.check_marks`)
+        #: the API precision check's flagged calls of this side's dump (:mod:`probe.visualizer.check_marks`)
         self.checks = checks
         self.layout = Layout(self.graph, (lambda n: checks.label(self.graph, n)) if checks else None)
         self._incident: dict[str, list[int]] | None = None

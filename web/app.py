@@ -6,8 +6,8 @@
 probe web: serving on http://127.0.0.1:8050/?token=...  (Ctrl-C to stop)
 
 Pages: ``/`` (graph diff), ``/live``, ``/timeline``, ``/query``. The app reads its data through
-:mod:`visualizer`, ``monitor.client`` and ``collectors.store``; it computes no numerics itself.
-Served, it sits behind :class:`web.security.Guard`: a Host allow-list, and a token for every
+:mod:`probe.visualizer`, ``monitor.client`` and ``collectors.store``; it computes no numerics itself.
+Served, it sits behind :class:`probe.web.security.Guard`: a Host allow-list, and a token for every
 request when bound beyond loopback, for the SQL page everywhere (docs/SECURITY.md).
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
 
-from ground.errors import ProbeError
-from visualizer.diff import DiffGraph
-from web.pages import graph_diff, live, query, timeline
-from web.pages.live_source import LiveSource
-from web.security import TOKEN_ENV, WILDCARDS, Guard, new_token, tls_context
+from probe.ground.errors import ProbeError
+from probe.visualizer.diff import DiffGraph
+from probe.web.pages import graph_diff, live, query, timeline
+from probe.web.pages.live_source import LiveSource
+from probe.web.security import TOKEN_ENV, WILDCARDS, Guard, new_token, tls_context
 
 PAGES = [("/", "Graph diff"), ("/live", "Live cluster"), ("/timeline", "Timeline"), ("/query", "Query")]
 PRIVATE_PATHS = ("/query",)           # need the token on loopback too

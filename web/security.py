@@ -32,8 +32,8 @@ import ssl
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-from ground.errors import ProbeError
-from monitor.auth import is_loopback
+from probe.ground.errors import ProbeError
+from probe.monitor.auth import is_loopback
 
 TOKEN_ENV = "PROBE_WEB_TOKEN"
 AUTHORIZED = "probe.authorized"

@@ -13,22 +13,29 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
 PROTO = HERE / "monitor.proto"
+#: Where the proto sits under the import root: the generated modules import each other by it.
+PACKAGE_PATH = Path("probe", "monitor", "proto")
 OUTPUTS = ("monitor_pb2.py", "monitor_pb2_grpc.py")
 
 
 def generate(out_dir: Path) -> dict[str, str]:
     """Run protoc (from grpcio-tools) on monitor.proto into ``out_dir``; return {file: text}.
 
-    The repository root is the include path, so the gRPC module imports its messages as
-    ``monitor.proto.monitor_pb2``.
+    The proto is laid under its import path (``probe/monitor/proto/``, the folder is
+    ``monitor/proto/`` in the checkout) in a scratch include root, so the gRPC module imports its
+    messages as ``probe.monitor.proto.monitor_pb2``.
     """
+    import shutil
+
     from grpc_tools import protoc
 
-    rel = PROTO.relative_to(ROOT)
-    rc = protoc.main(["grpc_tools.protoc", f"-I{ROOT}", f"--python_out={out_dir}",
-                      f"--grpc_python_out={out_dir}", str(rel)])
+    include = out_dir / "include"
+    rel = PACKAGE_PATH / PROTO.name
+    (include / PACKAGE_PATH).mkdir(parents=True)
+    shutil.copyfile(PROTO, include / rel)
+    rc = protoc.main(["grpc_tools.protoc", f"-I{include}", f"--python_out={out_dir}",
+                      f"--grpc_python_out={out_dir}", str(include / rel)])
     if rc != 0:
         raise RuntimeError(f"{PROTO}: protoc failed with exit code {rc}")
     produced = {}

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from monitor.proto import monitor_pb2 as monitor_dot_proto_dot_monitor__pb2
+from probe.monitor.proto import monitor_pb2 as probe_dot_monitor_dot_proto_dot_monitor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in monitor/proto/monitor_pb2_grpc.py depends on'
+        + ' but the generated code in probe/monitor/proto/monitor_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,78 +36,78 @@ class MonitorStub:
         """
         self.Register = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/Register',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.RegisterReply.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.RegisterReply.FromString,
                 _registered_method=True)
         self.Push = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/Push',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.MetricBatch.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.PushAck.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.MetricBatch.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.PushAck.FromString,
                 _registered_method=True)
         self.Commands = channel.unary_stream(
                 '/probe.monitor.v1.Monitor/Commands',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.CommandStreamRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.Command.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.CommandStreamRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.Command.FromString,
                 _registered_method=True)
         self.UploadTrace = channel.stream_unary(
                 '/probe.monitor.v1.Monitor/UploadTrace',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.TraceChunk.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceChunk.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/Status',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.StatusRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.StatusRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
                 _registered_method=True)
         self.Alerts = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/Alerts',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.AlertsRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.AlertsRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
                 _registered_method=True)
         self.Metrics = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/Metrics',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.MetricsRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.MetricsRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
                 _registered_method=True)
         self.Traces = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/Traces',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.TracesRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TracesRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
                 _registered_method=True)
         self.RequestTrace = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/RequestTrace',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.TraceRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
                 _registered_method=True)
         self.SendCommand = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/SendCommand',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.CommandRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.CommandRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
                 _registered_method=True)
         self.FetchTrace = channel.unary_stream(
                 '/probe.monitor.v1.Monitor/FetchTrace',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.FetchTraceRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceChunk.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.FetchTraceRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceChunk.FromString,
                 _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/probe.monitor.v1.Monitor/Watch',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.WatchRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.WatchRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
                 _registered_method=True)
         self.RequestDump = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/RequestDump',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.DumpRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
                 _registered_method=True)
         self.ReportDump = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/ReportDump',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.DumpReport.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpReport.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
                 _registered_method=True)
         self.Dumps = channel.unary_unary(
                 '/probe.monitor.v1.Monitor/Dumps',
-                request_serializer=monitor_dot_proto_dot_monitor__pb2.DumpsRequest.SerializeToString,
-                response_deserializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+                request_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpsRequest.SerializeToString,
+                response_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
                 _registered_method=True)
 
 
@@ -218,78 +218,78 @@ def add_MonitorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.RegisterRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.RegisterReply.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.RegisterRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.RegisterReply.SerializeToString,
             ),
             'Push': grpc.unary_unary_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.MetricBatch.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.PushAck.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.MetricBatch.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.PushAck.SerializeToString,
             ),
             'Commands': grpc.unary_stream_rpc_method_handler(
                     servicer.Commands,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.CommandStreamRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.Command.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.CommandStreamRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.Command.SerializeToString,
             ),
             'UploadTrace': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadTrace,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceChunk.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceAck.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceChunk.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceAck.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.StatusRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.JsonDoc.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.StatusRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.JsonDoc.SerializeToString,
             ),
             'Alerts': grpc.unary_unary_rpc_method_handler(
                     servicer.Alerts,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.AlertsRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.AlertsRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
             ),
             'Metrics': grpc.unary_unary_rpc_method_handler(
                     servicer.Metrics,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.MetricsRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.MetricsRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
             ),
             'Traces': grpc.unary_unary_rpc_method_handler(
                     servicer.Traces,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.TracesRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TracesRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
             ),
             'RequestTrace': grpc.unary_unary_rpc_method_handler(
                     servicer.RequestTrace,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.TraceRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
             ),
             'SendCommand': grpc.unary_unary_rpc_method_handler(
                     servicer.SendCommand,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.CommandRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.CommandRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
             ),
             'FetchTrace': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchTrace,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.FetchTraceRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceChunk.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.FetchTraceRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceChunk.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.WatchRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.JsonDoc.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.WatchRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.JsonDoc.SerializeToString,
             ),
             'RequestDump': grpc.unary_unary_rpc_method_handler(
                     servicer.RequestDump,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.DumpRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.SerializeToString,
             ),
             'ReportDump': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportDump,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.DumpReport.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.TraceAck.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpReport.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceAck.SerializeToString,
             ),
             'Dumps': grpc.unary_unary_rpc_method_handler(
                     servicer.Dumps,
-                    request_deserializer=monitor_dot_proto_dot_monitor__pb2.DumpsRequest.FromString,
-                    response_serializer=monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
+                    request_deserializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpsRequest.FromString,
+                    response_serializer=probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,8 +317,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Register',
-            monitor_dot_proto_dot_monitor__pb2.RegisterRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.RegisterReply.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.RegisterRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.RegisterReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -344,8 +344,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Push',
-            monitor_dot_proto_dot_monitor__pb2.MetricBatch.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.PushAck.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.MetricBatch.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.PushAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -371,8 +371,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Commands',
-            monitor_dot_proto_dot_monitor__pb2.CommandStreamRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.Command.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.CommandStreamRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.Command.FromString,
             options,
             channel_credentials,
             insecure,
@@ -398,8 +398,8 @@ class Monitor:
             request_iterator,
             target,
             '/probe.monitor.v1.Monitor/UploadTrace',
-            monitor_dot_proto_dot_monitor__pb2.TraceChunk.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceChunk.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -425,8 +425,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Status',
-            monitor_dot_proto_dot_monitor__pb2.StatusRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.StatusRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
             options,
             channel_credentials,
             insecure,
@@ -452,8 +452,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Alerts',
-            monitor_dot_proto_dot_monitor__pb2.AlertsRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.AlertsRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
             options,
             channel_credentials,
             insecure,
@@ -479,8 +479,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Metrics',
-            monitor_dot_proto_dot_monitor__pb2.MetricsRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.MetricsRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
             options,
             channel_credentials,
             insecure,
@@ -506,8 +506,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Traces',
-            monitor_dot_proto_dot_monitor__pb2.TracesRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TracesRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
             options,
             channel_credentials,
             insecure,
@@ -533,8 +533,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/RequestTrace',
-            monitor_dot_proto_dot_monitor__pb2.TraceRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -560,8 +560,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/SendCommand',
-            monitor_dot_proto_dot_monitor__pb2.CommandRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.CommandRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -587,8 +587,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/FetchTrace',
-            monitor_dot_proto_dot_monitor__pb2.FetchTraceRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.TraceChunk.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.FetchTraceRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -614,8 +614,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Watch',
-            monitor_dot_proto_dot_monitor__pb2.WatchRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.WatchRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.JsonDoc.FromString,
             options,
             channel_credentials,
             insecure,
@@ -641,8 +641,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/RequestDump',
-            monitor_dot_proto_dot_monitor__pb2.DumpRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -668,8 +668,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/ReportDump',
-            monitor_dot_proto_dot_monitor__pb2.DumpReport.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpReport.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.TraceAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -695,8 +695,8 @@ class Monitor:
             request,
             target,
             '/probe.monitor.v1.Monitor/Dumps',
-            monitor_dot_proto_dot_monitor__pb2.DumpsRequest.SerializeToString,
-            monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.DumpsRequest.SerializeToString,
+            probe_dot_monitor_dot_proto_dot_monitor__pb2.ArrowTable.FromString,
             options,
             channel_credentials,
             insecure,

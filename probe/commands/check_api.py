@@ -40,10 +40,10 @@ def command(dump_dir: str, golden: str, out_dir: str | None, fail_on: str | None
     import sys
     from pathlib import Path
 
-    from checker.offline import check_dump
-    from checker.report import format_summary, format_table, write
-    from compare.verdict import at_least
-    from ground.outdir import claim
+    from probe.checker.offline import check_dump
+    from probe.checker.report import format_summary, format_table, write
+    from probe.compare.verdict import at_least
+    from probe.ground.outdir import claim
 
     if progress is None:
         progress = sys.stderr.isatty()

@@ -45,14 +45,14 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     from pathlib import Path
 
     setup_process()
-    from compare.ranks import rank_pairs
-    from compare.verdict import at_least
+    from probe.compare.ranks import rank_pairs
+    from probe.compare.verdict import at_least
 
     out = Path(out_dir) if out_dir else Path("compare_out")
     if rank_pairs(a, b)[0]:
         return _compare_runs(a, b, mapping, out, fail_on, workers, cluster)
-    from compare.api import compare
-    from compare.report import format_summary
+    from probe.compare.api import compare
+    from probe.compare.report import format_summary
 
     if progress is None:
         progress = _size(Path(a)) + _size(Path(b)) > 20 * 1024 * 1024
@@ -64,11 +64,11 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
 
 def _compare_runs(a: str, b: str, mapping: str | None, out: object, fail_on: str | None,
                   workers: int | None, cluster: str | None) -> int:
-    """Two runs of several ranks, pair by pair (:func:`compare.ranks.compare_runs`): a line per
+    """Two runs of several ranks, pair by pair (:func:`probe.compare.ranks.compare_runs`): a line per
     pair as it finishes, then the run summary."""
-    from compare.ranks import compare_runs, format_pair, format_runs
-    from compare.verdict import at_least
-    from ground.errors import ProbeError
+    from probe.compare.ranks import compare_runs, format_pair, format_runs
+    from probe.compare.verdict import at_least
+    from probe.ground.errors import ProbeError
 
     s = compare_runs(a, b, out, mapping=mapping, workers=workers, cluster=cluster,
                      report=lambda p: click.echo(format_pair(p)))

@@ -2,8 +2,8 @@
 explain the runs diverging; ``probe config-check --record OUT [-- SCRIPT ARGS...]`` records one.
 
 A and B are run folders (every ``probe train``/``probe dump`` run records ``OUT/config/rank{R}.json``),
-their ``config`` folders or single record files. The comparison is :mod:`compare.config_diff`;
-the recording :mod:`engine_adapter.run_config` (``record_config(model, optimizer, out)`` in a
+their ``config`` folders or single record files. The comparison is :mod:`probe.compare.config_diff`;
+the recording :mod:`probe.engine_adapter.run_config` (``record_config(model, optimizer, out)`` in a
 script of your own).
 
 Exit codes: 0 nothing that can explain divergence differs (run identity and shell noise may);
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 from probe.options import force_option
 
 
@@ -52,7 +52,7 @@ def command(args: tuple[str, ...], record_out: str | None, out_file: str | None,
     if len(args) != 2:
         raise ProbeError(f"give two runs to compare (got {len(args)}): probe config-check A B, "
                          "or record one with probe config-check --record OUT [-- SCRIPT]")
-    from compare.config_diff import check_configs, format_summary
+    from probe.compare.config_diff import check_configs, format_summary
 
     report = check_configs(args[0], args[1])
     for line in format_summary(report):
@@ -68,15 +68,15 @@ def command(args: tuple[str, ...], record_out: str | None, out_file: str | None,
 
 
 def _record(out: str, script: list[str], force: bool) -> int:
-    from engine_adapter.config_format import CONFIG_DIRNAME
-    from ground.outdir import claim
+    from probe.engine_adapter.config_format import CONFIG_DIRNAME
+    from probe.ground.outdir import claim
 
     if script:
         from probe.script import check_script, run_script
         check_script(script)
     claim(out, "config-check", [CONFIG_DIRNAME], force=force)
-    from engine_adapter.config_format import config_path
-    from engine_adapter.run_config import ConfigRecorder, watch_config
+    from probe.engine_adapter.config_format import config_path
+    from probe.engine_adapter.run_config import ConfigRecorder, watch_config
 
     if not script:
         recorder = ConfigRecorder(out)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import click
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 from probe.options import check_port_free, force_option
 
 DEFAULT_OUT = os.path.join("runs", "demo")
@@ -53,7 +53,7 @@ def _cli(*args: str) -> None:
 
 
 def _start_monitor(out: Path, port: int, trace_steps: int) -> subprocess.Popen:
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     log = open(out / "monitor.log", "w")
     proc = subprocess.Popen(
@@ -106,11 +106,11 @@ def _stop(proc: subprocess.Popen | None) -> None:
 def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor: float, fault: str,
             seed: int, out: str, force: bool, serve: bool, host: str, port: int) -> int:
     """Train, monitor, dump, compare and profile the bundled engine, then serve the dashboard."""
-    from engine_adapter.callbacks import CallbackSpec
-    from engine.launch import run_training, validate
-    from engine.spec import RunSpec
+    from probe.engine_adapter.callbacks import CallbackSpec
+    from probe.engine.launch import run_training, validate
+    from probe.engine.spec import RunSpec
     from probe.commands.train import print_step_table
-    from profiler.engine_callbacks import FlopsCallback
+    from probe.profiler.engine_callbacks import FlopsCallback
 
     root = Path(out)
     job = "demo-train"
@@ -121,7 +121,7 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
     validate(train_spec)
     if serve:
         check_port_free(host, port)
-    from ground.outdir import claim
+    from probe.ground.outdir import claim
 
     claim(root, "demo", DEMO_ENTRIES, force=force)
     (root / "monitor").mkdir(parents=True)
@@ -165,7 +165,7 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
         _summary(root, result, alerts, cmp_dir, prof)
         if not serve:
             return 0
-        from web.app import create_app, serve as serve_app
+        from probe.web.app import create_app, serve as serve_app
 
         app = create_app(dump_a=str(a), dump_b=str(b), compare_dir=str(cmp_dir), monitor_addr=addr,
                          store_dirs=(str(root / job), str(prof)), trace_file=str(prof / "trace.json"),
@@ -179,7 +179,7 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
 
 def _monitor_findings(addr: str, job: str, wait_s: float = 20.0) -> list[dict]:
     """The monitor's alerts for ``job`` (waits briefly for the straggler verdict and its trace)."""
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     client = MonitorClient(addr)
     deadline = time.time() + wait_s
@@ -196,10 +196,10 @@ def _monitor_findings(addr: str, job: str, wait_s: float = 20.0) -> list[dict]:
 def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) -> None:
     import json
 
-    from engine.launch import STRAGGLER_QUERY, rank_table
+    from probe.engine.launch import STRAGGLER_QUERY, rank_table
 
     stragglers = sorted({a["rank"] for a in alerts if a["kind"] == "straggler"})
-    from ground.text import plural
+    from probe.ground.text import plural
 
     click.echo(f"training: {plural(len(result.steps), 'step')} on {plural(result.nproc, 'rank')}, "
                f"final loss {result.final_loss:.4f}")
@@ -216,7 +216,7 @@ def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) 
         click.echo(f"          [{a['kind']}] step {a['step']}: {a['message']}")
     summary = json.loads((cmp_dir / "summary.json").read_text())
     first = summary.get("first_divergence")
-    from compare.verdict import format_counts
+    from probe.compare.verdict import format_counts
 
     click.echo(f"compare:  {summary.get('matched')} matched; " + format_counts(summary["counts"], sep="; "))
     click.echo("          first divergence: " + (f"{first['b']} ({first['direction']})" if first else "none"))

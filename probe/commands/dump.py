@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from ground.errors import EXIT_NONFINITE, ProbeError
+from probe.ground.errors import EXIT_NONFINITE, ProbeError
 from probe.options import (engine_options, force_option, fsync_option, refuse_engine_options,
                            selection_option)
 
@@ -109,7 +109,7 @@ def _check_task(out: str, level: str, task: str, max_hits: int, golden: str) -> 
 
     DumpConfig(out=out, level=level, task=task, max_hits=max_hits, golden=golden)
     if task == "check":
-        from checker.replay import golden as golden_backend
+        from probe.checker.replay import golden as golden_backend
         golden_backend(golden)
 
 
@@ -117,9 +117,9 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
                 max_steps: int | None, seed: int, faults: tuple[str, ...], device: str,
                 force: bool, fsync: str, dtype: str = "fp32", quiet: bool = False,
                 log_every: int = 10, allow_nan: bool = False):
-    from engine_adapter.callbacks import CallbackSpec
-    from engine.launch import run_training
-    from engine.spec import RunSpec
+    from probe.engine_adapter.callbacks import CallbackSpec
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
 
     steps = options["steps"]
     needed = max(steps) + 1 if steps else 1
@@ -144,7 +144,7 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     dumped, as msprobe's debugger, started in the training loop, does not see it; MindSpore: step
     0 starts with the script), each ``optimizer.step()`` ends one, and after the last one a step
     is written only if something ran in it (an evaluation after training, say)."""
-    from engine_adapter.steps import watch_first_optimizer
+    from probe.engine_adapter.steps import watch_first_optimizer
     from probe.session import DumpSession
     from probe.script import check_script, run_script
 
@@ -155,7 +155,7 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     unwatch = watch_first_optimizer(framework, lambda: _setup_done(session, out))
     setup = None
     if framework == "torch":
-        from engine_adapter.run_config import watch_config
+        from probe.engine_adapter.run_config import watch_config
         setup = watch_config(out)
     try:
         code = run_script(argv, "finished steps are written")
@@ -177,7 +177,7 @@ def _setup_done(session: Any, out: str) -> None:
     if rec is None or rec.step != 0:
         return
     session.begin_step(0)
-    from collectors.msprobe_writer import step_dir
+    from probe.collectors.msprobe_writer import step_dir
 
     shutil.rmtree(step_dir(out, 0, rec.rank) / "dump_tensor_data", ignore_errors=True)
 
@@ -185,7 +185,7 @@ def _setup_done(session: Any, out: str) -> None:
 def _claim(out: str, force: bool) -> None:
     """A dump directory holds one dump: an earlier dump's step folders and store are replaced;
     anything probe cannot prove the dump wrote stops it (``--force`` overrides)."""
-    from ground.outdir import claim
+    from probe.ground.outdir import claim
 
     claim(out, "dump", ["store", "step*", "dump_summary.json", "check", "overflow_rank*.json", "config"],
           force=force)
@@ -216,7 +216,7 @@ def _summarise(out: str, options: dict[str, Any], code: int) -> None:
     if not found:
         click.echo(f"probe dump: no step was dumped to {out}", err=True)
         return
-    from ground.text import plural
+    from probe.ground.text import plural
 
     steps = (f"{plural(len(found), 'step')} ({_ranges(sorted(found))})" if len(found) > 1
              else f"step {next(iter(found))}")

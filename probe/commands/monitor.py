@@ -73,11 +73,11 @@ def serve(host: str, port: int, store: str | None, token: str | None, tls_cert: 
           dump_on_alert: int, dump_on_alert_task: str, otlp: bool) -> int:
     """Run the monitor service in the foreground until Ctrl-C or SIGTERM."""
     if otlp:
-        from collectors import otlp as otlp_export
+        from probe.collectors import otlp as otlp_export
 
         otlp_export.require("metrics")     # one line that says what to install, before binding
     check_port_free(host, port)       # before the store is opened: a busy port fails at once
-    from monitor.service import MonitorService, parse_trace_on_alert, serve_path_default
+    from probe.monitor.service import MonitorService, parse_trace_on_alert, serve_path_default
 
     svc = MonitorService(store_path=store or serve_path_default(), host=host, port=port,
                          token=token, tls_cert=tls_cert, tls_key=tls_key,
@@ -124,7 +124,7 @@ def _log_line(line: str) -> None:
 def status(addr: str | None, token: str | None, ca: str | None, job: str | None,
            as_json: bool) -> int:
     """Jobs, ranks, last step, health and alerts of a running service."""
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     with MonitorClient(addr, token=token, ca=ca) as client:
         doc = client.status(job)
@@ -181,7 +181,7 @@ def _alert_line(a: dict) -> str:
 def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
            kind: str | None, as_json: bool, follow: bool) -> int:
     """Alerts with their evidence (--follow to watch them live)."""
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     def show(a: dict) -> None:
         ev = a["evidence"] if isinstance(a["evidence"], dict) else json.loads(a["evidence"] or "{}")
@@ -232,7 +232,7 @@ def trace(addr: str | None, token: str | None, ca: str | None, job: str, ranks: 
 
     Example: probe monitor trace --job live --ranks 0,1 --next 3 --wait --out runs/live-trace
     """
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     with MonitorClient(addr, token=token, ca=ca) as client:
         if stop:
@@ -274,7 +274,7 @@ def trace(addr: str | None, token: str | None, ca: str | None, job: str, ranks: 
 def trace_files(addr: str | None, token: str | None, ca: str | None, job: str | None,
                 trace_id: str | None, as_json: bool) -> int:
     """Trace files the ranks have sent back."""
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     with MonitorClient(addr, token=token, ca=ca) as client:
         rows = client.traces(job, trace_id).to_pylist()
@@ -302,7 +302,7 @@ def trace_files(addr: str | None, token: str | None, ca: str | None, job: str | 
 def interval(addr: str | None, token: str | None, ca: str | None, job: str,
              ranks: list[int] | None, seconds: float) -> int:
     """Change how often the ranks' agents send their metric batches (SECONDS between them)."""
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     with MonitorClient(addr, token=token, ca=ca) as client:
         reply = client.set_interval(job, seconds, ranks)

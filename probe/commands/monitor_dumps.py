@@ -1,6 +1,6 @@
 """``probe monitor dump``, ``dumps`` and ``export``: targeted dumps of chosen modules on chosen
-ranks and steps with no restart (:mod:`monitor.targeted_dump`), their list, and the stored
-series as TensorBoard scalars (:mod:`monitor.tensorboard_export`). Part of the ``probe
+ranks and steps with no restart (:mod:`probe.monitor.targeted_dump`), their list, and the stored
+series as TensorBoard scalars (:mod:`probe.monitor.tensorboard_export`). Part of the ``probe
 monitor`` group (:mod:`probe.commands.monitor`)."""
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def dump(addr: str | None, token: str | None, ca: str | None, job: str, ranks: l
 
     Example: probe monitor dump --job live --ranks 1 --next 2 --module layers.1
     """
-    from ground.errors import ProbeError
-    from monitor.client import MonitorClient
-    from monitor.targeted_dump import module_scope
+    from probe.ground.errors import ProbeError
+    from probe.monitor.client import MonitorClient
+    from probe.monitor.targeted_dump import module_scope
 
     if scope and module:
         raise ProbeError("give either --scope or --module, not both")
@@ -91,7 +91,7 @@ def _dump_line(row: dict) -> str:
 def dumps(addr: str | None, token: str | None, ca: str | None, job: str | None,
           dump_id: str | None, as_json: bool) -> int:
     """Targeted dumps asked for and where each rank wrote its part."""
-    from monitor.client import MonitorClient
+    from probe.monitor.client import MonitorClient
 
     with MonitorClient(addr, token=token, ca=ca) as client:
         rows = client.dumps(job, dump_id).to_pylist()
@@ -119,12 +119,12 @@ def export(addr: str | None, token: str | None, ca: str | None, tensorboard: str
 
     Example: probe monitor export --tensorboard runs/tb --job live
     """
-    from monitor.tensorboard_export import export_points, points_from_service, points_from_store
+    from probe.monitor.tensorboard_export import export_points, points_from_service, points_from_store
 
     if store:
         table = points_from_store(store, job)
     else:
-        from monitor.client import MonitorClient
+        from probe.monitor.client import MonitorClient
 
         with MonitorClient(addr, token=token, ca=ca) as client:
             table = points_from_service(client, job)

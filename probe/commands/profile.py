@@ -16,7 +16,7 @@ Recording loses no event by default (``--overflow block``: a thread that records
 the recorder drains waits for it; ``spool``: the excess goes to disk; ``drop``: it is dropped,
 and the count is in the trace's metadata, the store and the summary). See docs/profile.md.
 
-``OUT`` is claimed first (:mod:`ground.outdir`): an earlier profile's ``store``, ``trace`` and
+``OUT`` is claimed first (:mod:`probe.ground.outdir`): an earlier profile's ``store``, ``trace`` and
 ``trace.json`` are replaced; anything else there (a ``probe train`` store, a file of yours)
 stops the command unless ``--force``. Under a launcher (torchrun: every rank runs this command)
 each rank replaces only its own part, see :func:`_claim`.
@@ -37,8 +37,8 @@ from typing import Any, Iterator
 
 import click
 
-from ground.background import OVERFLOW_POLICIES
-from ground.errors import EXIT_NONFINITE, ProbeError
+from probe.ground.background import OVERFLOW_POLICIES
+from probe.ground.errors import EXIT_NONFINITE, ProbeError
 from probe.options import (engine_options, force_option, fsync_option, refuse_engine_options,
                            selection_option)
 
@@ -110,7 +110,7 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
     if peak_tflops is not None and peak_tflops <= 0:
         raise ProbeError(f"--peak-tflops {peak_tflops}: give a positive number (TFLOP/s of one device)")
     if otel == "otlp":
-        from collectors import otlp
+        from probe.collectors import otlp
 
         otlp.require("traces")          # one line that says what to install, before any run
     if not script and _launched_rank() is not None:
@@ -138,10 +138,10 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
                 preset: str, nproc: int, max_steps: int | None, seed: int,
                 faults: tuple[str, ...], device: str, force: bool, fsync: str, quiet: bool = False,
                 log_every: int = 10, allow_nan: bool = False) -> tuple[int, Any]:
-    from engine_adapter.callbacks import CallbackSpec
-    from profiler.engine_callbacks import ProfileCallback
-    from engine.launch import run_training
-    from engine.spec import RunSpec
+    from probe.engine_adapter.callbacks import CallbackSpec
+    from probe.profiler.engine_callbacks import ProfileCallback
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
 
     steps, schedule = options["steps"], options["schedule"]
     needed = max(steps) + 1 if steps else (sum(schedule[:3]) * max(schedule[3], 1) if schedule else 1)
@@ -180,11 +180,11 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
 
 def _run_script(argv: list[str], out: str, options: dict[str, Any], *, force: bool,
                 fsync: str) -> int:
-    from collectors.store import StoreWriter
-    from engine_adapter.base import get_adapter
-    from engine_adapter.steps import StepSource
+    from probe.collectors.store import StoreWriter
+    from probe.engine_adapter.base import get_adapter
+    from probe.engine_adapter.steps import StepSource
     from probe.script import check_script, run_script
-    from profiler.engine_callbacks import ProfileCallback
+    from probe.profiler.engine_callbacks import ProfileCallback
 
     path = check_script(argv)
     _claim(out, force)
@@ -230,7 +230,7 @@ def _launched_rank() -> tuple[int, int] | None:
 
 def _claim(out: str, force: bool) -> None:
     """Make ``out`` ready: an earlier profile's :data:`ENTRIES` are replaced, anything else stops
-    the command unless ``force`` (see :mod:`ground.outdir`).
+    the command unless ``force`` (see :mod:`probe.ground.outdir`).
 
     Under a launcher every rank runs this command at about the same time, and a rank may
     already be writing while another claims, so no rank may replace a whole ``store`` or
@@ -243,7 +243,7 @@ def _claim(out: str, force: bool) -> None:
     stops every rank, or with ``force`` is replaced by the first rank, before any rank of this
     launch has written, since each writes only after its own claim.
     """
-    from ground.outdir import claim, owner
+    from probe.ground.outdir import claim, owner
 
     launched = _launched_rank()
     if launched is None:
@@ -268,7 +268,7 @@ def _claim_lock(root: Path) -> Iterator[None]:
     """Exclusive POSIX lock on ``root/.probe-outputs.json.lock`` (the ranks of one launch)."""
     import fcntl
 
-    from ground.outdir import MANIFEST
+    from probe.ground.outdir import MANIFEST
 
     with open(root / f"{MANIFEST}.lock", "a") as fh:
         fcntl.lockf(fh, fcntl.LOCK_EX)
@@ -309,8 +309,8 @@ def _summarise(out: str, overflow: str) -> None:
     Under a launcher every rank runs this command: the others only write their fragment, and
     rank 0 waits (up to ``PROBE_MERGE_WAIT_S``, 120 s) for all of them before merging.
     """
-    from collectors.perfetto import merge_traces
-    from collectors.store import open_store
+    from probe.collectors.perfetto import merge_traces
+    from probe.collectors.store import open_store
 
     launched = _launched_rank()
     if launched is not None and launched[0] != 0:

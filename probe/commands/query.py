@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 
 @click.command("query")
@@ -29,7 +29,7 @@ def command(run_dir: str, sql: str, as_csv: bool, max_rows: int, safe: bool, tim
         probe query --safe runs/demo "$UNTRUSTED_SQL"
     """
     if safe:
-        from collectors.sql_sandbox import Limits, run_untrusted
+        from probe.collectors.sql_sandbox import Limits, run_untrusted
 
         result = run_untrusted(run_dir, sql, Limits(max_rows=max_rows, timeout_s=timeout_s))
         cols, rows, more = result.columns, result.rows, result.truncated
@@ -56,7 +56,7 @@ def _run_trusted(run_dir: str, sql: str) -> tuple[list[str] | None, list[tuple]]
     """Columns and rows of ``sql`` with all of DuckDB at hand (None columns: no result set)."""
     import duckdb
 
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
 
     con = open_store(run_dir)
     try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import click
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 
 DEFAULT_OUT = "runs/simulate"
 
@@ -70,7 +70,7 @@ def command(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int
         return _validate(preset, engine, nproc, dp, tp, pp, script)
     if max_steps < 1:
         raise ProbeError(f"--max-steps {max_steps}: give at least 1 optimizer step")
-    from simulator.devices import get_device
+    from probe.simulator.devices import get_device
 
     chosen = get_device(device)
     replay = level >= 3 and bool(chosen.curves)
@@ -80,10 +80,10 @@ def command(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int
         traced, layout = _trace_engine(preset, engine, nproc, dp, tp, pp, zero, dtype, global_batch,
                                        micro_batch, seq_len, replay)
         code = 0
-    from simulator.outputs import write_outputs
-    from simulator.replay import replay_seconds
-    from simulator.report import summary
-    from simulator.simulation import simulate
+    from probe.simulator.outputs import write_outputs
+    from probe.simulator.replay import replay_seconds
+    from probe.simulator.report import summary
+    from probe.simulator.simulation import simulate
 
     measured = None
     if replay:
@@ -101,10 +101,10 @@ def command(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int
 def _trace_engine(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int, pp: int,
                   zero: int, dtype: str, global_batch: int | None, micro_batch: int | None,
                   seq_len: int | None, replay: bool) -> tuple:
-    from engine.config import get_preset
-    from engine.models import ENGINES
-    from simulator.engine_workload import DTYPES, trace_engine
-    from simulator.layout import global_batch_for, make_layout
+    from probe.engine.config import get_preset
+    from probe.engine.models import ENGINES
+    from probe.simulator.engine_workload import DTYPES, trace_engine
+    from probe.simulator.layout import global_batch_for, make_layout
 
     if engine not in ENGINES:
         raise ProbeError(f"--engine {engine}: use one of {', '.join(ENGINES)}")
@@ -125,8 +125,8 @@ def _trace_engine(preset: str, engine: str, nproc: int | None, dp: int | None, t
 def _trace_script(argv: list[str], nproc: int | None, dp: int | None, tp: int, pp: int, zero: int,
                   max_steps: int, replay: bool) -> tuple:
     from probe.script import check_script, run_script
-    from simulator.layout import make_layout
-    from simulator.script_workload import trace_script
+    from probe.simulator.layout import make_layout
+    from probe.simulator.script_workload import trace_script
 
     if tp != 1 or pp != 1:
         raise ProbeError("--tp and --pp apply to the bundled engine; a script's ranks are data "
@@ -143,8 +143,8 @@ def _trace_script(argv: list[str], nproc: int | None, dp: int | None, tp: int, p
 def _calibrate() -> int:
     import torch
 
-    from simulator.calibrate import calibrate
-    from simulator.devices import save_calibrated
+    from probe.simulator.calibrate import calibrate
+    from probe.simulator.devices import save_calibrated
 
     targets = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for target in targets:
@@ -160,8 +160,8 @@ def _calibrate() -> int:
 
 def _validate(preset: str, engine: str, nproc: int | None, dp: int | None, tp: int, pp: int,
               script: tuple[str, ...]) -> int:
-    from simulator.report import format_bytes, format_seconds
-    from simulator.validate import validate_cpu, validate_cuda
+    from probe.simulator.report import format_bytes, format_seconds
+    from probe.simulator.validate import validate_cpu, validate_cuda
 
     if script or (nproc or 1) != 1 or (dp or 1) != 1 or tp != 1 or pp != 1:
         raise ProbeError("--validate runs the bundled engine on one rank here; drop the script and "

@@ -6,9 +6,9 @@ import os
 
 import click
 
-from ground.text import plural
+from probe.ground.text import plural
 
-from ground.errors import EXIT_NONFINITE
+from probe.ground.errors import EXIT_NONFINITE
 from probe.options import engine_options, force_option, fsync_option, numerics_option
 
 
@@ -16,10 +16,10 @@ def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps:
                       seed: int, faults: tuple[str, ...], device: str, default_steps: int = 10,
                       **kw):
     """A RunSpec from the shared engine options (used by train, dump, profile and demo)."""
-    from engine.spec import RunSpec
+    from probe.engine.spec import RunSpec
 
     if os.environ.get("PROBE_MONITOR"):      # the monitor service may ask for targeted dumps
-        from engine_adapter.callbacks import CallbackSpec
+        from probe.engine_adapter.callbacks import CallbackSpec
         from probe.dump_callback import TargetedDumpCallback
 
         kw["callbacks"] = tuple(kw.get("callbacks", ())) + (CallbackSpec(TargetedDumpCallback),)
@@ -65,9 +65,9 @@ def command(engine, preset, nproc, max_steps, seed, faults, device, log_every, q
 
     Example: probe train --engine fused --preset tiny --nproc 2 --max-steps 5 --out runs/t
     """
-    from engine.launch import run_training
-    from engine_adapter.callbacks import CallbackSpec
-    from monitor.numerics_callback import NumericsCallback
+    from probe.engine.launch import run_training
+    from probe.engine_adapter.callbacks import CallbackSpec
+    from probe.monitor.numerics_callback import NumericsCallback
 
     callbacks = (() if numerics is None else
                  (CallbackSpec(NumericsCallback, {"pattern": numerics or None}),))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from ground.errors import ProbeError
+from probe.ground.errors import ProbeError
 from probe.options import check_port_free
 
 
@@ -62,7 +62,7 @@ def command(dumps: tuple[str, ...], more_dumps: tuple[str, ...], compare_dir: st
     if len(paths) > 2:
         raise ProbeError(f"{paths[2]}: --dump takes one or two dumps")
     check_port_free(host, port)         # before the dumps are read: a busy port fails at once
-    from web.app import create_app, serve
+    from probe.web.app import create_app, serve
 
     app = create_app(dump_a=paths[0] if paths else None, dump_b=paths[1] if len(paths) > 1 else None,
                      compare_dir=compare_dir, monitor_addr=monitor_addr, store_dirs=stores,

@@ -25,7 +25,8 @@ def _modules() -> list[str]:
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.name.endswith(("_pb2.py", "_pb2_grpc.py")) or ">>>" not in path.read_text():
                 continue
-            found.append(".".join(path.relative_to(ROOT).with_suffix("").parts))
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found.append(".".join(parts if parts[0] == "probe" else ("probe", *parts)))
     return found
 
 

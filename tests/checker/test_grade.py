@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from checker.grade import grade
-from checker.standards import standard, ulp
+from probe.checker.grade import grade
+from probe.checker.standards import standard, ulp
 
 
 def _g(n: int = 4096, seed: int = 0) -> torch.Tensor:

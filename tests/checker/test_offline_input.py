@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from checker.calls import find_steps, read_calls
-from checker.offline import check_dump
-from ground.errors import ProbeError
+from probe.checker.calls import find_steps, read_calls
+from probe.checker.offline import check_dump
+from probe.ground.errors import ProbeError
 
 
 def _tensor(name: str, dtype: str = "torch.float32", shape=(4,)) -> dict:

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checker.apis import resolve, skip_reason
-from checker.replay import GOLDENS, check_call, golden
-from ground.errors import ProbeError
+from probe.checker.apis import resolve, skip_reason
+from probe.checker.replay import GOLDENS, check_call, golden
+from probe.ground.errors import ProbeError
 
 CPU64 = GOLDENS["cpu-fp64"]
 

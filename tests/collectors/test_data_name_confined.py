@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from collectors.msprobe_reader import read_msprobe_dump
+from probe.collectors.msprobe_reader import read_msprobe_dump
 
 
 def _entry(data_name: str) -> dict:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from collectors.msprobe_nodes import repair_tree
-from collectors.msprobe_reader import read_msprobe_dump
+from probe.collectors.msprobe_nodes import repair_tree
+from probe.collectors.msprobe_reader import read_msprobe_dump
 from tests.compare.dumps import stat, write_dump
 
 NET, MLP, FC = "Module.net.Net", "Module.net.mlp.MLP", "Module.net.mlp.fc.Linear"
@@ -84,7 +84,7 @@ def test_whole_tree_depths_in_numpy_equal_the_parent_walk_or_decline_a_broken_tr
 
     import pyarrow as pa
 
-    from collectors.msprobe_nodes import _depths, _reach, _whole_tree_depths
+    from probe.collectors.msprobe_nodes import _depths, _reach, _whole_tree_depths
 
     rng = random.Random(seed)
     n = rng.randint(1, 300)

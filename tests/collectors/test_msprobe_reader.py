@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from collectors.msprobe_layout import parse_node_name
-from collectors.msprobe_reader import read_msprobe_dump
-from ground.errors import ProbeError
+from probe.collectors.msprobe_layout import parse_node_name
+from probe.collectors.msprobe_reader import read_msprobe_dump
+from probe.ground.errors import ProbeError
 from tests.compare.dumps import chain, stat, write_dump
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import collectors.msprobe_scan as scan
-from collectors.msprobe_reader import read_msprobe_dump
-from ground.errors import ProbeError
+import probe.collectors.msprobe_scan as scan
+from probe.collectors.msprobe_reader import read_msprobe_dump
+from probe.ground.errors import ProbeError
 
 pytestmark = pytest.mark.skipif(not scan._scanner(), reason="no C compiler: the native scanner is off")
 

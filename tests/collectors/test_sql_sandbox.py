@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from collectors.sql_sandbox import Limits, check_statement, run_untrusted
-from collectors.store import StoreWriter
-from ground.errors import ProbeError
+from probe.collectors.sql_sandbox import Limits, check_statement, run_untrusted
+from probe.collectors.store import StoreWriter
+from probe.ground.errors import ProbeError
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import time
 import pyarrow as pa
 import pytest
 
-from collectors.records import SCHEMAS, table_from_rows
-from collectors.store import StoreWriter, find_segments, load_segments, open_store
-from ground.errors import ProbeError
+from probe.collectors.records import SCHEMAS, table_from_rows
+from probe.collectors.store import StoreWriter, find_segments, load_segments, open_store
+from probe.ground.errors import ProbeError
 from tests.conftest import run_probe
 
 

@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from collectors.store import StoreWriter, open_store
-from ground.errors import ProbeError
+from probe.collectors.store import StoreWriter, open_store
+from probe.ground.errors import ProbeError
 from tests.conftest import ROOT
 
 WRITER = """
 import sys
-from collectors.store import StoreWriter
+from probe.collectors.store import StoreWriter
 w = StoreWriter(sys.argv[1], rank=0, run="kill", fsync=sys.argv[2])
 step = 0
 while True:

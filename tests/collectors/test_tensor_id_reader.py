@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import collectors.msprobe_scan as scan
-from collectors.msprobe_reader import read_msprobe_dump
-from collectors.records import TENSOR
-from collectors.store import StoreWriter, read_step
-from visualizer.graph import Graph
+import probe.collectors.msprobe_scan as scan
+from probe.collectors.msprobe_reader import read_msprobe_dump
+from probe.collectors.records import TENSOR
+from probe.collectors.store import StoreWriter, read_step
+from probe.visualizer.graph import Graph
 
 
 def _t(**extra) -> dict:

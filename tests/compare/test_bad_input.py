@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from collectors import msprobe_scan
-from ground.errors import ProbeError
+from probe.collectors import msprobe_scan
+from probe.ground.errors import ProbeError
 from probe.cli import main
 from tests.compare.dumps import chain, write_dump
 
@@ -70,7 +70,7 @@ def test_a_statistic_beyond_a_float_is_one_line_naming_the_entry(tmp_path, capsy
 
 
 def test_a_dump_with_a_shape_out_of_range_is_a_probe_error_for_the_web_graph_too(tmp_path):
-    from visualizer.graph import load_graph
+    from probe.visualizer.graph import load_graph
 
     _, bad = _dump_with(tmp_path, "[18446744073709551616]")
     with pytest.raises(ProbeError, match="Module.layers.0.fc.Linear.forward.0"):
@@ -147,7 +147,7 @@ def test_binary_deep_and_aliased_mapping_files_are_one_line(tmp_path, capsys, pa
 
 
 def test_a_mapping_file_over_the_size_cap_is_refused_before_it_is_read(tmp_path, capsys, pair, monkeypatch):
-    from compare import mapping
+    from probe.compare import mapping
 
     monkeypatch.setattr(mapping, "MAX_MAPPING_BYTES", 1 << 20)
     m = tmp_path / "cell_mapping.yaml"

@@ -85,8 +85,8 @@ def test_summary_on_the_terminal_names_counts_and_findings(tmp_path):
 def test_large_compare_csv_in_parallel_chunks_equals_one_piece(tmp_path, monkeypatch):
     from pathlib import Path
 
-    import compare.report as report
-    from compare.api import compare
+    import probe.compare.report as report
+    from probe.compare.api import compare
 
     a = write_dump(tmp_path / "a", *chain(40))
     b = write_dump(tmp_path / "b", *chain(40, scale={3: 1.5}))

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from compare.api import compare, load_result
+from probe.compare.api import compare, load_result
 from tests.compare.dumps import chain, stat, write_dump
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from compare.api import compare
-from compare.ranks import compare_runs, rank_pairs
+from probe.compare.api import compare
+from probe.compare.ranks import compare_runs, rank_pairs
 from tests.compare.dumps import chain, write_dump
 from tests.conftest import run_probe
 

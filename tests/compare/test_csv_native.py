@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pytest
 
-from compare import csv_native
+from probe.compare import csv_native
 
 
 def _arrow(table: pa.Table) -> bytes:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import compare.load as load
-from ground.errors import ProbeError
+import probe.compare.load as load
+from probe.ground.errors import ProbeError
 from tests.compare.dumps import chain, write_dump
 
 
@@ -75,8 +75,8 @@ def test_b_normalised_in_the_worker_gives_the_one_core_result(always_parallel, t
     import json
     from pathlib import Path
 
-    import compare.pipeline as pipeline
-    from compare.api import compare
+    import probe.compare.pipeline as pipeline
+    from probe.compare.api import compare
 
     if pair == "chain":
         data, c = chain(12, scale={5: 1.5}, nan_at=9)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from compare.metrics import load_array
+from probe.compare.metrics import load_array
 
 
 def _bf16(tmp_path, t: torch.Tensor, name="x.safetensors"):
@@ -42,7 +42,7 @@ def test_a_damaged_or_foreign_bfloat16_file_keeps_the_rows_statistics(tmp_path, 
 def test_a_tensor_dump_of_a_bfloat16_model_compares_element_by_element(tmp_path):
     """Every row of two tensor-task dumps of a bfloat16 network gets its cosine (none did: NumPy
     has no bfloat16, and the rows kept their statistics only)."""
-    from compare.api import compare
+    from probe.compare.api import compare
     from probe.session import DumpSession
 
     def dump(scale: float, out):
@@ -67,7 +67,7 @@ def test_a_tensor_dump_of_a_bfloat16_model_compares_element_by_element(tmp_path)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
                                    torch.int64, torch.int32, torch.uint8, torch.bool])
 def test_a_torch_save_file_is_read_as_its_values(tmp_path, dtype):
-    from compare.pt_reader import read_pt
+    from probe.compare.pt_reader import read_pt
 
     t = (torch.randn(6, 5, generator=torch.Generator().manual_seed(2)) * 10).to(dtype)
     path = tmp_path / "t.pt"
@@ -78,7 +78,7 @@ def test_a_torch_save_file_is_read_as_its_values(tmp_path, dtype):
 
 
 def test_a_saved_view_is_read_with_its_offset_and_strides(tmp_path):
-    from compare.metrics import load_array
+    from probe.compare.metrics import load_array
 
     base = torch.arange(60.0).reshape(6, 10)
     view = base[1:5, 2:9:3].t()                   # offset, step and transpose over one storage
@@ -96,7 +96,7 @@ class _Boom:
 def test_a_pt_file_that_is_not_one_tensor_is_none_and_runs_nothing(tmp_path, what):
     import zipfile
 
-    from compare.pt_reader import read_pt
+    from probe.compare.pt_reader import read_pt
 
     path = tmp_path / "x.pt"
     if what == "code":
@@ -119,7 +119,7 @@ def test_a_pt_file_that_is_not_one_tensor_is_none_and_runs_nothing(tmp_path, wha
 def test_an_expanded_tensor_is_read_whole_and_a_storage_of_the_wrong_size_is_refused(tmp_path):
     import zipfile
 
-    from compare.pt_reader import read_pt
+    from probe.compare.pt_reader import read_pt
 
     torch.save(torch.arange(3.0).reshape(3, 1).expand(3, 4), tmp_path / "e.pt")   # stride 0
     assert np.array_equal(read_pt(str(tmp_path / "e.pt")), np.repeat(np.arange(3.0)[:, None], 4, 1))

@@ -11,8 +11,8 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 
-from compare.api import compare
-from compare.fingerprint import fingerprint, foreign_input
+from probe.compare.api import compare
+from probe.compare.fingerprint import fingerprint, foreign_input
 from tests.compare.dumps import chain, write_dump
 from tests.conftest import run_probe
 
@@ -89,7 +89,7 @@ def test_a_divergence_passed_on_names_the_node_it_starts_at(tmp_path):
 
 
 def test_the_summary_records_the_inputs_fingerprints_which_tell_other_dumps_apart(tmp_path, monkeypatch):
-    import compare.fingerprint as fp
+    import probe.compare.fingerprint as fp
 
     a, c = chain(3)
     b, _ = chain(3, scale={1: 2.0})

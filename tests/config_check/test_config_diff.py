@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from compare.config_diff import check_configs, compare_records, format_summary, load_side
-from ground.errors import ProbeError
+from probe.compare.config_diff import check_configs, compare_records, format_summary, load_side
+from probe.ground.errors import ProbeError
 
 
 def record(rank: int = 0, **changes) -> dict:

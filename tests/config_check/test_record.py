@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from engine_adapter import checksum
-from engine_adapter.callbacks import TrainContext
-from engine_adapter.checksum import Checksummer, to_hex
-from engine_adapter.config_format import config_path
-from engine_adapter.run_config import RunConfigCallback, record_config, watch_config
-from engine_adapter.run_facts import REDACTED
+from probe.engine_adapter import checksum
+from probe.engine_adapter.callbacks import TrainContext
+from probe.engine_adapter.checksum import Checksummer, to_hex
+from probe.engine_adapter.config_format import config_path
+from probe.engine_adapter.run_config import RunConfigCallback, record_config, watch_config
+from probe.engine_adapter.run_facts import REDACTED
 
 
 def _hex(*tensors):

@@ -251,8 +251,8 @@ class Workspace:
             ran.out.append(f"\n[test: exited with {ran.rc} before it was ready]\n")
 
     def _monitor_has(self, job: str) -> bool:
-        from ground.errors import ProbeError
-        from monitor.client import MonitorClient
+        from probe.ground.errors import ProbeError
+        from probe.monitor.client import MonitorClient
 
         try:
             with MonitorClient(f"127.0.0.1:{self.monitor_port}") as client:

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from engine.launch import STRAGGLER_QUERY, rank_table, run_training
-from engine.spec import RunSpec
+from probe.engine.launch import STRAGGLER_QUERY, rank_table, run_training
+from probe.engine.spec import RunSpec
 from tests.conftest import ROOT
 
 
@@ -97,7 +97,7 @@ def test_the_straggler_is_named_by_its_own_work_not_the_synchronised_step_time(t
     named = [row["slowest_rank"] for row in result.steps[1:]]
     assert named.count(1) >= len(named) - 1, named
     assert rank_table(str(tmp_path))[0]["rank"] == 1
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
 
     assert open_store(tmp_path).sql(STRAGGLER_QUERY).fetchall()[0][0] == 1
     # the planted slowness is more work (a slower processor), so it shows on the CPU clock too:

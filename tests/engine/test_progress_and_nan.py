@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ground.errors import EXIT_NONFINITE
+from probe.ground.errors import EXIT_NONFINITE
 from tests.conftest import run_probe
 
 PROGRESS = re.compile(r"^step (\d+) \((\d+)/(\d+)\): loss \d+\.\d{4}, \d+\.\d ms/step \[reference/tiny x1\]$")
@@ -72,9 +72,9 @@ class _NanGradientAt:
 
 
 def test_a_nan_gradient_with_a_finite_loss_names_the_rank_and_stops(tmp_path, capsys):
-    from engine.launch import run_training
-    from engine.spec import RunSpec
-    from engine_adapter.callbacks import CallbackSpec, TrainCallback
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
+    from probe.engine_adapter.callbacks import CallbackSpec, TrainCallback
 
     cls = type("NanGradientAt", (_NanGradientAt, TrainCallback), {})
     result = run_training(RunSpec(max_steps=4, out_dir=str(tmp_path), quiet=True,
@@ -101,7 +101,7 @@ def test_finite_gradients_past_float32s_squares_train_on_with_their_norm(tmp_pat
     """lm_head scaled by 1e21: every gradient is finite, their norm ~1e21; float32's sum of
     squares overflowed, the step read the norm as inf and stopped the run at step 0 as a
     NaN/Inf gradient. The norm is summed again in float64 then."""
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
 
     out = tmp_path / "big"
     r = run_probe("train", "--max-steps", "3", "--fault", "scale:lm_head.weight:1e21", "--quiet",

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.config import PRESETS, get_preset
-from engine.data import make_batch
-from engine.launch import run_training
-from engine.models import build_model, init_reference_state
-from engine.spec import RunSpec
-from ground.errors import ProbeError
+from probe.engine.config import PRESETS, get_preset
+from probe.engine.data import make_batch
+from probe.engine.launch import run_training
+from probe.engine.models import build_model, init_reference_state
+from probe.engine.spec import RunSpec
+from probe.ground.errors import ProbeError
 
 
 def _loss(engine: str, state, cfg, tokens, targets) -> float:
@@ -84,7 +84,7 @@ def test_scale_fault_changes_the_loss_of_the_first_step(tmp_path):
 
 def test_slow_fault_slows_only_its_rank(tmp_path):
     run_training(RunSpec(nproc=2, max_steps=3, faults=("slow:1:4",), out_dir=str(tmp_path), quiet=True))
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
     rows = dict(open_store(tmp_path).sql(
         "select rank, median(value) from metrics where name='compute_time_ms' and step > 0 group by rank").fetchall())
     assert rows[1] > 2.0 * rows[0]
@@ -117,7 +117,7 @@ def test_a_ranks_intra_op_threads_follow_omp_num_threads_set_after_torch_loaded(
     (OpenMP read the environment already), so the rank sets it explicitly."""
     import os
 
-    from engine.train import _intra_op_threads
+    from probe.engine.train import _intra_op_threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert _intra_op_threads(4) == 1 and _intra_op_threads(1) == 1

@@ -146,8 +146,8 @@ def test_mindspore_statistics_of_values_past_float32_squared_are_finite():
     finite numbers as PyTorch's now."""
     import numpy as np
 
-    from engine_adapter.mindspore_adapter import MindSporeStats
-    from engine_adapter.torch_stats import TorchStats
+    from probe.engine_adapter.mindspore_adapter import MindSporeStats
+    from probe.engine_adapter.torch_stats import TorchStats
 
     a = np.array([1e20, -3e20, 2.0] * 10, dtype=np.float32)
     s, t = MindSporeStats(), ms.Tensor(a)

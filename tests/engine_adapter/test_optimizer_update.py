@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from engine_adapter import optimizer_update
-from engine_adapter.optimizer_update import measure_param, reads_update
-from engine_adapter.torch_stats import TorchStats
+from probe.engine_adapter import optimizer_update
+from probe.engine_adapter.optimizer_update import measure_param, reads_update
+from probe.engine_adapter.torch_stats import TorchStats
 
 KNOWN = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),

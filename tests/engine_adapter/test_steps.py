@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine_adapter.base import get_adapter
-from engine_adapter.callbacks import TrainCallback
-from engine_adapter.steps import StepSource
+from probe.engine_adapter.base import get_adapter
+from probe.engine_adapter.callbacks import TrainCallback
+from probe.engine_adapter.steps import StepSource
 
 
 class Calls(TrainCallback):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine_adapter import torch_grads
+from probe.engine_adapter import torch_grads
 from probe.dump_recorder import DumpRecorder
 from probe.session import DumpSession
 
@@ -78,7 +78,7 @@ def _train(out: Path, monkeypatch, native: bool) -> dict:
             opt.zero_grad()
             s.step()
     monkeypatch.undo()
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
 
     con = open_store(out / "store")
     columns = [c[0] for c in con.execute("SELECT * FROM tensors LIMIT 0").description

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine_adapter import torch_adapter, torch_grads
+from probe.engine_adapter import torch_adapter, torch_grads
 from probe.session import DumpSession
 
 hooks = torch_grads.hooks()             # handing tensors over (prepared: see CallingHooks)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine_adapter.torch_safetensors import write_tensor
-from engine_adapter.torch_stats import TorchStats
+from probe.engine_adapter.torch_safetensors import write_tensor
+from probe.engine_adapter.torch_stats import TorchStats
 
 CASES = {
     "matrix": torch.randn(2, 3),

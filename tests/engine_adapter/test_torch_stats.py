@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine_adapter import torch_stats
-from engine_adapter.base import FLOAT, INTEGER
-from engine_adapter.torch_stats import TorchStats
+from probe.engine_adapter import torch_stats
+from probe.engine_adapter.base import FLOAT, INTEGER
+from probe.engine_adapter.torch_stats import TorchStats
 
 
 def expected(x: torch.Tensor) -> list[float]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.msprobe_layout import loads
+from probe.collectors.msprobe_layout import loads
 from tests.conftest import msprobe_data_root, run_probe
 
 #: Entries kept of each dump (its construct.json and stack.json are kept whole).

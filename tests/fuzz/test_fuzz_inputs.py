@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.msprobe_layout import loads
+from probe.collectors.msprobe_layout import loads
 from probe.cli import main
 from tests.conftest import run_probe
 from tests.fuzz import mutate
@@ -136,7 +136,7 @@ def _messages() -> list:
     """One filled-in instance of every message of the monitor protocol."""
     import numpy as np
 
-    from monitor.proto import monitor_pb2 as pb
+    from probe.monitor.proto import monitor_pb2 as pb
 
     batch = pb.MetricBatch(job="j", rank=1, agent_id="a", seq=3, names=["loss", "step_time"],
                            name_index=np.int32([0, 1, 1]).tobytes(),
@@ -165,7 +165,7 @@ def test_mutated_monitor_messages_fail_to_parse_or_are_refused_in_words():
     metric batch is decoded by the service's check or refused with a ValueError."""
     from google.protobuf.message import DecodeError
 
-    from monitor.ingest import decode_batch
+    from probe.monitor.ingest import decode_batch
 
     rng = random.Random(5000)
     messages = _messages()

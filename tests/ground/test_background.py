@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ground.background import BackgroundQueue
+from probe.ground.background import BackgroundQueue
 
 
 def _gated():

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from ground.native import build_cached
+from probe.ground.native import build_cached
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                               reason="no C compiler")

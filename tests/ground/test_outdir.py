@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from ground.errors import ProbeError
-from ground.outdir import MANIFEST, claim, created_by
+from probe.ground.errors import ProbeError
+from probe.ground.outdir import MANIFEST, claim, created_by
 from tests.conftest import run_probe
 
 

@@ -2,10 +2,10 @@
 
 import time
 
-from monitor.agent import MonitorAgent
-from monitor.client import MonitorClient
-from monitor.service import free_port
-from monitor.spool import Spool
+from probe.monitor.agent import MonitorAgent
+from probe.monitor.client import MonitorClient
+from probe.monitor.service import free_port
+from probe.monitor.spool import Spool
 
 from .conftest import wait_for
 
@@ -96,7 +96,7 @@ def test_odd_metric_values_and_names_are_skipped_not_fatal(tmp_path, service):
 
 
 def test_an_agent_with_the_token_streams_and_one_without_is_refused(tmp_path, capfd):
-    from monitor.service import MonitorService
+    from probe.monitor.service import MonitorService
 
     svc = MonitorService(tmp_path / "m.duckdb", port=0, token="tok")
     svc.start()

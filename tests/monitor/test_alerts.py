@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.callbacks import TrainContext
-from monitor.agent_callback import MonitorAgentCallback
-from monitor.client import MonitorClient
-from monitor.service import MonitorService
+from probe.engine_adapter.callbacks import TrainContext
+from probe.monitor.agent_callback import MonitorAgentCallback
+from probe.monitor.client import MonitorClient
+from probe.monitor.service import MonitorService
 
 from .conftest import ROOT, wait_for
 

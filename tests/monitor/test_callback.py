@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from monitor.agent_callback import MonitorAgentCallback
-from engine_adapter.callbacks import TrainContext
-from monitor.client import MonitorClient
-from monitor.service import MonitorService
-from profiler import mstx
+from probe.monitor.agent_callback import MonitorAgentCallback
+from probe.engine_adapter.callbacks import TrainContext
+from probe.monitor.client import MonitorClient
+from probe.monitor.service import MonitorService
+from probe.profiler import mstx
 from tests.conftest import run_probe
 
 from .conftest import wait_for

@@ -7,12 +7,12 @@ import grpc
 import numpy as np
 import pytest
 
-from monitor.client import MonitorClient
-from monitor.detection import AlertBook, JobWindow
-from monitor.detectors import StepMatrix, detect
-from monitor.proto import monitor_pb2 as pb
-from monitor.proto import monitor_pb2_grpc as pb_grpc
-from monitor.service import MonitorService
+from probe.monitor.client import MonitorClient
+from probe.monitor.detection import AlertBook, JobWindow
+from probe.monitor.detectors import StepMatrix, detect
+from probe.monitor.proto import monitor_pb2 as pb
+from probe.monitor.proto import monitor_pb2_grpc as pb_grpc
+from probe.monitor.service import MonitorService
 from tests.conftest import run_probe
 
 from .conftest import wait_for

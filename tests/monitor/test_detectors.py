@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from monitor.detectors import (StepMatrix, derive, detect, hang_threshold_s, hangs, memory_growth,
+from probe.monitor.detectors import (StepMatrix, derive, detect, hang_threshold_s, hangs, memory_growth,
                                nonfinite, slow_steps, stragglers)
 
 

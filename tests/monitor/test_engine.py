@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from engine_adapter.callbacks import TrainCallback
-from monitor.client import MonitorClient
+from probe.engine_adapter.callbacks import TrainCallback
+from probe.monitor.client import MonitorClient
 
 from .conftest import ServeProcess, wait_for
 
@@ -42,9 +42,9 @@ class Pacer(TrainCallback):
 
 @pytest.fixture(scope="module")
 def monitored_run(tmp_path_factory):
-    from engine_adapter.callbacks import CallbackSpec
-    from engine.launch import run_training
-    from engine.spec import RunSpec
+    from probe.engine_adapter.callbacks import CallbackSpec
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
 
     tmp = tmp_path_factory.mktemp("monitored")
     server = ServeProcess(tmp / "monitor.duckdb").start()

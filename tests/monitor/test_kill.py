@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from monitor.agent import MonitorAgent
-from monitor.client import MonitorClient
-from monitor.service import free_port
+from probe.monitor.agent import MonitorAgent
+from probe.monitor.client import MonitorClient
+from probe.monitor.service import free_port
 
 from .conftest import wait_for
 

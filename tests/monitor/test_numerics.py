@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine_adapter.callbacks import CallbackSpec, TrainContext
-from monitor.detection import AlertBook
-from monitor.numerics_callback import NumericsCallback, select_modules
-from monitor.numerics_detectors import (ModuleMatrix, detect, large_updates, layer_ratios,
+from probe.engine_adapter.callbacks import CallbackSpec, TrainContext
+from probe.monitor.detection import AlertBook
+from probe.monitor.numerics_callback import NumericsCallback, select_modules
+from probe.monitor.numerics_detectors import (ModuleMatrix, detect, large_updates, layer_ratios,
                                         nonfinite_modules, outliers)
-from monitor.numerics_names import QUANTITIES, metric_name, parse_metric_name
-from monitor.numerics_window import NumericsWindow
+from probe.monitor.numerics_names import QUANTITIES, metric_name, parse_metric_name
+from probe.monitor.numerics_window import NumericsWindow
 
 from .conftest import wait_for
 
@@ -276,8 +276,8 @@ def test_one_open_alert_per_module_and_quantity():
 # -- real runs against a monitor service --------------------------------------------------------
 
 def _train(tmp_path, monkeypatch, service, job, steps, faults=(), nproc=1):
-    from engine.launch import run_training
-    from engine.spec import RunSpec
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
 
     env = {"PROBE_MONITOR": f"127.0.0.1:{service.port}", "PROBE_MONITOR_JOB": job,
            "PROBE_MONITOR_SPOOL": str(tmp_path / "spool")}
@@ -325,7 +325,7 @@ def test_probe_train_numerics_option(tmp_path, monkeypatch):
     """``probe train --numerics REGEX``: without a monitor the points land in the run's store."""
     from click.testing import CliRunner
 
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
     from probe.commands.train import command
 
     monkeypatch.delenv("PROBE_MONITOR", raising=False)

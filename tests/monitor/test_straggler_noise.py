@@ -4,8 +4,8 @@ running slow raises no straggler alert; a real straggler still does, within ten 
 import numpy as np
 import pytest
 
-from monitor import noise_model, timing_detectors
-from monitor.detectors import StepMatrix, derive, stragglers
+from probe.monitor import noise_model, timing_detectors
+from probe.monitor.detectors import StepMatrix, derive, stragglers
 
 
 def rank_pair(seed=0, n_steps=200, turns=(), calm_from=None, slow=None, onset=60, jitter=0.12):
@@ -155,8 +155,8 @@ def test_the_turns_read_from_each_rows_kept_median_are_the_ones_the_history_give
     """The service keeps each row's five-step median (``own_turn``) as the row is derived; the
     turns it reads from them at every step are the turns taken over the whole history, through
     a rolling window that drops old rows and a rank that joins late (NaN cells: no turn)."""
-    from monitor.job_window import JobWindow
-    from monitor.timing_detectors import turns
+    from probe.monitor.job_window import JobWindow
+    from probe.monitor.timing_detectors import turns
 
     rng = np.random.default_rng(seed)
     n, ranks = 260, 12

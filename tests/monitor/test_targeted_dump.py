@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.callbacks import CallbackSpec, TrainCallback
-from monitor.client import MonitorClient
-from monitor.service import MonitorService
-from monitor.targeted_dump import DUMP_DIR, module_scope
+from probe.engine_adapter.callbacks import CallbackSpec, TrainCallback
+from probe.monitor.client import MonitorClient
+from probe.monitor.service import MonitorService
+from probe.monitor.targeted_dump import DUMP_DIR, module_scope
 from probe.dump_callback import TargetedDumpCallback
 from tests.conftest import run_probe
 
@@ -45,8 +45,8 @@ class Pacer(TrainCallback):
 
 def _train(tmp_path, monkeypatch, addr, job, steps, callbacks, faults=(), step_s=0.05):
     """Train ``job`` (one rank, in this process) on a thread; returns (thread, outcome)."""
-    from engine.launch import run_training
-    from engine.spec import RunSpec
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
 
     env = {"PROBE_MONITOR": addr, "PROBE_MONITOR_JOB": job,
            "PROBE_MONITOR_SPOOL": str(tmp_path / "spool")}
@@ -136,7 +136,7 @@ def test_probe_monitor_dump_dumps_one_module_for_exactly_those_steps_and_compare
 
 
 def test_a_numerics_alert_dumps_its_module_on_its_rank(tmp_path, monkeypatch):
-    from monitor.numerics_callback import NumericsCallback
+    from probe.monitor.numerics_callback import NumericsCallback
 
     layer = "layers.0.mlp.down_proj"
     svc = MonitorService(tmp_path / "m.duckdb", port=0, detect_interval_s=0.05, dump_on_alert=2)

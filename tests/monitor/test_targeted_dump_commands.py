@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.callbacks import CallbackList, TrainContext
-from monitor.agent_callback import MonitorAgentCallback
-from monitor.client import MonitorClient
+from probe.engine_adapter.callbacks import CallbackList, TrainContext
+from probe.monitor.agent_callback import MonitorAgentCallback
+from probe.monitor.client import MonitorClient
 from probe.dump_callback import TargetedDumpCallback
 from tests.conftest import run_probe
 

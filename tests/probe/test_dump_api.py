@@ -116,7 +116,7 @@ def test_statistics_equal_torch_reductions_for_inputs_outputs_and_gradients(tmp_
 
 
 def test_nan_inf_counts_reach_the_store_and_json_keeps_raw_values(tmp_path):
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
 
     net = nn.Sequential(nn.Identity())
     x = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0])
@@ -279,7 +279,7 @@ def test_exception_in_the_model_leaves_every_finished_step_readable(tmp_path):
                 opt.step()
     for step in (0, 1):
         assert "Module.lin.Linear.forward.0" in _load(tmp_path, step)["data"]
-    from collectors.store import open_store
+    from probe.collectors.store import open_store
     steps = open_store(tmp_path).sql("select distinct step from tensors order by step").fetchall()
     assert [s for (s,) in steps][:2] == [0, 1]
 
@@ -330,9 +330,9 @@ def test_compiled_blocks_keep_every_module_boundary_and_say_so(tmp_path):
     import torch.nn.functional as F
     from torch._dynamo.utils import counters
 
-    from engine.config import get_preset
-    from engine.data import make_batch
-    from engine.models import build_model, init_reference_state
+    from probe.engine.config import get_preset
+    from probe.engine.data import make_batch
+    from probe.engine.models import build_model, init_reference_state
 
     cfg = get_preset("tiny")
     model = build_model("fused", cfg)

@@ -63,9 +63,9 @@ def assert_forest_mirroring_forward(construct: dict[str, str | None]) -> int:
 @pytest.mark.parametrize("level", ["module", "mix"])
 @pytest.mark.parametrize("engine", ["reference", "fused"])
 def test_bundled_engine_dump_tree_is_a_forest_whose_backward_mirrors_forward(tmp_path, engine, level):
-    from engine.launch import run_training
-    from engine.spec import RunSpec
-    from engine_adapter.callbacks import CallbackSpec
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
+    from probe.engine_adapter.callbacks import CallbackSpec
     from probe.dump_callback import DumpCallback
 
     out = tmp_path / "d"

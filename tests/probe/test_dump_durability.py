@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from compare.api import compare
+from probe.compare.api import compare
 from probe.cli import main as probe_main
 from probe.session import DumpSession
 from probe.dump_writer import STEP_FILES

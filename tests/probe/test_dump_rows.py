@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from collectors.records import TENSOR
-from engine_adapter.torch_stats import TorchStats
+from probe.collectors.records import TENSOR
+from probe.engine_adapter.torch_stats import TorchStats
 from probe.dump_rows import ROW_COLUMNS, STAT_COLUMNS, RowBuilder, TensorTables, apply_statistics
 
 

@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from engine_adapter.torch_stats import TorchStats
+from probe.engine_adapter.torch_stats import TorchStats
 from probe.dump_rows import Leaf, RowBuilder, apply_statistics
 
 native = pytest.importorskip("probe._dump_rows_native", reason="the native row builder is not built")
@@ -136,8 +136,8 @@ def test_a_prepared_gradient_gives_the_entry_and_row_of_its_tensor(monkeypatch):
     """A gradient the C++ capture already read (engine_adapter.torch_grads.PreparedGrad) makes
     the entry and row its tensor makes; one group (the same bytes in the step) shares one
     statistics handle and one tensor id, as one tensor's identity does."""
-    from engine_adapter.torch_grads import PreparedGrad
-    from engine_adapter.torch_stats import _reduce_host
+    from probe.engine_adapter.torch_grads import PreparedGrad
+    from probe.engine_adapter.torch_stats import _reduce_host
 
     torch.manual_seed(0)
     a, b = torch.randn(4, 3), torch.randn(5, dtype=torch.float64)
@@ -164,7 +164,7 @@ def test_a_keyed_prepared_gradient_is_one_tensor_id_with_the_tensor_of_its_bytes
     the step's identity table with the tensors read there, both ways: a parameter's gradient
     that autograd hands to .grad as it is, read again by the optimizer, is one tensor id; the
     same bytes after an in-place change are another."""
-    from engine_adapter import torch_grads
+    from probe.engine_adapter import torch_grads
 
     hooks = torch_grads.hooks(prepared=True)
     if hooks is None or hooks.prepare is None:

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from collectors.msprobe_writer import safe_file_name
+from probe.collectors.msprobe_writer import safe_file_name
 from probe.session import DumpSession
 from probe.dump_rows import MAX_FILE_STEM, tensor_file_name
 from tests.conftest import ROOT, run_probe

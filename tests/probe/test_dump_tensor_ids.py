@@ -12,11 +12,11 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from engine_adapter.torch_stats import TorchStats
+from probe.engine_adapter.torch_stats import TorchStats
 from probe.dump_rows import ROW_COLUMNS, RowBuilder
 from probe.session import DumpSession
-from visualizer.dataflow import TENSOR_ID, flow_edges
-from visualizer.graph import Graph
+from probe.visualizer.dataflow import TENSOR_ID, flow_edges
+from probe.visualizer.graph import Graph
 
 
 class Branches(nn.Module):

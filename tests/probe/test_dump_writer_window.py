@@ -92,7 +92,7 @@ def _log_hooks_and_windows(monkeypatch) -> list:
     "window" for each window the writer is given, in the order they come; the backward hooks
     are the Python ones (the C++ capture's are replayed as the step ends, and the window opens
     at its first gradient: tests/engine_adapter/test_torch_grads.py)."""
-    from engine_adapter import torch_grads
+    from probe.engine_adapter import torch_grads
     from probe.dump_recorder import DumpRecorder
 
     monkeypatch.setattr(torch_grads, "load", lambda on_first: None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from collectors.store import StoreWriter, find_segments
+from probe.collectors.store import StoreWriter, find_segments
 from tests.conftest import run_probe
 
 

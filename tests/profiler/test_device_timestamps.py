@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from profiler import mstx
-from profiler.session import Session
+from probe.profiler import mstx
+from probe.profiler.session import Session
 from tests.profiler.trace_schema import trace_problems
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -47,7 +47,7 @@ def test_a_range_on_a_stream_gets_device_times_that_cover_its_kernels(tmp_path):
 
 
 def test_flop_peak_of_a_known_gpu_is_looked_up():
-    from profiler.flops import PEAK_TFLOPS, peak_flops
+    from probe.profiler.flops import PEAK_TFLOPS, peak_flops
 
     name = torch.cuda.get_device_name()
     if not any(model in name for model in PEAK_TFLOPS):

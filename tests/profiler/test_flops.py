@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from engine.config import get_preset
-from engine.models import build_model, init_reference_state
-from engine_adapter.base import get_adapter
-from engine_adapter.steps import StepSource
-from profiler.engine_callbacks import FlopsCallback
-from profiler.flops import FlopCounter, peak_flops, utilisation
+from probe.engine.config import get_preset
+from probe.engine.models import build_model, init_reference_state
+from probe.engine_adapter.base import get_adapter
+from probe.engine_adapter.steps import StepSource
+from probe.profiler.engine_callbacks import FlopsCallback
+from probe.profiler.flops import FlopCounter, peak_flops, utilisation
 
 
 def hand_count(cfg, batch: int) -> int:

@@ -9,9 +9,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from profiler import mstx
-from profiler.event_recorder import EventRecorder
-from profiler.range_pairing import Rows, range_ids
+from probe.profiler import mstx
+from probe.profiler.event_recorder import EventRecorder
+from probe.profiler.range_pairing import Rows, range_ids
 
 
 def record(fn):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler import mstx
-from profiler.event_recorder import EventRecorder
+from probe.profiler import mstx
+from probe.profiler.event_recorder import EventRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
 native = pytest.mark.skipif(mstx._native is None, reason="profiler._mstx_native is not built")
@@ -113,7 +113,7 @@ def test_records_from_a_finished_session_never_reach_the_next_one():
 
 def test_the_python_path_passes_the_mstx_suite_without_the_extension():
     env = {**os.environ, "PROBE_MSTX_NATIVE": "0"}
-    probe = subprocess.run([sys.executable, "-c", "from profiler import mstx; print(mstx._native)"],
+    probe = subprocess.run([sys.executable, "-c", "from probe.profiler import mstx; print(mstx._native)"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == "None", probe.stderr
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

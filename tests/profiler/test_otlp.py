@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from profiler import mstx
-from profiler.events import emit_complete
-from profiler.session import Session
+from probe.profiler import mstx
+from probe.profiler.events import emit_complete
+from probe.profiler.session import Session
 from tests.conftest import run_probe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +139,7 @@ def test_a_range_still_open_at_the_end_is_exported_so_no_child_points_at_nothing
 
 def test_a_collector_that_is_down_holds_nothing_up_and_the_loss_is_a_sink_error(monkeypatch):
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
-    from monitor.service import free_port
+    from probe.monitor.service import free_port
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
@@ -195,7 +195,7 @@ def test_probe_profile_of_a_script_streams_its_step_spans_over_otlp_before_the_s
     script.write_text(textwrap.dedent(f"""
         import os, time
         import torch
-        from profiler import mstx
+        from probe.profiler import mstx
         model = torch.nn.Linear(8, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         streamed = False

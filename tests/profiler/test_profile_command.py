@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from collectors.store import open_store
-from engine.config import get_preset
+from probe.collectors.store import open_store
+from probe.engine.config import get_preset
 from tests.conftest import run_probe
 from tests.profiler.test_flops import hand_count
 from tests.profiler.trace_schema import inside, slices_of, trace_problems
@@ -133,7 +133,7 @@ def test_profile_runs_a_script_in_process_with_steps_from_the_optimizer(tmp_path
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch
-        from profiler import mstx
+        from probe.profiler import mstx
         model = torch.nn.Linear(8, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for i in range(4):
@@ -166,7 +166,7 @@ def test_drop_with_a_tiny_buffer_puts_the_drop_count_in_the_trace_the_store_and_
     script = tmp_path / "loud.py"
     script.write_text(textwrap.dedent("""
         import torch
-        from profiler import mstx
+        from probe.profiler import mstx
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for i in range(2):
@@ -207,8 +207,8 @@ def test_profile_refuses_an_out_that_probe_train_wrote_and_replaces_it_with_forc
 
 
 def test_under_a_launcher_each_rank_replaces_only_its_own_part(tmp_path, monkeypatch):
-    from ground.errors import ProbeError
-    from ground.outdir import claim
+    from probe.ground.errors import ProbeError
+    from probe.ground.outdir import claim
     from probe.commands.profile import ENTRIES, _claim
 
     out = tmp_path / "prof"
@@ -248,7 +248,7 @@ def test_a_script_under_torchrun_gives_one_trace_with_both_ranks_aligned_after_i
     script = tmp_path / "ddp.py"
     script.write_text(textwrap.dedent("""
         import torch, torch.distributed as dist
-        from profiler import mstx
+        from probe.profiler import mstx
         dist.init_process_group("gloo")
         model = torch.nn.Linear(16, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

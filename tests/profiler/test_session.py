@@ -8,12 +8,12 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collectors.store import StoreWriter, open_store
-from engine_adapter.base import get_adapter
-from engine_adapter.steps import StepSource
-from profiler import mstx, profile
-from profiler.engine_callbacks import ProfileCallback
-from profiler.session import Session
+from probe.collectors.store import StoreWriter, open_store
+from probe.engine_adapter.base import get_adapter
+from probe.engine_adapter.steps import StepSource
+from probe.profiler import mstx, profile
+from probe.profiler.engine_callbacks import ProfileCallback
+from probe.profiler.session import Session
 from tests.profiler.trace_schema import trace_problems
 
 
@@ -199,8 +199,8 @@ def test_otel_batch_export_of_many_spans_drops_none():
 
 
 def test_device_times_get_one_track_per_device_and_stream_and_stay_valid_when_overlapping():
-    from collectors.perfetto import to_trace_events
-    from profiler.events import Event
+    from probe.collectors.perfetto import to_trace_events
+    from probe.profiler.events import Event
 
     def ev(name, t0, t1, d0, d1, stream):
         return Event("user", name, "range", t0, t1, 1, 1, d0, d1, {"device": 0, "stream": stream}, 0)

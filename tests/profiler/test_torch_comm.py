@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from engine_adapter import torch_comm
-from profiler.session import Session
+from probe.engine_adapter import torch_comm
+from probe.profiler.session import Session
 
 
 @pytest.fixture()

@@ -10,8 +10,8 @@ import torch
 def calibrated_cpu(tmp_path_factory):
     """This machine's CPU, calibrated on one thread into a folder of the test session's own
     (``PROBE_CACHE_DIR``), so ``--device cpu`` and validation find it; the threads restored."""
-    from simulator.calibrate import calibrate
-    from simulator.devices import save_calibrated
+    from probe.simulator.calibrate import calibrate
+    from probe.simulator.devices import save_calibrated
 
     mp = pytest.MonkeyPatch()
     mp.setenv("PROBE_CACHE_DIR", str(tmp_path_factory.mktemp("probe-cache")))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from simulator.allocator import CachingAllocator, serve
-from simulator.fake_run import FakeRun
-from simulator.memory import timeline
+from probe.simulator.allocator import CachingAllocator, serve
+from probe.simulator.fake_run import FakeRun
+from probe.simulator.memory import timeline
 
 MiB = 2**20
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.engine_workload import trace_engine
-from simulator.layout import make_layout
-from simulator.simulation import simulate
+from probe.simulator.engine_workload import trace_engine
+from probe.simulator.layout import make_layout
+from probe.simulator.simulation import simulate
 
 TINY_PARAMS = 131904
 

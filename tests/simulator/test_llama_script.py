@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.layout import make_layout
-from simulator.script_workload import trace_script
-from simulator.simulation import simulate
+from probe.simulator.layout import make_layout
+from probe.simulator.script_workload import trace_script
+from probe.simulator.simulation import simulate
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_llama.py"
 LLAMA_7B = 6_738_415_616

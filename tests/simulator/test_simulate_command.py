@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from collectors.store import open_store
+from probe.collectors.store import open_store
 
 LLAMA_7B = 6_738_415_616
 

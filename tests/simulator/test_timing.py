@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.collectives import comm_seconds
-from simulator.devices import get_device
-from simulator.engine_workload import trace_engine
-from simulator.layout import make_layout
-from simulator.simulation import simulate
+from probe.simulator.collectives import comm_seconds
+from probe.simulator.devices import get_device
+from probe.simulator.engine_workload import trace_engine
+from probe.simulator.layout import make_layout
+from probe.simulator.simulation import simulate
 
 
 def test_a_ring_all_reduce_moves_twice_the_bytes_over_the_slowest_link():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from simulator.fake_run import FakeRun
-from simulator.memory import timeline
-from simulator.trace import BACKWARD, CATEGORIES, FORWARD, OPTIMIZER
+from probe.simulator.fake_run import FakeRun
+from probe.simulator.memory import timeline
+from probe.simulator.trace import BACKWARD, CATEGORIES, FORWARD, OPTIMIZER
 
 
 def _train(steps: int = 2):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from simulator.validate import validate_cpu, validate_cuda
+from probe.simulator.validate import validate_cpu, validate_cuda
 
 
 @pytest.mark.parametrize("preset", ["tiny", "mini", "small"])

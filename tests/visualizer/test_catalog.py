@@ -3,9 +3,9 @@ that say what to choose instead."""
 
 import pytest
 
-from ground.errors import ProbeError
-from visualizer.catalog import Catalog, Choice, run_folder
-from visualizer.synthetic import write_dump_pair
+from probe.ground.errors import ProbeError
+from probe.visualizer.catalog import Catalog, Choice, run_folder
+from probe.visualizer.synthetic import write_dump_pair
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ import shutil
 import pytest
 import torch
 
-from checker.offline import check_dump
-from checker.report import write
-from ground.errors import ProbeError
+from probe.checker.offline import check_dump
+from probe.checker.report import write
+from probe.ground.errors import ProbeError
 from probe.session import DumpSession
-from visualizer.catalog import Catalog, Choice
-from visualizer.check_marks import CheckMarks
-from visualizer.detail import detail
+from probe.visualizer.catalog import Catalog, Choice
+from probe.visualizer.check_marks import CheckMarks
+from probe.visualizer.detail import detail
 
 CALL = "Functional.linear.0.forward"
 BLOCK = "Module.0.Block.forward.0"
@@ -78,7 +78,7 @@ def test_flagged_calls_and_the_modules_holding_them_are_marked_with_the_reason(r
     assert d.check is None and [(n, v) for n, _, v, _ in d.check_inside] == [(CALL, "error")]
     assert "computed in bfloat16" in d.check_inside[0][3]
 
-    from web.pages.graph_detail import render_detail
+    from probe.web.pages.graph_detail import render_detail
     text = str(render_detail(opened.diff, "a", CALL, checks=checks))
     assert "API precision check" in text and "computed in bfloat16 from float32 inputs" in text
     assert "1 flagged call inside" in str(render_detail(opened.diff, "a", BLOCK, checks=checks))
@@ -109,10 +109,10 @@ def test_only_flagged_rows_of_the_dumps_step_and_rank_mark():
 
 
 def test_probe_web_check_refuses_in_one_line_what_it_cannot_mark(run, tmp_path, monkeypatch):
-    import web.app
+    import probe.web.app
     from tests.checker.conftest import probe_here
 
-    monkeypatch.setattr(web.app, "serve", lambda *a, **k: pytest.fail("served despite a bad --check"))
+    monkeypatch.setattr(probe.web.app, "serve", lambda *a, **k: pytest.fail("served despite a bad --check"))
     for args, needle in ((("--dump", str(run), "--check", str(tmp_path)), "no check_api.parquet"),
                          (("--check", str(run / "check")), "give the dump too"),
                          (("--dump", str(run), "--check", str(run / "check"), "--check", str(run / "check")),

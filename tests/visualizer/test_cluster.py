@@ -1,6 +1,6 @@
 """The live page's numbers: per-rank rows, alerts grouped and open, heat-map columns."""
 
-from visualizer.cluster import alert_groups, complete_steps, open_alerts, rank_summary, series
+from probe.visualizer.cluster import alert_groups, complete_steps, open_alerts, rank_summary, series
 
 
 def points(steps, slow_rank=1, ranks=3):

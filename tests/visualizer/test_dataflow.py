@@ -2,8 +2,8 @@
 
 import pyarrow as pa
 
-from collectors.records import table_from_rows
-from visualizer.dataflow import flow_edges
+from probe.collectors.records import table_from_rows
+from probe.visualizer.dataflow import flow_edges
 
 X = dict(dtype="float32", shape=[2, 3], max=2.0, min=-1.0, mean=0.5, l2norm=2.25)
 Y = dict(dtype="float32", shape=[2, 3], max=4.0, min=-2.0, mean=1.0, l2norm=4.5)

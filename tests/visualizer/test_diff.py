@@ -1,12 +1,12 @@
 import pytest
 
-from visualizer.bands import band, node_score
-from visualizer.detail import detail
-from visualizer.diff import DiffGraph, NodePair
-from visualizer.graph import Graph, TensorStat
-from visualizer.navigate import filter_nodes, first_divergence, first_nan, reveal, search
-from visualizer.search import find, fuzzy_score
-from visualizer.synthetic import write_dump_pair
+from probe.visualizer.bands import band, node_score
+from probe.visualizer.detail import detail
+from probe.visualizer.diff import DiffGraph, NodePair
+from probe.visualizer.graph import Graph, TensorStat
+from probe.visualizer.navigate import filter_nodes, first_divergence, first_nan, reveal, search
+from probe.visualizer.search import find, fuzzy_score
+from probe.visualizer.synthetic import write_dump_pair
 
 
 def _by_name(ga, gb):
@@ -123,7 +123,7 @@ def test_a_node_compared_only_at_its_ancestor_is_unmatched_but_still_syncs(diff)
 
 
 def _compared(tmp_path, **fault):
-    from compare.api import compare
+    from probe.compare.api import compare
     from tests.compare.dumps import chain, write_dump
 
     a, c = chain(5)
@@ -183,7 +183,7 @@ def test_every_node_of_a_dump_with_a_broken_tree_is_in_the_tree_and_found(tmp_pa
 
 
 def test_root_path_and_flow_path_chain_the_nodes_a_ui_highlights(diff):
-    from visualizer.navigate import flow_path, root_path
+    from probe.visualizer.navigate import flow_path, root_path
 
     g = diff.graph("a")
     side, node = first_divergence(diff)

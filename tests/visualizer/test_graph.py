@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from ground.errors import ProbeError
-from visualizer.graph import Graph, parse_name
+from probe.ground.errors import ProbeError
+from probe.visualizer.graph import Graph, parse_name
 
 
 def test_module_tree_nests_children_under_their_construct_parent_in_execution_order(msprobe_data):
@@ -94,8 +94,8 @@ def test_neighbours_are_the_siblings_feeding_and_fed_by_a_node(msprobe_data):
 
 
 def test_a_run_directory_store_gives_the_same_graph_as_its_msprobe_dump(msprobe_data, tmp_path):
-    from collectors.msprobe_reader import read_msprobe_dump
-    from collectors.store import StoreWriter
+    from probe.collectors.msprobe_reader import read_msprobe_dump
+    from probe.collectors.store import StoreWriter
 
     dump = read_msprobe_dump(msprobe_data / "torch_llama_mix" / "step0" / "proc0" / "dump.json")
     with StoreWriter(tmp_path, rank=0) as w:

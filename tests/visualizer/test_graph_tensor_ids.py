@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.config import get_preset
-from engine.data import make_batch
-from engine.models import build_model, init_reference_state
+from probe.engine.config import get_preset
+from probe.engine.data import make_batch
+from probe.engine.models import build_model, init_reference_state
 from probe.session import DumpSession
-from visualizer.dataflow import TENSOR_ID
-from visualizer.diff import DiffGraph
-from visualizer.graph import Graph
+from probe.visualizer.dataflow import TENSOR_ID
+from probe.visualizer.diff import DiffGraph
+from probe.visualizer.graph import Graph
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from visualizer.graph import Graph
-from visualizer.layout import GAP_Y, Layout
-from visualizer.synthetic import write_dump_pair
+from probe.visualizer.graph import Graph
+from probe.visualizer.layout import GAP_Y, Layout
+from probe.visualizer.synthetic import write_dump_pair
 
 
 @pytest.fixture(scope="module")

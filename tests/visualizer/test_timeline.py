@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from ground.errors import ProbeError
-from visualizer.timeline import load_trace_spans
+from probe.ground.errors import ProbeError
+from probe.visualizer.timeline import load_trace_spans
 
 
 def test_chrome_trace_complete_and_begin_end_events_become_spans_on_named_lanes(tmp_path):

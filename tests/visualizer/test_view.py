@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from visualizer.diff import DiffGraph, NodePair
-from visualizer.graph import Graph
-from visualizer.synthetic import write_dump_pair
-from visualizer.view import SideView
+from probe.visualizer.diff import DiffGraph, NodePair
+from probe.visualizer.graph import Graph
+from probe.visualizer.synthetic import write_dump_pair
+from probe.visualizer.view import SideView
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def shot(browser, request):
 def serve_app():
     """``serve_app(app, path)`` serves it on a free port and returns the URL of page ``path``
     with the dashboard's token (opening it signs the browser in, as the printed URL does)."""
-    from web.app import ServerThread
+    from probe.web.app import ServerThread
 
     servers = []
 

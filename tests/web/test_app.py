@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.sql_sandbox import run_untrusted
-from collectors.store import StoreWriter
-from ground.errors import ProbeError
+from probe.collectors.sql_sandbox import run_untrusted
+from probe.collectors.store import StoreWriter
+from probe.ground.errors import ProbeError
 from tests.conftest import run_probe
-from visualizer.navigate import first_divergence
-from web.app import create_app
-from visualizer.cluster import series
-from web.pages.live_source import LiveSource
-from web.pages.query import LIMITS, quick_chart
+from probe.visualizer.navigate import first_divergence
+from probe.web.app import create_app
+from probe.visualizer.cluster import series
+from probe.web.pages.live_source import LiveSource
+from probe.web.pages.query import LIMITS, quick_chart
 
 
 def _store(tmp_path, steps=3):
@@ -67,7 +67,7 @@ def test_probe_web_rejects_a_missing_dump_in_one_line(tmp_path):
 
 
 def test_a_compare_result_alone_opens_the_dumps_it_names(tmp_path, msprobe_data):
-    from compare.api import compare
+    from probe.compare.api import compare
 
     compare(str(msprobe_data / "torch_L0"), str(msprobe_data / "mindspore_L0")).write(tmp_path / "cmp")
     diff = create_app(compare_dir=tmp_path / "cmp").probe_diff
@@ -76,7 +76,7 @@ def test_a_compare_result_alone_opens_the_dumps_it_names(tmp_path, msprobe_data)
 
 
 def test_live_page_with_an_unreachable_monitor_reports_it_instead_of_failing():
-    from monitor.service import free_port
+    from probe.monitor.service import free_port
 
     source = LiveSource(monitor_addr=f"127.0.0.1:{free_port()}")
     with pytest.raises(ProbeError):

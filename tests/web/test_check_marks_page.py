@@ -14,7 +14,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 from tests.visualizer.test_check_marks import BLOCK, CALL, checked_run
 from tests.web.conftest import wait_for
-from web.app import create_app
+from probe.web.app import create_app
 
 pytestmark = pytest.mark.browser
 

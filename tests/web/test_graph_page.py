@@ -12,11 +12,11 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 from tests.web.conftest import wait_for
-from visualizer.diff import DiffGraph, NodePair
-from visualizer.graph import Graph
-from visualizer.navigate import first_divergence
-from visualizer.synthetic import write_dump_pair
-from web.app import create_app
+from probe.visualizer.diff import DiffGraph, NodePair
+from probe.visualizer.graph import Graph
+from probe.visualizer.navigate import first_divergence
+from probe.visualizer.synthetic import write_dump_pair
+from probe.web.app import create_app
 
 pytestmark = pytest.mark.browser
 FAULTY = "Module.layers.3.mlp.MLP.forward.0"

@@ -19,7 +19,7 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 from tests.conftest import run_probe  # noqa: E402
 from tests.web.conftest import wait_for  # noqa: E402
-from web.app import create_app  # noqa: E402
+from probe.web.app import create_app  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 FAULT = "Module.layers.1.mlp.down_proj.Linear.forward.0"

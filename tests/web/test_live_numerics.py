@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from dash import no_update
 
-from monitor.agent import MonitorAgent
-from monitor.client import MonitorClient
-from monitor.numerics_names import QUANTITIES, metric_name
-from monitor.service import MonitorService
+from probe.monitor.agent import MonitorAgent
+from probe.monitor.client import MonitorClient
+from probe.monitor.numerics_names import QUANTITIES, metric_name
+from probe.monitor.service import MonitorService
 from tests.web.conftest import wait_for
-from visualizer.catalog import Catalog
-from web.pages import live_numerics
-from web.pages.live_source import LiveSource
+from probe.visualizer.catalog import Catalog
+from probe.web.pages import live_numerics
+from probe.web.pages.live_source import LiveSource
 
 MODULES = ("layers.0.mlp", "layers.1.mlp")
 SPIKE = 12                                   # rank 1's layers.1.mlp grad_norm jumps here
@@ -126,7 +126,7 @@ def test_the_callback_draws_a_module_per_rank_marks_anomalies_and_sends_only_new
 
 
 def test_module_list_and_points_from_a_run_store_without_a_monitor(tmp_path):
-    from collectors.store import StoreWriter
+    from probe.collectors.store import StoreWriter
 
     writer = StoreWriter(str(tmp_path), rank=0, run="store-run", fsync="never")
     for step in range(3):
@@ -146,7 +146,7 @@ def test_an_anomaly_links_to_the_graph_of_its_targeted_dump(live, browser, serve
     pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[dev])")
     from selenium.webdriver.common.by import By
 
-    from web.app import create_app
+    from probe.web.app import create_app
 
     app = create_app(monitor_addr=live["svc"].address, job="num", refresh_ms=400)
     browser.get(serve_app(app, "/live"))

@@ -12,9 +12,9 @@ pytest.importorskip("selenium", reason="browser tests need selenium (pip install
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
-from collectors.store import StoreWriter
+from probe.collectors.store import StoreWriter
 from tests.web.conftest import wait_for
-from web.app import create_app
+from probe.web.app import create_app
 
 pytestmark = pytest.mark.browser
 
@@ -91,8 +91,8 @@ def test_query_page_without_the_token_says_how_to_get_it(browser, serve_app, sho
 
 
 def test_timeline_page_draws_ranks_and_links_perfetto(browser, serve_app, shot, tmp_path):
-    from profiler import mstx
-    from profiler.session import Session
+    from probe.profiler import mstx
+    from probe.profiler.session import Session
 
     for rank in (0, 1):
         with Session(tmp_path, rank=rank, trace=True, store=True) as s:

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from collectors.store import StoreWriter, find_segments
+from probe.collectors.store import StoreWriter, find_segments
 from tests.conftest import run_probe
-from web.app import ServerThread, create_app
+from probe.web.app import ServerThread, create_app
 
 TOKEN = "t0ken-for-tests"
 

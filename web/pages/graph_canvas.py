@@ -2,9 +2,9 @@
 
 Edges are drawn over the open boxes and under the closed ones (so a click on a box is the box's).
 The canvas starts empty: ``web/assets/graph.js`` hands it the boxes in view from the page's client
-model (``web/assets/view_model.js``), laid out by :mod:`visualizer.layout`, so no cytoscape layout
+model (``web/assets/view_model.js``), laid out by :mod:`probe.visualizer.layout`, so no cytoscape layout
 runs in the page (``preset``). A box's fill is the node's own verdict
-(:data:`visualizer.bands.COLOURS`, the colours of the tree and the legend); its outline says the
+(:data:`probe.visualizer.bands.COLOURS`, the colours of the tree and the legend); its outline says the
 rest: origin (thick), affected (dashed), NaN/Inf (purple), no counterpart (dotted, faded), a call
 the API precision check flagged (double, red for error, amber for warning; its label starts with
 ``✗ <verdict>``) and a node holding such calls (red, label ``✗N``), the
@@ -19,7 +19,7 @@ import json
 import dash_cytoscape as cyto
 from dash import html
 
-from visualizer import bands as B
+from probe.visualizer import bands as B
 
 
 def stylesheet() -> list[dict]:

@@ -1,8 +1,8 @@
-"""The detail panel of the graph-diff page: what :mod:`visualizer.detail` says of the selected
+"""The detail panel of the graph-diff page: what :mod:`probe.visualizer.detail` says of the selected
 node, as tables and links (with the API precision check's verdict of a flagged call, or the list
 of flagged calls inside a module), and the node's verdict on every rank side by side
-(:meth:`visualizer.catalog.Catalog.rank_states`). It renders only; the numbers come from
-:mod:`visualizer`.
+(:meth:`probe.visualizer.catalog.Catalog.rank_states`). It renders only; the numbers come from
+:mod:`probe.visualizer`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 
 from dash import html
 
-from ground.text import plural
-from visualizer import bands as B
-from visualizer.check_marks import CheckMarks
-from visualizer.detail import Detail, detail
-from visualizer.diff import DiffGraph
+from probe.ground.text import plural
+from probe.visualizer import bands as B
+from probe.visualizer.check_marks import CheckMarks
+from probe.visualizer.detail import Detail, detail
+from probe.visualizer.diff import DiffGraph
 
 
 def _fmt(v: Any) -> str:
@@ -164,7 +164,7 @@ def render_detail(diff: DiffGraph, side: str, name: str, ranks: bool = False,
 
 
 def ranks_table(rows: list[dict[str, Any]]) -> html.Table:
-    """The node's verdict on each rank (:meth:`visualizer.catalog.Catalog.rank_states`), the
+    """The node's verdict on each rank (:meth:`probe.visualizer.catalog.Catalog.rank_states`), the
     rank shown now marked."""
     head = html.Tr([html.Th(h) for h in ("rank", "own verdict", "divergence", "NaN/Inf")])
     body = [html.Tr([html.Td(f"{r['rank']}{' (shown)' if r['shown'] else ''}"),

@@ -2,7 +2,7 @@
 
 A collapsed module is one box; opening it (double click in the graph, the arrow in the tree, →
 or Enter) draws its children inside it, laid out in layers along the data flow
-(:mod:`visualizer.layout`). Opening, closing, selecting and panning one side does the same to
+(:mod:`probe.visualizer.layout`). Opening, closing, selecting and panning one side does the same to
 its counterpart on the other; a node with no counterpart is dotted. A node's fill is its own
 verdict (the compare's node verdict: pass, warning, error, nan, unmatched); the marks say whether
 its divergence starts there (◆ origin) or comes from an earlier node (↳ affected), whether it
@@ -14,11 +14,11 @@ them and light the path from the top and the chain of data flow from the diverge
 the nodes, ←/→ close and open. The selection and the dumps shown are kept in the URL.
 
 The page holds what it shows (``web/assets/view_model.js``): the server sends only what changes
-(:meth:`visualizer.view.SideView.delta`), the tree and filter list draw only the rows in view
+(:meth:`probe.visualizer.view.SideView.delta`), the tree and filter list draw only the rows in view
 and the graph only the boxes in view. The source bar opens other dumps, steps and ranks
-(:mod:`web.pages.graph_open`); the detail panel (:mod:`web.pages.graph_detail`) shows a node's
+(:mod:`probe.web.pages.graph_open`); the detail panel (:mod:`probe.web.pages.graph_detail`) shows a node's
 statistics, metrics and stacks, and its verdict on every rank. All numerics come from
-:mod:`visualizer`; this module only renders.
+:mod:`probe.visualizer`; this module only renders.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from urllib.parse import parse_qs, urlencode
 
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
-from compare.verdict import format_counts
-from ground.errors import ProbeError
-from ground.text import plural
-from visualizer import bands as B
-from visualizer.catalog import Catalog, Choice, Opened, run_folder
-from visualizer.diff import FILTERS, DiffGraph, other_side
-from visualizer.navigate import filter_nodes, first_divergence, first_nan, flow_path, reveal, root_path, search
-from web.pages import graph_detail, graph_open
-from web.pages.graph_canvas import canvas
+from probe.compare.verdict import format_counts
+from probe.ground.errors import ProbeError
+from probe.ground.text import plural
+from probe.visualizer import bands as B
+from probe.visualizer.catalog import Catalog, Choice, Opened, run_folder
+from probe.visualizer.diff import FILTERS, DiffGraph, other_side
+from probe.visualizer.navigate import filter_nodes, first_divergence, first_nan, flow_path, reveal, root_path, search
+from probe.web.pages import graph_detail, graph_open
+from probe.web.pages.graph_canvas import canvas
 
 SIDE_TITLE = {"a": "A", "b": "B"}
 NOTHING = {"add": [], "prune": [], "set": [], "ea": [], "er": []}

@@ -1,7 +1,7 @@
 """The graph-diff page's source bar: choose dump A and B, a compare result, the step and the rank.
 
 The choices are the runs and compare results under the folders the dashboard was started on
-(:class:`visualizer.catalog.Catalog`); the steps and ranks offered are those both chosen runs
+(:class:`probe.visualizer.catalog.Catalog`); the steps and ranks offered are those both chosen runs
 hold. "Open" is handled by the page's main callback (it replaces both views); a bad choice is
 answered in ``g-open-msg`` with the catalogue's one-line reason.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dash import Dash, Input, Output, dcc, html
 
-from ground.errors import ProbeError
-from visualizer.catalog import Catalog, Choice
+from probe.ground.errors import ProbeError
+from probe.visualizer.catalog import Catalog, Choice
 
 FIELDS = ("g-open-a", "g-open-b", "g-open-cmp", "g-open-step", "g-open-rank")
 

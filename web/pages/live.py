@@ -9,14 +9,14 @@
   synchronous job: it hides the straggler);
 - the alerts counted per kind and rank, open ones first, instead of one line per alert;
 - a form that asks the monitor for a deep trace of chosen ranks and steps;
-- a per-module numerics chart (:mod:`web.pages.live_numerics`): a module's quantity per rank
+- a per-module numerics chart (:mod:`probe.web.pages.live_numerics`): a module's quantity per rank
   across steps, its numerics anomalies marked, each linked to the graph view of the targeted
   dump it triggered.
 
 Each refresh sends only the steps the page has not drawn (``extendData``; the page's cursor
 says which), the summary and the alert groups, so its size does not grow with the run. A chart
 with nothing to draw says what is missing and how to get it. Data come from
-:class:`web.pages.live_source.LiveSource`; the numbers from :mod:`visualizer.cluster`.
+:class:`probe.web.pages.live_source.LiveSource`; the numbers from :mod:`probe.visualizer.cluster`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
-from ground.errors import ProbeError
-from ground.selection import parse_selection
-from visualizer import cluster
-from web.pages import live_numerics
-from web.pages.live_source import LiveSource
+from probe.ground.errors import ProbeError
+from probe.ground.selection import parse_selection
+from probe.visualizer import cluster
+from probe.web.pages import live_numerics
+from probe.web.pages.live_source import LiveSource
 
 #: (chart id, title, metric names tried in order, y-axis title, what to do when none is reported)
 CHARTS = [
@@ -119,7 +119,7 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 def summary_table(rows: list[dict[str, Any]]) -> html.Table | html.P:
-    """The per-rank summary (:func:`visualizer.cluster.rank_summary`), the straggler on top."""
+    """The per-rank summary (:func:`probe.visualizer.cluster.rank_summary`), the straggler on top."""
     if not rows:
         return html.P("no steps reported yet", className="empty")
     head = html.Tr([html.Th(h) for h in ("rank", "own compute (ms)", "peers' median (ms)", "× peers",
@@ -137,7 +137,7 @@ def summary_table(rows: list[dict[str, Any]]) -> html.Table | html.P:
 
 
 def banner(alerts: list[dict[str, Any]]) -> list:
-    """One line per open straggler or NaN/Inf alert (:func:`visualizer.cluster.open_alerts`)."""
+    """One line per open straggler or NaN/Inf alert (:func:`probe.visualizer.cluster.open_alerts`)."""
     what = {cluster.STRAGGLER: "straggler", cluster.NONFINITE: "NaN/Inf"}
     return [html.Div([html.B(f"⚠ {what[a['kind']]}: rank {a.get('rank')}"),
                       f" since step {a.get('step')} · {a.get('message', '')}"], className=f"banner-line kind-{a['kind']}")
@@ -145,7 +145,7 @@ def banner(alerts: list[dict[str, Any]]) -> list:
 
 
 def alert_items(groups: list[dict[str, Any]]) -> list:
-    """The alerts counted per kind and rank (:func:`visualizer.cluster.alert_groups`)."""
+    """The alerts counted per kind and rank (:func:`probe.visualizer.cluster.alert_groups`)."""
     if not groups:
         return [html.Div("no alerts", className="empty")]
     out = []

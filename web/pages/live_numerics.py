@@ -1,12 +1,12 @@
 """The live page's per-module numerics chart: one module's quantity across steps, per rank.
 
 Choose a module (the modules that have ``numerics:<module>:<quantity>`` points,
-:mod:`monitor.numerics_names`; at first the module of the latest anomaly) and a quantity; the
+:mod:`probe.monitor.numerics_names`; at first the module of the latest anomaly) and a quantity; the
 chart draws a line per rank, and the
 numerics anomalies (the monitor's ``numerics*`` alerts) of that module as marks on it, their
 message on hover. Below, the module's anomalies (all modules' when none is chosen) each say
 where they are, and an anomaly the service answered with a targeted dump
-(``probe monitor serve --dump-on-alert N``; :mod:`monitor.targeted_dump`) links to the graph
+(``probe monitor serve --dump-on-alert N``; :mod:`probe.monitor.targeted_dump`) links to the graph
 view of that dump; operators' targeted dumps are listed too.
 
 Like the rest of the live page, each refresh sends only the steps not drawn yet
@@ -23,9 +23,9 @@ from urllib.parse import urlencode
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
-from ground.errors import ProbeError
-from monitor.numerics_names import QUANTITIES
-from web.pages.live_source import LiveSource
+from probe.ground.errors import ProbeError
+from probe.monitor.numerics_names import QUANTITIES
+from probe.web.pages.live_source import LiveSource
 
 #: The quantity shown first.
 DEFAULT_QUANTITY = "grad_norm"
@@ -104,7 +104,7 @@ def figure(module: str | None, quantity: str, data: dict[int, dict[int, float]],
     fig.update_yaxes(title=quantity)
     if not module or not ranks:
         text = ("no per-module numerics yet: train with --numerics (probe train) or add "
-                "monitor.numerics_callback.NumericsCallback" if not module else
+                "probe.monitor.numerics_callback.NumericsCallback" if not module else
                 f"no {quantity} points for {module} yet")
         fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                            font=dict(size=11, color="#777"))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ground.errors import ProbeError
-from monitor.numerics_names import PREFIX as NUMERICS_PREFIX
-from monitor.numerics_names import metric_name, parse_metric_name
-from visualizer.pairs import records
+from probe.ground.errors import ProbeError
+from probe.monitor.numerics_names import PREFIX as NUMERICS_PREFIX
+from probe.monitor.numerics_names import metric_name, parse_metric_name
+from probe.visualizer.pairs import records
 
 #: Every metric the live page draws (the communication share is derived from two of them).
 METRIC_NAMES = ("step_time_ms", "compute_time_ms", "tokens_per_s", "mfu", "hfu", "device_mem_mb",
@@ -37,7 +37,7 @@ class LiveSource:
 
     def client(self) -> Any:
         if self._client is None:
-            from monitor.client import MonitorClient
+            from probe.monitor.client import MonitorClient
 
             self._client = MonitorClient(self.monitor_addr, token=self.token)
         return self._client
@@ -61,7 +61,7 @@ class LiveSource:
             return records(self.client().metrics(job=job, since_step=since_step, names=METRIC_NAMES)) if job else []
         import duckdb
 
-        from collectors.store import open_store
+        from probe.collectors.store import open_store
 
         out = []
         names = ", ".join(f"'{n}'" for n in METRIC_NAMES)
@@ -136,7 +136,7 @@ class LiveSource:
         in one line)."""
         import duckdb
 
-        from collectors.store import open_store
+        from probe.collectors.store import open_store
 
         for d in self.store_dirs:
             try:
@@ -180,7 +180,7 @@ class LiveSource:
 
     def dumps(self, job: str | None = None) -> list[dict[str, Any]]:
         """The targeted dumps of the followed job (or ``job``), one row per (dump, rank), as
-        the monitor lists them (:meth:`monitor.client.MonitorClient.dumps`); none without a
+        the monitor lists them (:meth:`probe.monitor.client.MonitorClient.dumps`); none without a
         monitor."""
         if not self.monitor_addr:
             return []

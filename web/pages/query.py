@@ -1,8 +1,8 @@
 """Query page: DuckDB SQL over a run's record store, the result as a table and a quick chart.
 
-The SQL comes from whoever holds the page, so it runs in :mod:`collectors.sql_sandbox` (one
+The SQL comes from whoever holds the page, so it runs in :mod:`probe.collectors.sql_sandbox` (one
 SELECT over the run's own views, nothing else, within row, time and memory limits), and the page
-and its callback need the dashboard's token (:mod:`web.security`).
+and its callback need the dashboard's token (:mod:`probe.web.security`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dash_table, dcc, html
 
-from collectors.sql_sandbox import Limits, run_untrusted
-from ground.errors import ProbeError
-from web.security import NEEDS_TOKEN, authorized, require
+from probe.collectors.sql_sandbox import Limits, run_untrusted
+from probe.ground.errors import ProbeError
+from probe.web.security import NEEDS_TOKEN, authorized, require
 
 DEFAULT_SQL = "select rank, step, loss, step_time_ms, tokens_per_s from steps order by rank, step"
 LIMITS = Limits(max_rows=2000, timeout_s=10.0)

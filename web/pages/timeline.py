@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 from flask import request, send_file
 
-from ground.errors import ProbeError
-from visualizer.timeline import Span, load_trace_spans, store_spans
+from probe.ground.errors import ProbeError
+from probe.visualizer.timeline import Span, load_trace_spans, store_spans
 
 TRACE_ROUTE = "/files/trace.json"
 PERFETTO = "https://ui.perfetto.dev"

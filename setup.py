@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 ROOT_PACKAGE = "probe"
 #: The rooms installed under ``probe.<room>``, each a folder at the repository root.
 ROOMS = ("ground", "collectors", "engine_adapter", "profiler", "compare", "checker",
-         "visualizer", "monitor", "engine", "simulator", "web")
+         "visualizer", "dumper", "monitor", "engine", "simulator", "web")
 
 
 def _packages(folder: str, name: str) -> list[str]:
@@ -36,5 +36,5 @@ packages = [pkg for name, folder in package_dir.items() for pkg in _packages(fol
 setup(package_dir=package_dir, packages=packages,
       ext_modules=[Extension("probe.profiler._mstx_native", ["profiler/_mstx_native.c"],
                              extra_compile_args=["-O2"], optional=True),
-                   Extension("probe._dump_rows_native", ["probe/_dump_rows_native.c"],
+                   Extension("probe.dumper._rows_native", ["dumper/_rows_native.c"],
                              extra_compile_args=["-O2"], optional=True)])

@@ -165,7 +165,7 @@ def overflow_mode(mode: str, steps: int, warmup: int, preset: str, threads: int)
     out = tempfile.mkdtemp(prefix=f"bench-{mode}-")
     after_step, stop = (lambda: None), (lambda: None)
     if mode.startswith("ours-"):
-        from probe.session import DumpSession
+        from probe.dumper.session import DumpSession
         _, task, level = mode.split("-")
         session = DumpSession(model, out=out, level=level, task=task, auto_step=False, quiet=True)
         session.start()

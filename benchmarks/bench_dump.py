@@ -5,7 +5,7 @@ benchmark: batch 4 x 64 tokens, AdamW) for a few steps in each mode, each mode i
 process so no hook state leaks between them:
 
 - ``baseline``: no dump (one in each environment: ours and msprobe's);
-- ``ours-module`` / ``ours-mix``: ``probe.session.DumpSession`` (statistics task, msprobe JSON
+- ``ours-module`` / ``ours-mix``: ``probe.dumper.session.DumpSession`` (statistics task, msprobe JSON
   + Arrow store); ``ours-tensor``: the tensor task at module level (every tensor to a file);
 - ``msprobe-L0`` / ``msprobe-mix`` / ``msprobe-tensor``: mindstudio-probe's
   ``PrecisionDebugger`` (statistics at L0 and mix, the tensor task at L0), run with the Python
@@ -103,7 +103,7 @@ def run_mode(mode: str, steps: int, warmup: int, preset: str, threads: int, fsyn
     after_step = lambda: None  # noqa: E731
     stop = lambda: None  # noqa: E731
     if mode.startswith("ours-"):
-        from probe.session import DumpSession
+        from probe.dumper.session import DumpSession
         what = mode.split("-", 1)[1]
         level, task = ("module", "tensor") if what == "tensor" else (what, "statistics")
         session = DumpSession(model, out=out, level=level, task=task, auto_step=False, quiet=True,

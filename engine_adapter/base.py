@@ -9,7 +9,7 @@ An adapter knows one framework (PyTorch, MindSpore, ...) and nothing about dump 
 - owns the framework's :class:`StatsBackend`: tensor description, on-device statistics,
   one gather per step, content hashes and tensor files.
 
-The dump's recorder (``probe/dump_recorder.py``) is the only :class:`HookSink`; it is written once,
+The dump's recorder (``dumper/recorder.py``) is the only :class:`HookSink`; it is written once,
 for every engine. Adding an engine means one new module ``engine_adapter/<name>_adapter.py``
 that defines ``ADAPTER = <a subclass of EngineAdapter>``; :func:`get_adapter` finds it by name.
 

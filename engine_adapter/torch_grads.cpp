@@ -20,7 +20,7 @@
  * A group names the data of a gradient in the step: two events with the same address, dtype,
  * element count, version (and shape and strides, for a tensor that is not dense) while the
  * first one's storage lives are the same data (one statistics handle, one tensor id), as
- * probe/dump_rows.py's identity does for what it reads.
+ * dumper/rows.py's identity does for what it reads.
  */
 #include <Python.h>
 
@@ -131,7 +131,7 @@ void read_statistics(const at::Tensor &g, double *out) {
     (x.scalar_type() == at::kFloat ? S.f32 : S.f64)(x.const_data_ptr(), x.numel(), out);
 }
 
-/* the identity of probe/dump_rows.py: a dense tensor by its block, another by its layout too */
+/* the identity of dumper/rows.py: a dense tensor by its block, another by its layout too */
 Key key_of(const at::Tensor &g) {
     Key key{g.const_data_ptr(), static_cast<int>(g.scalar_type()), g.numel(), g._version(), {}};
     if (!g.is_non_overlapping_and_dense()) {
@@ -262,7 +262,7 @@ PyObject *statistics_list(const double *stats) {
    node into tuples when one fires: fn(index, grad) with the one gradient it watches. An
    exception in fn goes up through backward, as from a Python hook. */
 /* a PreparedGrad of g, a readable gradient whose statistics are `stats`, identified as
-   probe/dump_rows.py identifies a tensor: (dtype, shape, numel, requires_grad, statistics, -1,
+   dumper/rows.py identifies a tensor: (dtype, shape, numel, requires_grad, statistics, -1,
    its identity key, the key's owner: its storage's Python object). The row builder finds it in
    the step's identity table with the tensors read there (a parameter's gradient that autograd
    hands to .grad as it is, read again by the optimizer, is one tensor id). Under the GIL. */

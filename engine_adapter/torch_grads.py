@@ -53,7 +53,7 @@ class PreparedGrad(tuple):
     ``statistics`` is the kernel's ``[max, min, sum, sum of squares, nan count, inf count]`` and
     ``group`` names the data within the step (equal groups: the same bytes). Handed over as it
     comes (:class:`CallingHooks`) it has two more items, ``key`` and ``owner``: the tensor's
-    identity key as ``probe/dump_rows.py`` makes it and its storage's Python object (the key
+    identity key as ``dumper/rows.py`` makes it and its storage's Python object (the key
     is valid while it lives), and ``group`` is not used."""
 
     __slots__ = ()
@@ -117,7 +117,7 @@ class CallingHooks:
       parameter's gradient to ``.grad`` as it is instead of copying it (the copy of every
       parameter gradient a step, ~1.5 ms and the gradients' memory again on the mini preset
       at mix level, came from the recorder holding the gradient until its call's entry was
-      made). The PreparedGrad carries the tensor's identity key (``probe/dump_rows.py``'s),
+      made). The PreparedGrad carries the tensor's identity key (``dumper/rows.py``'s),
       so the optimizer's later reads of ``.grad`` are the same tensor id. None without.
     """
 

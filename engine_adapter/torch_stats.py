@@ -99,7 +99,7 @@ class TorchStats(StatsBackend):
                 t.requires_grad, kind, _identity(t, dtype, numel))
 
     def native_spec(self) -> dict:
-        """What the dump's native row builder (``probe/_dump_rows_native.c``) needs to read a
+        """What the dump's native row builder (``dumper/_rows_native.c``) needs to read a
         plain tensor as :meth:`inspect`, :meth:`owner` and :meth:`reduce` do: the tensor types
         it takes, every dtype's name, kind and kernel code (1 float32, 2 float64, 0 neither),
         the strided layout, and the addresses of the native kernel's two entry points (0

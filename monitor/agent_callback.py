@@ -7,10 +7,9 @@ service's ``trace`` commands as profiler sessions on the training thread. Under
 ``torch.distributed`` it also tells the agent which collective the rank is in
 (:class:`probe.engine_adapter.torch_comm.CollectiveTracker`), so that the service can diagnose a hang,
 and where a ``dump_stacks`` command writes: ``<run folder>/stacks/``. A ``dump`` command (a
-targeted dump, :mod:`probe.monitor.targeted_dump`) goes to the rank's
-:class:`~probe.monitor.targeted_dump.DumpSchedule` in ``ctx.extra["monitor_dumps"]``, for the dump
-runner (:class:`probe.dump_callback.TargetedDumpCallback`) to carry out; without one in the run,
-each order is answered with an error when its first step comes.
+targeted dump, :mod:`probe.monitor.targeted_dump`) is carried out by the callback's own runner
+(:class:`~probe.monitor.dump_runner.TargetedDumps`), which opens a dump session of the run's
+model for the asked steps: adding this one callback is all a loop needs to take dump orders.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from typing import Any
 
 from probe.engine_adapter.callbacks import TrainCallback, TrainContext
 from probe.monitor.agent import ADDR_ENV, JOB_ENV, MonitorAgent, _warn
-from probe.monitor.targeted_dump import SCHEDULE_KEY, DumpOrder, DumpSchedule
+from probe.monitor.dump_runner import TargetedDumps
+from probe.monitor.targeted_dump import DumpOrder
 
 
 class MonitorAgentCallback(TrainCallback):
@@ -60,7 +60,7 @@ class MonitorAgentCallback(TrainCallback):
         self._uploads_at_start = 0
         self._cuda = None
         self._tracker: Any = None
-        self.dumps: DumpSchedule | None = None
+        self.dumps: TargetedDumps | None = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if not self.addr:
@@ -74,10 +74,7 @@ class MonitorAgentCallback(TrainCallback):
                                   on_command=self._on_command, **self.agent_options).start()
         self.agent.stacks_dir = os.path.join(ctx.out_dir, "stacks")
         ctx.extra["monitor_agent"] = self.agent     # other callbacks send through it (numerics)
-        self.dumps = ctx.extra.setdefault(SCHEDULE_KEY, DumpSchedule())
-        agent = self.agent
-        self.dumps.report = lambda order, path, steps, files, nbytes, error: agent.report_dump(
-            order.dump_id, order.start, order.end, path, steps, files, nbytes, error)
+        self.dumps = TargetedDumps(report=self._report_dump)
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             from probe.engine_adapter import torch_comm
@@ -87,6 +84,11 @@ class MonitorAgentCallback(TrainCallback):
         if getattr(ctx.device, "type", "cpu") == "cuda":
             import torch
             self._cuda = torch.cuda
+
+    def _report_dump(self, order: DumpOrder, path: str, steps: list[int], files: int,
+                     nbytes: int, error: str) -> None:
+        self.agent.report_dump(order.dump_id, order.start, order.end, path, steps, files, nbytes,
+                               error)
 
     def _on_command(self, cmd: Any) -> None:
         if cmd.kind == "trace":
@@ -104,7 +106,7 @@ class MonitorAgentCallback(TrainCallback):
             if active is not None and cmd.trace_id in ("", active[0]):
                 self._stop_requested = True
         elif cmd.kind == "dump" and self.dumps is not None:
-            self.dumps.add(DumpOrder.from_command(cmd), self._current)
+            self.dumps.schedule.add(DumpOrder.from_command(cmd), self._current)
         elif cmd.kind == "set_interval" and self.agent is not None and cmd.interval_s > 0:
             self.agent.flush_interval_s = cmd.interval_s
 
@@ -113,10 +115,8 @@ class MonitorAgentCallback(TrainCallback):
         if self.agent is not None:
             self.agent.step_in = step
             self._uploads_at_start = self.agent.stats["uploads"]
-        if self.dumps is not None and self.dumps.runner is None and len(self.dumps):
-            for order in self.dumps.due(step):
-                self.dumps.done(order, error="this rank runs no dump runner (a run of the bundled "
-                                      "engine started by probe has one: TargetedDumpCallback)")
+        if self.dumps is not None:
+            self.dumps.step_start(ctx.model, ctx.out_dir, ctx.rank, ctx.run, step)
         if not self._pending or self._active is not None:
             return
         with self._lock:
@@ -147,6 +147,7 @@ class MonitorAgentCallback(TrainCallback):
     def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
         if self.agent is None:
             return
+        metrics = self.dumps.step_end(step, metrics)
         if self._cuda is not None:
             metrics = dict(metrics, device_mem_mb=self._cuda.memory_allocated(ctx.device) / 2**20,
                            device_max_mem_mb=self._cuda.max_memory_allocated(ctx.device) / 2**20)
@@ -197,8 +198,5 @@ class MonitorAgentCallback(TrainCallback):
         for trace_id, start, end in pending:
             self.agent.upload_trace(trace_id, start, end,
                                     error=f"training ended at step {self._current} before step {start}")
-        if self.dumps is not None:
-            for order in self.dumps.drain():
-                self.dumps.done(order, error=f"training ended at step {self._current} before "
-                                             f"step {order.start}")
+        self.dumps.train_end(self._current)
         self.agent.close()

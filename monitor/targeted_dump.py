@@ -3,17 +3,15 @@
 ``probe monitor dump --job J --ranks R --steps S-T --scope PATTERN`` (or a numerics alert, with
 ``probe monitor serve --dump-on-alert N``) makes the service queue a ``dump`` command for the
 ranks; each rank's agent receives it on its command thread (:mod:`probe.monitor.command_listener`),
-and :class:`~probe.monitor.agent_callback.MonitorAgentCallback` files it in the rank's
-:class:`DumpSchedule` (``ctx.extra["monitor_dumps"]``). A dump runner on the training thread
-(:class:`probe.dump_callback.TargetedDumpCallback`, floor 9: the dump recorder lives in
-``probe/``) takes each order at its first step, switches a dump of the matching modules on for
-exactly those steps and off again, and writes msprobe's layout into the run folder::
+and :class:`~probe.monitor.agent_callback.MonitorAgentCallback` files it in the
+:class:`DumpSchedule` of its own runner (:class:`probe.monitor.dump_runner.TargetedDumps`), which
+takes each order at its first step, opens a dump session of the matching modules for exactly
+those steps, closes it again, and writes msprobe's layout into the run folder::
 
     OUT/monitor_dumps/<dump id>/step{N}/rank{R}/dump.json, construct.json, stack.json
 
-then tells the schedule, whose ``report`` sends the folder (or why there is none) back to the
-service through the agent (``ReportDump``); ``probe monitor dumps`` lists them. A rank whose
-run has no dump runner answers each order with an error instead of dropping it.
+then sends the folder (or why there is none) back to the service through the agent
+(``ReportDump``); ``probe monitor dumps`` lists them.
 
 This module is the part both sides share: the order, the schedule, the folder layout and the
 scope that picks one module (and what is inside it).
@@ -31,7 +29,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 #: The folder of the run where targeted dumps go: ``OUT/monitor_dumps/<dump id>/``.
 DUMP_DIR = "monitor_dumps"
@@ -39,8 +37,6 @@ DUMP_DIR = "monitor_dumps"
 TASKS = ("statistics", "tensor")
 #: Which entries: modules only, or modules and every API call inside them.
 LEVELS = ("module", "mix")
-#: ``ctx.extra`` key of the rank's :class:`DumpSchedule`.
-SCHEDULE_KEY = "monitor_dumps"
 
 
 @dataclass(frozen=True)
@@ -109,16 +105,12 @@ class DumpSchedule:
     """One rank's targeted-dump orders, between the command thread and the training thread.
 
     ``add`` (command thread) files an order, placing "the next N steps" after ``current``;
-    ``due(step)`` (training thread) hands over the orders whose first step has come;
-    ``runner`` is set by the rank's dump runner (none: orders are answered with an error);
-    ``report(order, path, steps, files, bytes, error)`` sends the outcome to the service.
+    ``due(step)`` (training thread) hands over the orders whose first step has come.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: list[DumpOrder] = []
-        self.runner: Any = None
-        self.report: Callable[..., None] | None = None
 
     def add(self, order: DumpOrder, current: int) -> DumpOrder:
         if order.start < 0:
@@ -144,12 +136,6 @@ class DumpSchedule:
 
     def __len__(self) -> int:
         return len(self._pending)
-
-    def done(self, order: DumpOrder, path: str = "", steps: list[int] | None = None,
-             files: int = 0, nbytes: int = 0, error: str = "") -> None:
-        """Tell the service how ``order`` went (through ``report``; nothing without one)."""
-        if self.report is not None:
-            self.report(order, path, list(steps or []), files, nbytes, error)
 
 
 def folder_size(path: str) -> tuple[int, int]:

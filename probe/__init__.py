@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-_LAZY = {"start": "probe.session", "stop": "probe.session", "step": "probe.session",
-         "dump": "probe.session", "DumpSession": "probe.session"}
+_LAZY = {"start": "probe.dumper.session", "stop": "probe.dumper.session", "step": "probe.dumper.session",
+         "dump": "probe.dumper.session", "DumpSession": "probe.dumper.session"}
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@ An edge is only drawn where the two ends are known to hold the same tensor:
 1. **Identity of a tensor row.** The ``tensor_id`` column, where the dump recorded one (``probe
    dump`` does: the id it gave the data when it first read it in the step, from the tensor's
    memory, dtype, extent and version, shared by every row that saw the same unchanged bytes,
-   views included; see :mod:`probe.dump_rows`), is the identity. A row without one (msprobe's
+   views included; see :mod:`probe.dumper.rows`), is the identity. A row without one (msprobe's
    own dumps, older dumps, a tensor without storage) falls back on its statistics: dtype,
    element count, max, min, mean, L2 norm and hash, all equal, matched only with other rows
    without an id. A tensor whose statistics cannot tell it apart from another is given no

@@ -105,7 +105,7 @@ def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
 def _check_task(out: str, level: str, task: str, max_hits: int, golden: str) -> None:
     """Bad task options are one line before anything runs (inside a rank they would only be
     reported, and the run would go on without the dump)."""
-    from probe.dump_config import DumpConfig
+    from probe.dumper.config import DumpConfig
 
     DumpConfig(out=out, level=level, task=task, max_hits=max_hits, golden=golden)
     if task == "check":
@@ -126,7 +126,7 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
     if max_steps is not None and max_steps < needed:
         raise ProbeError(f"--max-steps {max_steps} stops before step {needed - 1} selected by --steps; "
                          f"use --max-steps {needed} or more")
-    from probe.dump_callback import DumpCallback
+    from probe.dumper.callback import DumpCallback
 
     dump = CallbackSpec(DumpCallback, {**options, "out": out, "fsync": fsync})
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc, max_steps=max(max_steps or 0, needed),
@@ -145,7 +145,7 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     0 starts with the script), each ``optimizer.step()`` ends one, and after the last one a step
     is written only if something ran in it (an evaluation after training, say)."""
     from probe.engine_adapter.steps import watch_first_optimizer
-    from probe.session import DumpSession
+    from probe.dumper.session import DumpSession
     from probe.script import check_script, run_script
 
     check_script(argv)
@@ -193,10 +193,10 @@ def _claim(out: str, force: bool) -> None:
 
 def _summarise(out: str, options: dict[str, Any], code: int) -> None:
     if options["task"] == "check":
-        from probe.dump_check import summarise_run
+        from probe.dumper.check import summarise_run
         return summarise_run(out, options, code)
     if options["task"] == "overflow":
-        from probe.dump_overflow import summarise_run
+        from probe.dumper.overflow import summarise_run
         return summarise_run(out, options, code)
     root = Path(out)
     found: dict[int, list[int]] = {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import click
 
@@ -18,11 +17,6 @@ def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps:
     """A RunSpec from the shared engine options (used by train, dump, profile and demo)."""
     from probe.engine.spec import RunSpec
 
-    if os.environ.get("PROBE_MONITOR"):      # the monitor service may ask for targeted dumps
-        from probe.engine_adapter.callbacks import CallbackSpec
-        from probe.dump_callback import TargetedDumpCallback
-
-        kw["callbacks"] = tuple(kw.get("callbacks", ())) + (CallbackSpec(TargetedDumpCallback),)
     return RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max_steps if max_steps is not None else default_steps, seed=seed,
                    faults=tuple(faults), out_dir=out, device=device, **kw)

@@ -23,11 +23,12 @@ FLOORS: list[tuple[str, ...]] = [
     ("compare",),           # loading, matching, metrics, verdicts of two dumps
     ("checker",),           # API precision check: replay recorded calls on a golden, grade them (torch)
     ("visualizer",),        # hierarchy graph and diff model for the UI
+    ("dumper",),            # the dump engine: recorder, rows, writer, sessions (probe.dump/start/step/stop)
     ("monitor",),           # the gRPC service and the per-rank agent that speaks its protocol
     ("engine",),            # the bundled engine: models, training loop, launcher, faults
     ("simulator",),         # simulated training steps: fake tensors, memory, time, layouts
     ("web",),               # the Dash app
-    ("probe",),             # the dump API and the command line: nothing imports it
+    ("probe",),             # the public API (lazy names) and the command line: nothing imports it
 ]
 FLOOR = {pkg: i for i, floor in enumerate(FLOORS) for pkg in floor}
 GENERATED = ("_pb2.py", "_pb2_grpc.py")

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ground", "collectors", "engine_adapter", "profiler", "compare", "checker",
-            "visualizer", "monitor", "engine", "simulator", "web", "probe")
+            "visualizer", "dumper", "monitor", "engine", "simulator", "web", "probe")
 
 
 def _modules() -> list[str]:

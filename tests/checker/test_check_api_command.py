@@ -96,7 +96,7 @@ def test_bf16_run_flags_where_autocast_rounds_float32_inputs_and_grades_norms_as
 
 def _script_dump(out: Path, level: str, task: str) -> Path:
     """A dump of a user's script (probe.dump around a small model): in milliseconds."""
-    from probe.session import DumpSession
+    from probe.dumper.session import DumpSession
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))

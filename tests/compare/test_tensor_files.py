@@ -43,7 +43,7 @@ def test_a_tensor_dump_of_a_bfloat16_model_compares_element_by_element(tmp_path)
     """Every row of two tensor-task dumps of a bfloat16 network gets its cosine (none did: NumPy
     has no bfloat16, and the rows kept their statistics only)."""
     from probe.compare.api import compare
-    from probe.session import DumpSession
+    from probe.dumper.session import DumpSession
 
     def dump(scale: float, out):
         torch.manual_seed(0)

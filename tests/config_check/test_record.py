@@ -102,7 +102,7 @@ def test_secret_looking_variables_are_redacted_and_the_run_folder_is_a_placehold
 
 
 def test_the_recording_is_invisible_to_an_api_level_dump(tmp_path):
-    from probe.session import DumpSession
+    from probe.dumper.session import DumpSession
 
     model = nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -17,7 +17,7 @@ from tests.probe.test_dump_construct_tree import assert_forest_mirroring_forward
 
 
 def _dump_torch(out, level="module"):
-    from probe.session import DumpSession
+    from probe.dumper.session import DumpSession
 
     net = torch_tinynet()
     x, y = (torch.from_numpy(a) for a in tinynet_inputs())
@@ -32,7 +32,7 @@ def _dump_torch(out, level="module"):
 def _dump_ms(out, level="module"):
     from mindspore import nn
 
-    from probe.session import DumpSession
+    from probe.dumper.session import DumpSession
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.runtime.launch_blocking()

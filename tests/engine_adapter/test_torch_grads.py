@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from probe.engine_adapter import torch_grads
-from probe.dump_recorder import DumpRecorder
-from probe.session import DumpSession
+from probe.dumper.recorder import DumpRecorder
+from probe.dumper.session import DumpSession
 
 needs_native = pytest.mark.skipif(not torch_grads.available(),
                                   reason="the C++ capture cannot be built here (no C++ compiler or torch headers)")

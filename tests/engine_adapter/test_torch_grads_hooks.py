@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from probe.engine_adapter import torch_adapter, torch_grads
-from probe.session import DumpSession
+from probe.dumper.session import DumpSession
 
 hooks = torch_grads.hooks()             # handing tensors over (prepared: see CallingHooks)
 needs_hooks = pytest.mark.skipif(hooks is None, reason="the library cannot be built here (no C++ compiler or torch headers)")

@@ -20,7 +20,6 @@ from probe.engine_adapter.callbacks import CallbackSpec, TrainCallback
 from probe.monitor.client import MonitorClient
 from probe.monitor.service import MonitorService
 from probe.monitor.targeted_dump import DUMP_DIR, module_scope
-from probe.dump_callback import TargetedDumpCallback
 from tests.conftest import run_probe
 
 from .conftest import wait_for
@@ -55,8 +54,7 @@ def _train(tmp_path, monkeypatch, addr, job, steps, callbacks, faults=(), step_s
     spec = RunSpec(preset="tiny", max_steps=steps, faults=tuple(faults), quiet=True,
                    out_dir=str(tmp_path / job), fsync="never",
                    extra_env=tuple(env.items()) + (("OMP_NUM_THREADS", "1"),),
-                   callbacks=(CallbackSpec(Pacer, {"step_s": step_s}), *callbacks,
-                              CallbackSpec(TargetedDumpCallback)))
+                   callbacks=(CallbackSpec(Pacer, {"step_s": step_s}), *callbacks))
     outcome: dict = {}
 
     def train():

@@ -13,14 +13,14 @@ import pytest
 from probe.engine_adapter.callbacks import CallbackList, TrainContext
 from probe.monitor.agent_callback import MonitorAgentCallback
 from probe.monitor.client import MonitorClient
-from probe.dump_callback import TargetedDumpCallback
 from tests.conftest import run_probe
 
 from .conftest import wait_for
 
 
-def loop(addr, tmp, job, runner=True, steps=400, until=None):
-    """One rank: a 3-layer MLP trained step by step, the dump runner (or not) before the agent."""
+def loop(addr, tmp, job, with_model=True, steps=400, until=None):
+    """One rank: a 3-layer MLP trained step by step with only the monitor agent's callback
+    (given the model, or not)."""
     import torch
 
     torch.manual_seed(0)
@@ -28,9 +28,9 @@ def loop(addr, tmp, job, runner=True, steps=400, until=None):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     agent = MonitorAgentCallback(addr=addr, job=job, spool_path=str(tmp / f"{job}.spool"),
                                  flush_interval_s=0.02, sample_host=False)
-    cbs = CallbackList(([TargetedDumpCallback()] if runner else []) + [agent], rank=0)
+    cbs = CallbackList([agent], rank=0)
     ctx = TrainContext(rank=0, world_size=1, run=job, out_dir=str(tmp / job), engine="script",
-                       preset="", device=None, model=model, optimizer=opt, config=None,
+                       preset="", device=None, model=model if with_model else None, optimizer=opt, config=None,
                        max_steps=steps, store=None)
 
     def run():
@@ -58,13 +58,13 @@ def connected(client, job):
     return ok
 
 
-def test_a_dump_of_a_script_loop_and_a_rank_without_a_runner(tmp_path, service):
+def test_a_script_loop_with_only_the_monitor_agent_takes_dump_orders(tmp_path, service):
     client = MonitorClient(service.address)
     done = threading.Event()
     threads = [loop(service.address, tmp_path, "with", until=done),
-               loop(service.address, tmp_path, "without", runner=False, until=done)]
+               loop(service.address, tmp_path, "without", with_model=False, until=done)]
     try:
-        wait_for(connected(client, "with"), what="the rank with a runner")
+        wait_for(connected(client, "with"), what="the rank with a model")
         wait_for(connected(client, "without"), what="the rank without one")
         reply = client.request_dump("with", [0], next_steps=2, scope=r"^Module\.2\.", task="tensor")
         rows = client.wait_dump(reply["dump_id"], timeout=30).to_pylist()
@@ -82,7 +82,7 @@ def test_a_dump_of_a_script_loop_and_a_rank_without_a_runner(tmp_path, service):
     data = json.loads((step_dir / "dump.json").read_text())["data"]
     assert data and all(name.startswith("Module.2.") for name in data), list(data)
     assert list((step_dir / "dump_tensor_data").glob("*.safetensors"))      # --task tensor
-    assert no_runner[0]["state"] == "failed" and "no dump runner" in no_runner[0]["error"]
+    assert no_runner[0]["state"] == "failed" and "no model to dump" in no_runner[0]["error"]
 
 
 def test_a_dump_asked_for_steps_already_past_or_after_the_end_says_why(tmp_path, service):

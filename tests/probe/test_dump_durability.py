@@ -20,8 +20,8 @@ from torch import nn
 
 from probe.compare.api import compare
 from probe.cli import main as probe_main
-from probe.session import DumpSession
-from probe.dump_writer import STEP_FILES
+from probe.dumper.session import DumpSession
+from probe.dumper.writer import STEP_FILES
 from tests.conftest import ROOT, run_probe
 
 SCRIPT = textwrap.dedent("""

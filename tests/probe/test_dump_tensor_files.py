@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from probe.collectors.msprobe_writer import safe_file_name
-from probe.session import DumpSession
-from probe.dump_rows import MAX_FILE_STEM, tensor_file_name
+from probe.dumper.session import DumpSession
+from probe.dumper.rows import MAX_FILE_STEM, tensor_file_name
 from tests.conftest import ROOT, run_probe
 
 LONG = "L" * 300
@@ -73,7 +73,7 @@ def test_file_names_are_distinct_safe_and_keep_the_slot_suffix():
 
 
 def test_file_names_are_the_same_in_every_process():
-    code = ("import sys; from probe.dump_rows import tensor_file_name as f; "
+    code = ("import sys; from probe.dumper.rows import tensor_file_name as f; "
             "print(*[f('Module.' + n + '.Linear.forward.0', 'input', '0') for n in sys.argv[1:]])")
     runs = [subprocess.run([sys.executable, "-c", code, *NAMES], cwd=ROOT, capture_output=True,
                            text=True, check=True, env=dict(os.environ, PYTHONHASHSEED=seed)).stdout

@@ -12,7 +12,7 @@ import torch
 from probe.checker.offline import check_dump
 from probe.checker.report import write
 from probe.ground.errors import ProbeError
-from probe.session import DumpSession
+from probe.dumper.session import DumpSession
 from probe.visualizer.catalog import Catalog, Choice
 from probe.visualizer.check_marks import CheckMarks
 from probe.visualizer.detail import detail

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from probe.engine.config import get_preset
 from probe.engine.data import make_batch
 from probe.engine.models import build_model, init_reference_state
-from probe.session import DumpSession
+from probe.dumper.session import DumpSession
 from probe.visualizer.dataflow import TENSOR_ID
 from probe.visualizer.diff import DiffGraph
 from probe.visualizer.graph import Graph

@@ -22,7 +22,7 @@ written as a tensor dump of its own, in msprobe's layout:
 then watching stops. ``OUT/overflow_rank{R}.json`` says what was watched and what was found,
 also when nothing was (then it is the only file the task writes).
 
->>> from probe.dump_config import DumpConfig
+>>> from probe.dumper.config import DumpConfig
 >>> DumpConfig(task="overflow", max_hits=2).max_hits
 2
 """
@@ -41,8 +41,8 @@ import torch
 
 from probe.collectors import msprobe_writer
 from probe.engine_adapter.base import FLOAT
-from probe.dump_recorder import _OWN_FILES, DumpRecorder
-from probe.dump_rows import POS, RowBuilder, apply_statistics
+from probe.dumper.recorder import _OWN_FILES, DumpRecorder
+from probe.dumper.rows import POS, RowBuilder, apply_statistics
 
 #: dtypes whose largest finite value counts as an overflow (it is where a cast saturates)
 _LIMITS = {torch.float16: torch.finfo(torch.float16).max, torch.bfloat16: torch.finfo(torch.bfloat16).max}

@@ -32,8 +32,8 @@ import sys
 from typing import Any, Sequence
 
 from probe.ground.errors import ProbeError
-from probe.dump_config import DumpConfig
-from probe.dump_recorder import DumpRecorder
+from probe.dumper.config import DumpConfig
+from probe.dumper.recorder import DumpRecorder
 
 _current: "DumpSession | None" = None
 
@@ -98,7 +98,7 @@ class DumpSession:
         self.recorder = _recorder_class(self.config.task)(self.adapter, self.config, rank=rank,
                                                           store=self.store)
         if self.config.ranks is None or rank in self.config.ranks:
-            from probe.gc_policy import GcPolicy
+            from probe.dumper.gc_policy import GcPolicy
             self._gc = GcPolicy().start()
             self._attach()
         if self.first_step is not None:
@@ -207,10 +207,10 @@ class DumpSession:
 def _recorder_class(task: str) -> type:
     """The recorder of a task: ``check`` and ``overflow`` watch calls instead of writing them."""
     if task == "check":
-        from probe.dump_check import CheckRecorder
+        from probe.dumper.check import CheckRecorder
         return CheckRecorder
     if task == "overflow":
-        from probe.dump_overflow import OverflowRecorder
+        from probe.dumper.overflow import OverflowRecorder
         return OverflowRecorder
     return DumpRecorder
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from probe import dump_writer
-from probe.session import DumpSession
+from probe.dumper import writer as dump_writer
+from probe.dumper.session import DumpSession
 
 
 def _written(out: Path, step: int) -> bool:
@@ -93,7 +93,7 @@ def _log_hooks_and_windows(monkeypatch) -> list:
     are the Python ones (the C++ capture's are replayed as the step ends, and the window opens
     at its first gradient: tests/engine_adapter/test_torch_grads.py)."""
     from probe.engine_adapter import torch_grads
-    from probe.dump_recorder import DumpRecorder
+    from probe.dumper.recorder import DumpRecorder
 
     monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
     events = _Slow.events

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from probe.session import DumpSession
+from probe.dumper.session import DumpSession
 
 
 def _construct(out: Path, step: int = 0, rank: int = 0) -> dict[str, str | None]:
@@ -66,7 +66,7 @@ def test_bundled_engine_dump_tree_is_a_forest_whose_backward_mirrors_forward(tmp
     from probe.engine.launch import run_training
     from probe.engine.spec import RunSpec
     from probe.engine_adapter.callbacks import CallbackSpec
-    from probe.dump_callback import DumpCallback
+    from probe.dumper.callback import DumpCallback
 
     out = tmp_path / "d"
     dump = CallbackSpec(DumpCallback, {"level": level, "out": str(out)})

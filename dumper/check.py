@@ -8,7 +8,7 @@ call ran in. Results go to ``OUT/check/rank{R}/check_api.csv``, ``check_api.parq
 ``summary.json`` (the columns and summary of ``probe check-api``), rewritten at the end of
 every selected step, so a crash loses at most the step in flight.
 
->>> from probe.dump_config import DumpConfig
+>>> from probe.dumper.config import DumpConfig
 >>> DumpConfig(task="check", level="api", golden="cpu-fp64").golden
 'cpu-fp64'
 """
@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from probe.checker.replay import check_call, golden as golden_backend
 from probe.checker.report import summarise, write
-from probe.dump_recorder import DumpRecorder
+from probe.dumper.recorder import DumpRecorder
 
 
 class CheckRecorder(DumpRecorder):

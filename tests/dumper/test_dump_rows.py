@@ -7,7 +7,7 @@ import torch
 
 from probe.collectors.records import TENSOR
 from probe.engine_adapter.torch_stats import TorchStats
-from probe.dump_rows import ROW_COLUMNS, STAT_COLUMNS, RowBuilder, TensorTables, apply_statistics
+from probe.dumper.rows import ROW_COLUMNS, STAT_COLUMNS, RowBuilder, TensorTables, apply_statistics
 
 
 def test_rows_and_statistics_land_in_the_tensor_record_columns_they_are_named_for():

@@ -43,9 +43,9 @@ from typing import Any, Callable
 from probe.collectors import msprobe_writer
 from probe.engine_adapter.base import EngineAdapter
 from probe.ground.background import BackgroundQueue
-from probe.dump_config import DumpConfig
-from probe.dump_rows import ROW_COLUMNS, Leaf, TensorTables, apply_statistics, records_statistics
-from probe.dump_tree import CallTree, node_depths
+from probe.dumper.config import DumpConfig
+from probe.dumper.rows import ROW_COLUMNS, Leaf, TensorTables, apply_statistics, records_statistics
+from probe.dumper.tree import CallTree, node_depths
 
 #: finished steps waiting for the writer at most
 QUEUE_STEPS = 16
@@ -75,7 +75,7 @@ class StepBatch:
     #: what the training thread let go of with this step, freed here instead of on its thread
     released: Any = None
     #: the step's statistics records when the native row builder read every leaf's
-    #: (:func:`probe.dump_rows.records_statistics`), else None
+    #: (:func:`probe.dumper.rows.records_statistics`), else None
     records: Any = None
 
 
@@ -135,7 +135,7 @@ class DumpWriter:
 
     def open_window(self) -> None:
         """The training thread starts a stretch of work outside the interpreter (its backward
-        pass, see :class:`probe.dump_recorder.DumpRecorder`): write what waits."""
+        pass, see :class:`probe.dumper.recorder.DumpRecorder`): write what waits."""
         self._window.set()
         if len(self._queue):
             self._queue.wake()

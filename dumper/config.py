@@ -22,7 +22,7 @@ from probe.ground.errors import ProbeError
 
 LEVELS = ("module", "api", "mix")
 TASKS = ("statistics", "tensor", "md5", "check", "overflow")
-#: tasks with a recorder of their own (probe.dump_check, probe.dump_overflow)
+#: tasks with a recorder of their own (probe.dumper.check, probe.dumper.overflow)
 WATCH_TASKS = ("check", "overflow")
 GOLDENS = ("cpu-fp64", "cpu-fp32", "cuda-fp64")
 

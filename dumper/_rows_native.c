@@ -1,9 +1,9 @@
-/* The dump's row building for the common values, in C: probe/dump_rows.py's RowBuilder.value
+/* The dump's row building for the common values, in C: dumper/rows.py's RowBuilder.value
  * for a plain tensor and an exact int, float or bool, everything else handed back to Python.
  *
  * Built at install (setup.py, optional: without a compiler the pure-Python RowBuilder does
  * the same work). What a value becomes is exactly what RowBuilder._tensor and ._scalar make
- * of it (tests/dump/test_rows_native.py holds the two paths to one another): the JSON entry,
+ * of it (tests/dumper/test_dump_rows_native.py holds the two paths to one another): the JSON entry,
  * the Leaf, the row, the handle, the identity key kept in the step's "seen" dict and the
  * tensor id. The framework's specifics come from the statistics backend (TorchStats.native_spec):
  * the tensor types taken here, a table dtype -> (name, kind, code), the strided layout (the
@@ -654,26 +654,26 @@ static PyMethodDef Rows_methods[] = {
 
 static PyTypeObject RowsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "probe._dump_rows_native.Rows",
+    .tp_name = "probe.dumper._rows_native.Rows",
     .tp_basicsize = sizeof(Rows),
     .tp_dealloc = (destructor)Rows_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Rows_traverse,
     .tp_clear = (inquiry)Rows_clear,
-    .tp_doc = "The native half of probe.dump_rows.RowBuilder.",
+    .tp_doc = "The native half of probe.dumper.rows.RowBuilder.",
     .tp_methods = Rows_methods,
     .tp_init = (initproc)Rows_init,
     .tp_new = PyType_GenericNew,
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_dump_rows_native",
-    "The dump's row building for plain tensors and scalars (see probe/dump_rows.py).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_rows_native",
+    "The dump's row building for plain tensors and scalars (see dumper/rows.py).", -1, NULL,
 };
 
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
 
-PyMODINIT_FUNC PyInit__dump_rows_native(void) {
+PyMODINIT_FUNC PyInit__rows_native(void) {
     INTERN(s_dtype, "dtype") INTERN(s_numel, "numel") INTERN(s_layout, "layout")
     INTERN(s_shape, "shape") INTERN(s_requires_grad, "requires_grad")
     INTERN(s_is_contiguous, "is_contiguous") INTERN(s_data_ptr, "data_ptr")

@@ -2,10 +2,10 @@
 
 :class:`DumpRecorder` turns hook calls into msprobe entries (``Module.<path>.<Class>.forward.<n>``,
 ``Functional.linear.<n>.forward``, ``...backward``, ``...parameters_grad.<n>``; named and put in
-the call tree by :mod:`probe.dump_tree`), starts each tensor's statistics on its device through
+the call tree by :mod:`probe.dumper.tree`), starts each tensor's statistics on its device through
 the adapter's :class:`~probe.engine_adapter.base.StatsBackend` (no host-device synchronisation per
-tensor; :mod:`probe.dump_rows`), and at the end of a step hands the step to the writer thread
-(:mod:`probe.dump_writer`), which gathers every statistic at once and writes both outputs:
+tensor; :mod:`probe.dumper.rows`), and at the end of a step hands the step to the writer thread
+(:mod:`probe.dumper.writer`), which gathers every statistic at once and writes both outputs:
 msprobe's ``OUT/step{N}/rank{R}/dump.json, construct.json, stack.json`` and the TENSOR and NODE
 records of the Arrow store.
 
@@ -26,10 +26,10 @@ from typing import Any, Iterable
 
 from probe.collectors import msprobe_writer
 from probe.engine_adapter.base import EngineAdapter
-from probe.dump_config import DumpConfig
-from probe.dump_rows import POS, RowBuilder
-from probe.dump_tree import CallTree
-from probe.dump_writer import DumpWriter, StepBatch
+from probe.dumper.config import DumpConfig
+from probe.dumper.rows import POS, RowBuilder
+from probe.dumper.tree import CallTree
+from probe.dumper.writer import DumpWriter, StepBatch
 
 #: files of the dump machinery, left out of stack.json
 _OWN_FILES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)

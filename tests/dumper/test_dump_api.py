@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from probe.session import DumpSession
+from probe.dumper.session import DumpSession
 
 
 class TinyAttention(nn.Module):
@@ -285,7 +285,7 @@ def test_exception_in_the_model_leaves_every_finished_step_readable(tmp_path):
 
 
 def test_exception_inside_dump_code_is_reported_once_and_training_goes_on(tmp_path, capsys, monkeypatch):
-    from probe.dump_tree import CallTree
+    from probe.dumper.tree import CallTree
 
     net = nn.Sequential(nn.Linear(2, 2))
     session = DumpSession(net, out=tmp_path, store=False, auto_step=False)
@@ -400,7 +400,7 @@ def test_probe_dump_stays_the_context_manager_after_the_session_module_is_import
     import importlib
 
     import probe
-    importlib.import_module("probe.session")
+    importlib.import_module("probe.dumper.session")
     importlib.import_module("probe.commands.dump")
     assert callable(probe.dump) and probe.dump.__name__ == "dump"
     assert callable(probe.start) and callable(probe.stop) and callable(probe.step)

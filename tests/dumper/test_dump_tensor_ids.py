@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from probe.engine_adapter.torch_stats import TorchStats
-from probe.dump_rows import ROW_COLUMNS, RowBuilder
-from probe.session import DumpSession
+from probe.dumper.rows import ROW_COLUMNS, RowBuilder
+from probe.dumper.session import DumpSession
 from probe.visualizer.dataflow import TENSOR_ID, flow_edges
 from probe.visualizer.graph import Graph
 

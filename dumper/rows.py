@@ -8,7 +8,7 @@ columns a call sets (:data:`ROW_COLUMNS`, in the schema's order); the step's col
 (:func:`apply_statistics`), which also fills the JSON entries.
 
 For the statistics task the common values (a plain tensor, an exact int, float or bool) are
-made by the native half, ``probe._dump_rows_native`` (an optional C extension built at install):
+made by the native half, ``probe.dumper._rows_native`` (an optional C extension built at install):
 the same entry, row, leaf, handle, identity and tensor id as :meth:`RowBuilder.value_py`, and one
 statistics record per leaf that :func:`records_statistics` turns into the step's columns on the
 writer thread; what it does not take comes back to the Python path (``PROBE_NO_NATIVE_ROWS=1``
@@ -287,7 +287,7 @@ class RowBuilder:
 
 
 def _native_rows(builder: RowBuilder) -> Any:
-    """The native half of ``builder`` (``probe._dump_rows_native``, built at install), or None:
+    """The native half of ``builder`` (``probe.dumper._rows_native``, built at install), or None:
     not built, ``PROBE_NO_NATIVE_ROWS`` set, or a backend without a :meth:`native_spec`."""
     if os.environ.get("PROBE_NO_NATIVE_ROWS"):
         return None
@@ -295,13 +295,13 @@ def _native_rows(builder: RowBuilder) -> Any:
     if spec_of is None:
         return None
     try:
-        from probe import _dump_rows_native
+        from probe.dumper import _rows_native
     except ImportError:
         return None
     spec = spec_of()
     if spec is None:
         return None
-    return _dump_rows_native.Rows(
+    return _rows_native.Rows(
         spec["tensor_types"], spec["dtypes"], spec["strided"], builder.stats.reduce,
         builder.value_py, builder._tensor, Leaf, msprobe_writer.json_float, (FLOAT, INTEGER, OPAQUE),
         spec["type_name"], spec["f32"], spec["f64"], builder._tensor_ids)

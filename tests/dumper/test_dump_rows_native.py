@@ -1,6 +1,6 @@
 """The dump's native row builder makes exactly what the Python one makes.
 
-``probe._dump_rows_native`` (built at install, optional) takes plain tensors and exact
+``probe.dumper._rows_native`` (built at install, optional) takes plain tensors and exact
 int/float/bool values; everything else goes back to Python. Both paths are run here over the
 same values and must give the same entries, rows, leaves, handles, identity table and tensor
 ids, step after step.
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from probe.engine_adapter.torch_stats import TorchStats
-from probe.dump_rows import Leaf, RowBuilder, apply_statistics
+from probe.dumper.rows import Leaf, RowBuilder, apply_statistics
 
-native = pytest.importorskip("probe._dump_rows_native", reason="the native row builder is not built")
+native = pytest.importorskip("probe.dumper._rows_native", reason="the native row builder is not built")
 
 
 def _builder(monkeypatch, use_native: bool) -> RowBuilder:
@@ -99,7 +99,7 @@ def test_the_native_builder_and_its_python_half_are_collected(monkeypatch):
 
 
 def test_the_native_statistics_records_give_the_columns_apply_statistics_gives(monkeypatch):
-    from probe.dump_rows import records_statistics
+    from probe.dumper.rows import records_statistics
 
     rows = _builder(monkeypatch, True)
     torch.manual_seed(1)

@@ -1,0 +1,41 @@
+"""The dump as a training callback of the bundled engine: ``CallbackSpec(DumpCallback, {...})``.
+
+Each rank builds its own :class:`DumpCallback`, hooks its model, records the selected steps and
+writes ``OUT/step{N}/rank{R}/`` plus TENSOR and NODE records through the rank's store writer
+(``ctx.store``); no rank waits on another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from probe.engine_adapter.callbacks import TrainCallback, TrainContext
+
+
+class DumpCallback(TrainCallback):
+    """Dump the bundled engine's steps; keyword arguments as :class:`probe.dumper.session.DumpSession`."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self.session: Any = None
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        from probe.dumper.session import DumpSession
+
+        options = dict(self.options)
+        options.setdefault("out", ctx.out_dir)
+        options.setdefault("run", ctx.run)
+        self.session = DumpSession(ctx.model, auto_step=False, store=ctx.store, rank=ctx.rank,
+                                   first_step=None, quiet=ctx.rank != 0, **options)
+        self.session.start()
+        ctx.extra["dump_notes"] = self.session.notes()
+
+    def on_step_start(self, ctx: TrainContext, step: int) -> None:
+        self.session.begin_step(step)
+
+    def on_step_end(self, ctx: TrainContext, step: int, metrics: dict[str, float]) -> None:
+        self.session.end_step()
+
+    def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
+        if self.session is not None:
+            self.session.stop()

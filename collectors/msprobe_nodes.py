@@ -18,12 +18,15 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 from typing import Any, Iterable
 
 import pyarrow as pa
 
-from probe.collectors.msprobe_layout import MODULE_PREFIXES, parse_node_name
+from probe.collectors.msprobe_layout import parse_node_name
+from probe.ground.frameworks import module_prefixes
+
+log = logging.getLogger(__name__)
 
 __all__ = ["classify_entries", "stack_refs", "repair_tree", "node_columns"]
 
@@ -51,7 +54,7 @@ def classify_entries(names: list[str]) -> pa.Table:
     body_len = pc.subtract(pc.subtract(pc.subtract(length(arr), length(first)),
                                        pc.add(length(second), length(last))), 3)
     shaped = pc.and_(pa.array(np.diff(ends) >= 4), pc.greater(body_len, 0))
-    is_mod = pc.and_(shaped, pc.and_(pc.is_in(first, pa.array(list(MODULE_PREFIXES))),
+    is_mod = pc.and_(shaped, pc.and_(pc.is_in(first, pa.array(list(module_prefixes()))),
                                      pc.and_(pc.is_in(second, pa.array(["forward", "backward", "parameters_grad"])),
                                              pc.match_substring_regex(last, "^[0-9]+$"))))
     is_api = pc.and_(pc.and_(shaped, pc.greater(length(first), 0)),
@@ -279,9 +282,9 @@ def node_columns(names: list[str], classes: pa.Array, construct: dict,
         depth_of = _depths(construct)
         depths = pa.array([depth_of.get(x, 0) for x in construct], type=pa.int32())
     if fixed:
-        print(f"{source or 'construct.json'}: {fixed} of {len(construct)} nodes re-parented (their "
-              "parents made a cycle or named no node of the dump; backward nodes now sit under "
-              "the backward entry of their forward node's parent)", file=sys.stderr, flush=True)
+        log.warning(f"{source or 'construct.json'}: {fixed} of {len(construct)} nodes re-parented "
+                    "(their parents made a cycle or named no node of the dump; backward nodes now "
+                    "sit under the backward entry of their forward node's parent)")
     node = pa.array(names + extra, type=pa.string())
     cls = pa.concat_arrays([classes.cast(pa.string()),
                             classify_entries(extra).column("cls").combine_chunks()]) if extra else classes

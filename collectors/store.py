@@ -30,8 +30,8 @@ stderr naming it; the rest of the store stays readable.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -43,6 +43,8 @@ import pyarrow.parquet as pq
 from probe.collectors.records import SCHEMAS, VIEWS, conform, schema_for, table_from_rows
 from probe.ground.background import BackgroundQueue
 from probe.ground.errors import ProbeError
+
+log = logging.getLogger(__name__)
 
 STORE_DIRNAME = "store"
 
@@ -163,8 +165,7 @@ def _fsync_all(paths: list[Path]) -> None:
 
 
 def _warn_fsync(error: BaseException) -> None:
-    print(f"probe: store: could not force a segment to disk ({type(error).__name__}: {error})",
-          file=sys.stderr, flush=True)
+    log.warning(f"probe: store: could not force a segment to disk ({type(error).__name__}: {error})")
 
 
 def find_segments(root: str | os.PathLike) -> dict[str, list[str]]:
@@ -254,8 +255,8 @@ def load_segments(root: str | os.PathLike) -> tuple[dict[str, list[str]], list[s
             skipped.append(f"{f}: {problem}")
             if f not in _warned:
                 _warned.add(f)
-                print(f"probe: warning: {f}: not a readable Parquet segment ({problem}); skipped, "
-                      "the rest of the store is read", file=sys.stderr, flush=True)
+                log.warning(f"probe: warning: {f}: not a readable Parquet segment ({problem}); skipped, "
+                            "the rest of the store is read")
     return good, skipped
 
 

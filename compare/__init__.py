@@ -17,3 +17,24 @@ in pipeline order:
 ``ranks`` compares two runs of several ranks pair by pair, on local processes or a Dask
 distributed cluster (``probe compare RUN_A RUN_B``, :func:`probe.compare.ranks.compare_runs`).
 """
+
+import sys as _sys
+import types as _types
+
+
+class _CallableRoom(_types.ModuleType):
+    """``probe.compare`` is both this room and the function of the public API:
+    ``probe.compare(a, b, ...)`` is :func:`probe.compare.api.compare`.
+
+    >>> import probe
+    >>> callable(probe.compare), probe.compare.__name__
+    (True, 'probe.compare')
+    """
+
+    def __call__(self, a: str, b: str, **options):
+        from probe.compare.api import compare
+
+        return compare(a, b, **options)
+
+
+_sys.modules[__name__].__class__ = _CallableRoom

@@ -30,6 +30,7 @@ also when nothing was (then it is the only file the task writes).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -41,8 +42,10 @@ import torch
 
 from probe.collectors import msprobe_writer
 from probe.engine_adapter.base import FLOAT
-from probe.dumper.recorder import _OWN_FILES, DumpRecorder
+from probe.dumper.recorder import DumpRecorder
 from probe.dumper.rows import POS, RowBuilder, apply_statistics
+
+log = logging.getLogger(__name__)
 
 #: dtypes whose largest finite value counts as an overflow (it is where a cast saturates)
 _LIMITS = {torch.float16: torch.finfo(torch.float16).max, torch.bfloat16: torch.finfo(torch.bfloat16).max}
@@ -221,7 +224,7 @@ class OverflowRecorder(DumpRecorder):
         """Write the overflowing call as a tensor dump; stop watching after ``max_hits``.
         ``forward``: a backward call's forward call (whose module path it has)."""
         with self.adapter.suspended():
-            frames = _stack()
+            frames = _stack(self._own_files)
             path = [name] + self._module_path(forward or name)[1:]
             values = RowBuilder(self.adapter.stats, want_hash=False, save=self._save_tensor)
             value, seq = values.value, self.tree.seq
@@ -259,8 +262,8 @@ class OverflowRecorder(DumpRecorder):
                               "stack": [f"{f[0]}:{f[1]} in {f[2]}" for f in frames[:8]]})
             if len(self.hits) >= config.max_hits:
                 self.active = False
-                print(f"probe dump: overflow at {name} (step {self.step}, rank {self.rank}): {what}; "
-                      f"its inputs and outputs are in {folder}", file=sys.stderr)
+                log.warning(f"probe dump: overflow at {name} (step {self.step}, rank {self.rank}): {what}; "
+                            f"its inputs and outputs are in {folder}")
 
     def _module_path(self, name: str) -> list[str]:
         """``name`` and the module calls it ran in, innermost first."""
@@ -289,12 +292,13 @@ def _format(frames: tuple) -> list[str]:
             for file, line, func in frames]
 
 
-def _stack() -> tuple:
+def _stack(own: tuple[str, ...]) -> tuple:
+    """The stack from the caller's caller outwards, without the frames of files under ``own``."""
     frames = []
     f = sys._getframe(2)
     while f is not None:
         code = f.f_code
-        if not code.co_filename.startswith(_OWN_FILES):
+        if not code.co_filename.startswith(own):
             frames.append((code.co_filename, f.f_lineno, code.co_name))
         f = f.f_back
     return tuple(frames)

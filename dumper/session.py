@@ -28,12 +28,14 @@ or, step by step::
 from __future__ import annotations
 
 import atexit
-import sys
+import logging
 from typing import Any, Sequence
 
 from probe.ground.errors import ProbeError
 from probe.dumper.config import DumpConfig
 from probe.dumper.recorder import DumpRecorder
+
+log = logging.getLogger(__name__)
 
 _current: "DumpSession | None" = None
 
@@ -121,7 +123,7 @@ class DumpSession:
         self._hooked = True
         if not self.quiet:
             for note in self.adapter.notes():
-                print(f"probe dump: {note}", file=sys.stderr)
+                log.warning("probe dump: %s", note)
 
     def _attach_model(self, model: Any) -> None:
         prefix = self.adapter.root_prefix() if hasattr(self.adapter, "root_prefix") else ""
@@ -129,7 +131,7 @@ class DumpSession:
         self.adapter.attach_modules(model, self.recorder, prefix=prefix)
         if self._hooked and not self.quiet:
             for note in self.adapter.notes()[before:]:
-                print(f"probe dump: {note}", file=sys.stderr)
+                log.warning("probe dump: %s", note)
 
     def begin_step(self, step: int) -> None:
         """Start recording ``step`` (a no-op for steps not selected)."""

@@ -32,6 +32,7 @@ Written ``KIND:TARGET:ARG``:
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ import torch
 from torch import nn
 
 from probe.ground.errors import ProbeError
+
+log = logging.getLogger(__name__)
 
 KINDS = {
     "scale": "scale:<parameter name>:<factor>",
@@ -207,10 +210,8 @@ class FaultPlanter:
     def hang_before_collective(self, step: int) -> None:
         """At the ``hang`` fault's step, stop here (before the all-reduce) for good."""
         if step == self.hang_step:
-            import sys
-
-            print(f"probe: rank {self.rank}: planted hang at step {step}: stopped before the "
-                  "all-reduce", file=sys.stderr, flush=True)
+            log.warning(f"probe: rank {self.rank}: planted hang at step {step}: stopped before "
+                        "the all-reduce")
             time.sleep(HANG_SLEEP_S)
 
     def remove(self) -> None:

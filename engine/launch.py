@@ -10,6 +10,7 @@ processes (gloo on CPU, nccl on CUDA), data parallel with gradients all-reduced.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -23,6 +24,8 @@ from probe.engine.spec import RunSpec
 from probe.engine_adapter.config_format import CONFIG_DIRNAME
 from probe.ground.errors import ProbeError
 from probe.ground.outdir import claim
+
+log = logging.getLogger(__name__)
 
 MAX_PROCS = 64
 
@@ -238,6 +241,9 @@ def _die_with(launcher_pid: int) -> None:
 def _worker(rank: int, spec: RunSpec, port: int, launcher_pid: int) -> None:
     import torch.distributed as dist
 
+    from probe.ground.logs import print_to_stderr
+
+    print_to_stderr()              # a rank is the launcher's own process: its messages on stderr
     _die_with(launcher_pid)
     signal.signal(signal.SIGTERM, _raise_interrupt)
 
@@ -251,14 +257,14 @@ def _worker(rank: int, spec: RunSpec, port: int, launcher_pid: int) -> None:
         from probe.engine.train import run_rank
         run_rank(spec, rank, spec.nproc)
     except ProbeError as e:
-        print(f"probe: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+        log.error(f"probe: rank {rank}: error: {e}")
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - one line per rank, never a traceback
         if os.environ.get("PROBE_DEBUG"):
             raise
-        print(f"probe: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        log.error(f"probe: rank {rank}: {type(e).__name__}: {e}")
         sys.exit(1)
     finally:
         if dist.is_initialized():

@@ -17,9 +17,9 @@ step (its records are written); the command then exits with
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,15 +38,15 @@ from probe.engine.spec import RunSpec
 from probe.ground.errors import EXIT_NONFINITE
 from probe.profiler import mstx
 
-MONITOR_ENV = "PROBE_MONITOR"
-
+log = logging.getLogger(__name__)
 
 def _with_monitor(callbacks: tuple[CallbackSpec, ...]) -> list[CallbackSpec]:
     """``callbacks`` plus the monitor agent's when ``PROBE_MONITOR=host:port`` is set."""
-    from probe.monitor.agent_callback import MonitorAgentCallback
+    from probe.monitor.address import monitor_address
+    from probe.monitor.agent.callback import MonitorAgentCallback
 
     out = list(callbacks)
-    if os.environ.get(MONITOR_ENV) and not any(c.factory is MonitorAgentCallback for c in out):
+    if monitor_address() and not any(c.factory is MonitorAgentCallback for c in out):
         out.append(CallbackSpec(MonitorAgentCallback))
     return out
 
@@ -159,7 +159,7 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
                     if progress is not None:
                         progress.note(line)
                     else:
-                        print(line, file=sys.stderr, flush=True)
+                        log.warning(line)
                 reported = True
                 if not spec.allow_nan:
                     break       # every rank: the problem is read from the all-reduced values

@@ -16,9 +16,11 @@ so a reader (and a tool) follows it to its definition, and each rank builds its 
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -96,6 +98,5 @@ class CallbackList:
                 getattr(cb, method)(*args)
             except Exception as e:  # noqa: BLE001 - a callback must never stop training
                 self.callbacks.remove(cb)
-                print(f"probe: rank {self.rank}: {type(cb).__name__}.{method} failed "
-                      f"({type(e).__name__}: {e}); it is disabled for the rest of the run",
-                      file=sys.stderr, flush=True)
+                log.warning(f"probe: rank {self.rank}: {type(cb).__name__}.{method} failed "
+                            f"({type(e).__name__}: {e}); it is disabled for the rest of the run")

@@ -49,8 +49,8 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import logging
 import os
-import sys
 from typing import Any, Iterator
 
 import torch
@@ -60,6 +60,8 @@ from probe.engine_adapter.checksum import Checksummer, to_hex
 from probe.engine_adapter.config_format import CONFIG_DIRNAME, FORMAT, VERSION, config_path
 from probe.engine_adapter.run_facts import (determinism_flags, environment, packages, platform_info,
                                       random_state, run_info)
+
+log = logging.getLogger(__name__)
 
 #: steps whose first batch is recorded
 BATCH_STEPS = 3
@@ -206,8 +208,8 @@ class ConfigRecorder:
         try:
             self.write()
         except OSError as e:
-            print(f"probe: the run's setup could not be written to {self.out_dir}/{CONFIG_DIRNAME} "
-                  f"({e.strerror or e})", file=sys.stderr, flush=True)
+            log.warning(f"probe: the run's setup could not be written to {self.out_dir}/{CONFIG_DIRNAME} "
+                        f"({e.strerror or e})")
 
     def _place(self) -> None:
         if self.rank is None or self.world_size is None:
@@ -225,8 +227,8 @@ class ConfigRecorder:
         if not self._failed:
             self._failed = True
             self._remove_hooks()
-            print(f"probe: recording {what} of the run's setup failed ({type(e).__name__}: {e}); "
-                  "training goes on without it", file=sys.stderr, flush=True)
+            log.warning(f"probe: recording {what} of the run's setup failed ({type(e).__name__}: {e}); "
+                        "training goes on without it")
 
 
 # --------------------------------------------------------------------------- ways in

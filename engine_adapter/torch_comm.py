@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
+import logging
 import threading
 import time
 from typing import Any
 
 from probe.engine_adapter.guard import ReentryGuard
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CommCall", "CollectiveTracker", "add_listener", "remove_listener", "listeners",
            "WRAPPED_OPS", "P2P_OPS"]
@@ -301,8 +303,8 @@ def _notify(listener: Any, method: str, call: CommCall) -> None:
     try:
         fn(call)
     except Exception as e:  # noqa: BLE001 - a listener must never break communication
-        print(f"probe: communication listener {type(listener).__name__} failed "
-              f"({type(e).__name__}: {e}); removed", file=sys.stderr)
+        log.warning(f"probe: communication listener {type(listener).__name__} failed "
+                    f"({type(e).__name__}: {e}); removed")
         remove_listener(listener)
 
 

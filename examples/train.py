@@ -19,7 +19,7 @@ import argparse
 import torch
 from torch import nn
 
-from probe.profiler import mstx
+from probe import mstx
 
 
 class TinyMLP(nn.Module):

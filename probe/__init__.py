@@ -1,31 +1,45 @@
-"""probe: the dump API (``probe.start/stop/step``, a context manager) and the ``probe`` command.
+"""probe: dump, compare, profile and monitor deep-learning training; the one import root.
 
-Importing ``probe`` is cheap: the dump machinery loads on first use.
+The public Python API, each name loaded on first use (importing ``probe`` imports no torch):
+
+- ``probe.dump(model, out=..., level=...)`` (a context manager), ``probe.start``,
+  ``probe.step``, ``probe.stop``: record a model's steps (:mod:`probe.dumper.session`);
+- ``probe.mstx``: ``mark``, ``range``, ``range_start``, ``range_end`` (:mod:`probe.profiler.mstx`);
+- ``probe.compare(a, b)``: compare two dumps (:func:`probe.compare.api.compare`);
+- ``probe.open_store(run)``: a DuckDB connection over a run's records
+  (:func:`probe.collectors.store.open_store`).
+
+Every room of the project lives under this root (``probe.compare``, ``probe.monitor``, ...).
 
 >>> import probe
->>> callable(probe.start), callable(probe.dump)
-(True, True)
+>>> callable(probe.start), callable(probe.dump), callable(probe.compare), callable(probe.mstx.mark)
+(True, True, True, True)
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-_LAZY = {"start": "probe.dumper.session", "stop": "probe.dumper.session", "step": "probe.dumper.session",
-         "dump": "probe.dumper.session", "DumpSession": "probe.dumper.session"}
+#: name -> (module, attribute of it, or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "start": ("probe.dumper.session", "start"), "stop": ("probe.dumper.session", "stop"),
+    "step": ("probe.dumper.session", "step"), "dump": ("probe.dumper.session", "dump"),
+    "DumpSession": ("probe.dumper.session", "DumpSession"),
+    "mstx": ("probe.profiler.mstx", None),
+    "compare": ("probe.compare", None),
+    "open_store": ("probe.collectors.store", "open_store"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    where = _LAZY.get(name)
+    if where is None:
         raise AttributeError(f"module 'probe' has no attribute {name!r}")
-    import importlib
-    loaded = importlib.import_module(module)
-    # bind every name the loaded module provides, so later lookups skip this hook
-    for lazy, where in _LAZY.items():
-        if where == module:
-            globals()[lazy] = getattr(loaded, lazy)
-    return globals()[name]
+    module = importlib.import_module(where[0])
+    value = module if where[1] is None else getattr(module, where[1])
+    globals()[name] = value              # later lookups skip this hook
+    return value
 
 
 def __dir__() -> list[str]:

@@ -18,6 +18,7 @@ import sys
 import click
 
 from probe.ground.errors import ProbeError
+from probe.ground.logs import print_to_stderr
 
 VERBS: dict[str, tuple[str, str]] = {
     "train": ("probe.commands.train", "Train the bundled engine (reference or fused)."),
@@ -60,6 +61,7 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; turn every error into one line and an exit code."""
+    print_to_stderr()          # what the project's modules log reads on stderr as written
     try:
         rv = cli.main(args=argv, prog_name="probe", standalone_mode=False)
     except click.exceptions.Abort:

@@ -24,12 +24,14 @@ script marks none)::
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from typing import Any, Iterable
 
 from probe.engine_adapter.callbacks import TrainCallback, TrainContext
 from probe.profiler.events import emit_complete
+
+log = logging.getLogger(__name__)
 
 
 #: Step metrics shown as counter tracks in the trace.
@@ -208,7 +210,7 @@ class ProfileCallback(TrainCallback):
                 self.report.after_last = sum(self.session.events_by_step[s] for s in after)
                 self.report.steps = [s for s in self.report.steps if s <= last]
             if self.report.problems or self.report.sink_errors or self.report.dropped:
-                print(f"probe: profile {self.report.summary()}", file=sys.stderr, flush=True)
+                log.warning(f"probe: profile {self.report.summary()}")
 
 
 def otel_exporter_from(otel: Any) -> Any:

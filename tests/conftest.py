@@ -51,3 +51,13 @@ def run_probe(*args: str, timeout: float = 300, env: dict | None = None,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "probe.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+@pytest.fixture
+def logged(caplog):
+    """What the project logged during the test (the ``probe`` logger's messages, one a line):
+    messages from inside a user's process go through ``logging``, not stderr."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="probe")
+    return lambda: "".join(r.getMessage() + "\n" for r in caplog.records if r.name.startswith("probe"))

@@ -116,7 +116,7 @@ def test_the_recording_is_invisible_to_an_api_level_dump(tmp_path):
     assert sorted(data) == ["Functional.relu.0.forward"]
 
 
-def test_a_failing_batch_hook_reports_once_and_never_breaks_the_forward(tmp_path, capsys):
+def test_a_failing_batch_hook_reports_once_and_never_breaks_the_forward(tmp_path, logged):
     model = nn.Linear(2, 2)
     rec = record_config(model, None, str(tmp_path))
 
@@ -126,7 +126,7 @@ def test_a_failing_batch_hook_reports_once_and_never_breaks_the_forward(tmp_path
     model(torch.ones(1, 2))
     model(torch.ones(1, 2))
     rec.close()
-    err = capsys.readouterr().err
+    err = logged()
     assert err.count("\n") == 1 and "the first batches" in err and "no device" in err
     assert not model._forward_pre_hooks
 

@@ -284,7 +284,7 @@ def test_exception_in_the_model_leaves_every_finished_step_readable(tmp_path):
     assert [s for (s,) in steps][:2] == [0, 1]
 
 
-def test_exception_inside_dump_code_is_reported_once_and_training_goes_on(tmp_path, capsys, monkeypatch):
+def test_exception_inside_dump_code_is_reported_once_and_training_goes_on(tmp_path, logged, monkeypatch):
     from probe.dumper.tree import CallTree
 
     net = nn.Sequential(nn.Linear(2, 2))
@@ -299,7 +299,7 @@ def test_exception_inside_dump_code_is_reported_once_and_training_goes_on(tmp_pa
         y.sum().backward()
         session.step()
     session.stop()
-    err = capsys.readouterr().err
+    err = logged()
     assert err.count("stats backend broke") == 1
     assert y.shape == (1, 2)
 

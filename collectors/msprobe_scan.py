@@ -64,13 +64,13 @@ _fn: Any = None
 
 
 def _scanner() -> Any:
-    """The native scan function, or False (no compiler, build failed, PROBE_NO_NATIVE_SCAN set)."""
+    """The native scan function, or False (no compiler, build failed, ``PROBE_NATIVE=0``)."""
     global _fn
     if _fn is not None:
         return _fn
     from probe.ground.native import load_cached
 
-    dll = load_cached(_SOURCE, "msprobe-scan", "PROBE_NO_NATIVE_SCAN")
+    dll = load_cached(_SOURCE, "msprobe-scan", what="the dump.json scanner")
     fn = getattr(dll, "probe_scan_msprobe", None) if dll is not None else None
     if fn is None:
         _fn = False

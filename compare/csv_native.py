@@ -46,12 +46,12 @@ _fn: Any = None
 
 
 def _formatter() -> Any:
-    """The native format function, or False (no C++ compiler, PROBE_NO_NATIVE_CSV set)."""
+    """The native format function, or False (no C++ compiler, ``PROBE_NATIVE=0``)."""
     global _fn
     if _fn is None:
         from probe.ground.native import load_cached
 
-        dll = load_cached(_SOURCE, "csv-format", "PROBE_NO_NATIVE_CSV", [["-std=c++17", "-lstdc++"]])
+        dll = load_cached(_SOURCE, "csv-format", [["-std=c++17", "-lstdc++"]], what="the CSV formatter")
         fn = getattr(dll, "probe_csv_format", None) if dll is not None else None
         if fn is not None:
             fn.argtypes = (ctypes.POINTER(_Column), ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,

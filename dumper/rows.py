@@ -11,8 +11,8 @@ For the statistics task the common values (a plain tensor, an exact int, float o
 made by the native half, ``probe.dumper._rows_native`` (an optional C extension built at install):
 the same entry, row, leaf, handle, identity and tensor id as :meth:`RowBuilder.value_py`, and one
 statistics record per leaf that :func:`records_statistics` turns into the step's columns on the
-writer thread; what it does not take comes back to the Python path (``PROBE_NO_NATIVE_ROWS=1``
-forces the Python path for everything).
+writer thread; what it does not take comes back to the Python path (``PROBE_NATIVE=0`` forces
+the Python path for everything).
 
 The ``tensor`` task names each tensor's file with :func:`tensor_file_name`: distinct dump names
 get distinct file names, and one name gets the same file name in every run and rank.
@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import time
 import weakref
@@ -45,6 +44,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from probe.collectors import msprobe_writer
 from probe.collectors.records import TENSOR
 from probe.engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend
+from probe.ground.native import native_enabled
 
 #: columns the writer sets for a whole step
 STEP_COLUMNS = ("run", "rank", "step", "host_ts_ns")
@@ -288,8 +288,8 @@ class RowBuilder:
 
 def _native_rows(builder: RowBuilder) -> Any:
     """The native half of ``builder`` (``probe.dumper._rows_native``, built at install), or None:
-    not built, ``PROBE_NO_NATIVE_ROWS`` set, or a backend without a :meth:`native_spec`."""
-    if os.environ.get("PROBE_NO_NATIVE_ROWS"):
+    not built, ``PROBE_NATIVE=0``, or a backend without a :meth:`native_spec`."""
+    if not native_enabled():
         return None
     spec_of = getattr(builder.stats, "native_spec", None)
     if spec_of is None:

@@ -19,7 +19,7 @@ gives ``.grad`` a parameter's gradient without copying it.
 
 The extension module is built once per machine against the running torch (``ground.native``,
 ~15 s with the system C++ compiler, cached under ``~/.cache/probe``) and imported from there;
-without a compiler or torch's headers, or with ``PROBE_NO_NATIVE_GRADS=1``, :func:`load` returns
+without a compiler or torch's headers, or with ``PROBE_NATIVE=0``, :func:`load` returns
 None and the Python hooks are used.
 """
 
@@ -64,8 +64,6 @@ def _build() -> Any:
     if _lib is not None:
         return _lib
     _lib = False
-    if os.environ.get("PROBE_NO_NATIVE_GRADS"):
-        return _lib
     try:
         import importlib.machinery
         import importlib.util
@@ -80,7 +78,7 @@ def _build() -> Any:
         common = [*includes, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", f"-L{libdir}", "-lc10",
                   "-ltorch_cpu", "-ltorch_python", "-lstdc++", f"-Wl,-rpath,{libdir}"]
         path = build_cached(_SOURCE, "torch-grads", [["-std=c++20", *common], ["-std=c++17", *common]],
-                            key_extra=f"{torch.__version__}:{libdir}", remember_failure=True)
+                            key_extra=f"{torch.__version__}:{libdir}", what="the C++ backward capture")
         if path is None:
             return _lib
         loader = importlib.machinery.ExtensionFileLoader("_torch_grads", path)
@@ -148,8 +146,8 @@ class CallingHooks:
 
 def hooks(prepared: bool = False) -> CallingHooks | None:
     """The library's :class:`CallingHooks` (``prepared``: handing gradients over read, when
-    the statistics kernel is here too), or None (not built here, ``PROBE_NO_NATIVE_GRADS``
-    set): then the Python hooks of :mod:`probe.engine_adapter.torch_api`."""
+    the statistics kernel is here too), or None (not built here, ``PROBE_NATIVE=0``):
+    then the Python hooks of :mod:`probe.engine_adapter.torch_api`."""
     lib = _build()
     if not lib:
         return None
@@ -161,7 +159,7 @@ def hooks(prepared: bool = False) -> CallingHooks | None:
 
 
 def load(on_first: Callable[[], None]) -> "NativeGrads | None":
-    """The C++ capture, or None (no kernel, no compiler, ``PROBE_NO_NATIVE_GRADS`` set).
+    """The C++ capture, or None (no kernel, no compiler, ``PROBE_NATIVE=0``).
     ``on_first()`` is called, under the GIL, at the first gradient of each recorded step."""
     from probe.engine_adapter.torch_stats import native_kernel
 

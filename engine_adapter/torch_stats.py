@@ -218,7 +218,7 @@ def _load_kernel() -> Any:
         gomp = _torch_openmp()
         # linked to the libgomp already loaded, so it shares torch's threads; else serial
         variants = ([["-fopenmp", gomp, f"-Wl,-rpath,{os.path.dirname(gomp)}"]] if gomp else []) + [[]]
-        dll = load_cached(_KERNEL_SOURCE, "stats", "PROBE_NO_NATIVE_STATS", variants, key_extra=str(gomp))
+        dll = load_cached(_KERNEL_SOURCE, "stats", variants, key_extra=str(gomp), what="the statistics kernel")
         if dll is None:
             return _kernel
         for name in ("probe_stats_f32", "probe_stats_f64"):
@@ -239,7 +239,7 @@ def _load_kernel() -> Any:
 
 def native_kernel() -> Any:
     """The loaded native kernel's entry points ``(stats_f32, stats_f64, out, out_ptr, adam_f32,
-    adam_f64)``, or False without one (no compiler, ``PROBE_NO_NATIVE_STATS`` set)."""
+    adam_f64)``, or False without one (no compiler, ``PROBE_NATIVE=0``)."""
     return _kernel if _kernel is not None else _load_kernel()
 
 

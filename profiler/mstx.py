@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import threading
 import time
 from threading import get_ident
 from typing import Any, Callable
+
+from probe.ground.native import native_enabled
 
 __all__ = ["mark", "range_start", "range_end", "range", "domain", "Domain", "is_recording"]
 
@@ -47,7 +48,7 @@ __all__ = ["mark", "range_start", "range_end", "range", "domain", "Domain", "is_
 #   (END, range_id, t_ns, domain, None)
 # The C extension ``profiler._mstx_native`` (built at install, see setup.py) keeps them in
 # arrays and replaces mark/range_start/range_end below; without it the pure-Python functions
-# append tuples to a per-thread list. PROBE_MSTX_NATIVE=0 forces the Python path.
+# append tuples to a per-thread list. PROBE_NATIVE=0 forces the Python path.
 # Device timing events (ranges and marks given a stream) wait in _device_starts/_device_ends.
 MARK, START, END = 0, 1, 2
 
@@ -287,7 +288,7 @@ def domain(name: str) -> Domain:
 
 
 _native: Any = None
-if os.environ.get("PROBE_MSTX_NATIVE", "1") != "0":
+if native_enabled():
     try:
         from probe.profiler import _mstx_native as _native
     except ImportError:          # not built (no C compiler at install): the Python path records

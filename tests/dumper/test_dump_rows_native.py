@@ -15,16 +15,15 @@ import pytest
 import torch
 
 from probe.engine_adapter.torch_stats import TorchStats
+from probe.dumper import rows as rows_module
 from probe.dumper.rows import Leaf, RowBuilder, apply_statistics
 
 native = pytest.importorskip("probe.dumper._rows_native", reason="the native row builder is not built")
+_native_rows = rows_module._native_rows
 
 
 def _builder(monkeypatch, use_native: bool) -> RowBuilder:
-    if use_native:
-        monkeypatch.delenv("PROBE_NO_NATIVE_ROWS", raising=False)
-    else:
-        monkeypatch.setenv("PROBE_NO_NATIVE_ROWS", "1")
+    monkeypatch.setattr(rows_module, "_native_rows", _native_rows if use_native else lambda builder: None)
     rows = RowBuilder(TorchStats(), want_hash=False, save=None, tensor_ids=True)
     assert (rows._native is not None) == use_native
     return rows

@@ -56,6 +56,26 @@ def test_the_kernel_is_built_and_shares_torchs_openmp_runtime_when_torch_has_one
     assert len(gomps) <= 1, gomps          # never a second OpenMP runtime beside torch's
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_kernel_and_its_numpy_twin_give_the_same_statistics(dtype, monkeypatch):
+    """The same six numbers with the kernel and without it (no compiler, ``PROBE_NATIVE=0``):
+    max, min and the counts exactly, the sums to rounding (they add in another order)."""
+    if not torch_stats._load_kernel():
+        pytest.skip("no C compiler: the NumPy path is used")
+    gen = torch.Generator().manual_seed(5)
+    cases = [torch.randn(n, generator=gen, dtype=dtype) for n in (1, 7, 64, 4097, 100_003)]
+    cases += [torch.randn(30, 40, generator=gen, dtype=dtype).t(), torch.full((5,), 1e20, dtype=dtype),
+              torch.tensor([1.0, float("nan"), float("inf"), -2.0], dtype=dtype),
+              torch.tensor([float("inf"), -float("inf"), 3.0], dtype=dtype)]
+    native = [torch_stats._reduce_host(x, FLOAT) for x in cases]
+    monkeypatch.setattr(torch_stats, "_kernel", False)
+    twin = [torch_stats._reduce_host(x, FLOAT) for x in cases]
+    for got, want in zip(native, twin):
+        for i in (0, 1, 4, 5):
+            assert got[i] == want[i] or (math.isnan(got[i]) and math.isnan(want[i])), (i, got, want)
+        _same(got, want)
+
+
 def test_views_of_the_same_bytes_share_a_key_and_other_bytes_do_not():
     stats = TorchStats()
     x = torch.randn(4, 6)

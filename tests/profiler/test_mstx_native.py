@@ -112,7 +112,7 @@ def test_records_from_a_finished_session_never_reach_the_next_one():
 
 
 def test_the_python_path_passes_the_mstx_suite_without_the_extension():
-    env = {**os.environ, "PROBE_MSTX_NATIVE": "0"}
+    env = {**os.environ, "PROBE_NATIVE": "0"}
     probe = subprocess.run([sys.executable, "-c", "from probe.profiler import mstx; print(mstx._native)"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == "None", probe.stderr

@@ -141,14 +141,13 @@ class ServerThread:
 def serve(app: Dash, host: str = "127.0.0.1", port: int = 8050, *, token: str | None = None,
           allow_hosts: tuple[str, ...] | list = (), tls_cert: str | None = None,
           tls_key: str | None = None) -> None:
-    """Serve ``app`` until interrupted (Ctrl-C), printing the URL to open (it carries the token;
-    see :class:`ServerThread` for the options)."""
+    """Serve ``app`` until interrupted (Ctrl-C: the server stops and ``KeyboardInterrupt`` goes
+    on to the caller, so ``probe web`` exits 130), printing the URL to open (it carries the
+    token; see :class:`ServerThread` for the options)."""
     srv = ServerThread(app, host, port, token=token, allow_hosts=allow_hosts, tls_cert=tls_cert,
                        tls_key=tls_key)
     print(f"probe web: serving on {srv.signed_url()}  (Ctrl-C to stop)", flush=True)
     try:
         threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
     finally:
         srv.stop()

@@ -109,6 +109,7 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
     from probe.engine_adapter.callbacks import CallbackSpec
     from probe.engine.launch import run_training, validate
     from probe.engine.spec import RunSpec
+    from probe.monitor.address import ADDR_ENV
     from probe.commands.train import print_step_table
     from probe.profiler.engine_callbacks import FlopsCallback
 
@@ -134,11 +135,11 @@ def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor
         click.echo(f"listening; a straggler alert triggers a 3-step deep trace (log {root / 'monitor' / 'monitor.log'})")
 
         _stage(f"2/5 training {preset} on {nproc} ranks, rank {slow_rank} planted {slow_factor:g}x slower")
-        os.environ["PROBE_MONITOR"] = addr
+        os.environ[ADDR_ENV] = addr
         try:
             result = run_training(train_spec)
         finally:
-            os.environ.pop("PROBE_MONITOR", None)
+            os.environ.pop(ADDR_ENV, None)
         print_step_table(result)
         alerts = _monitor_findings(addr, job)
 
@@ -208,7 +209,8 @@ def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) 
         click.echo(f"          slowest by own work: rank {ranks[0]['rank']} "
                    f"(compute {ranks[0]['compute_ms']:.1f} ms/step vs "
                    + ", ".join(f"rank {r['rank']} {r['compute_ms']:.1f}" for r in ranks[1:])
-                   + "; step time is the same on every rank of a synchronous job)")
+                   + "; own work leaves out the time a rank waits for the others in the gradient "
+                     "all-reduce, which evens out the ranks' step times)")
     who = (f"rank {stragglers[0]}" if len(stragglers) == 1
            else f"ranks {', '.join(map(str, stragglers))}" if stragglers else "none")
     click.echo(f"monitor:  {plural(len(alerts), 'alert')}; straggler: {who}")

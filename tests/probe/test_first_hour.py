@@ -66,6 +66,7 @@ def test_web_on_port_0_prints_the_real_url_once_and_answers(tmp_path):
             raise AssertionError(f"probe web did not stop 30 s after Ctrl-C (exit status: {exited}); "
                                  f"its process group:\n{group}") from None
     assert "serving on" not in rest                  # the URL is printed once
+    assert proc.returncode == 130 and "probe: interrupted" in rest, (proc.returncode, rest)
 
 
 def _steps(folder):

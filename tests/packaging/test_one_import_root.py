@@ -17,9 +17,17 @@ OLD_NAMES = ("compare", "monitor", "web", "engine", "ground", "collectors", "che
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """The project's wheel, built from a copy of the checkout (a build writes ``build/`` and
+    ``*.egg-info`` beside the sources; the checkout stays as it is)."""
+    import shutil
+
+    source = tmp_path_factory.mktemp("source") / "project"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "runs", "test-output", "__pycache__",
+        "*.so", ".pytest_cache"))
     out = tmp_path_factory.mktemp("wheel")
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                          "--disable-pip-version-check", "-q", "-w", str(out), str(ROOT)],
+                          "--disable-pip-version-check", "-q", "-w", str(out), str(source)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     (found,) = out.glob("*.whl")

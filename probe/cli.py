@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; turn every error into one line and an exit code."""
     print_to_stderr()          # what the project's modules log reads on stderr as written
     try:
-        rv = cli.main(args=argv, prog_name="probe", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else list(argv)
+        rv = cli.main(args=args, prog_name="probe", standalone_mode=False, obj={"argv": args})
     except click.exceptions.Abort:
         click.echo("probe: interrupted", err=True)
         return 130

@@ -26,6 +26,7 @@ from typing import Any
 import click
 
 from probe.ground.errors import EXIT_NONFINITE, ProbeError
+from probe.ground.frameworks import framework_names
 from probe.options import (engine_options, force_option, fsync_option, refuse_engine_options,
                            selection_option)
 
@@ -57,7 +58,7 @@ DEFAULT_OUT = os.path.join("runs", "dump")
 @click.option("--scope", default=None, metavar="REGEX", help="Keep only entries whose name matches.")
 @click.option("--list", "names", default=None, metavar="NAMES",
               help="Keep only these modules/APIs (comma-separated paths, classes or API names).")
-@click.option("--framework", type=click.Choice(["torch", "mindspore"]), default="torch",
+@click.option("--framework", type=click.Choice(framework_names()), default="torch",
               show_default=True, help="Framework of the SCRIPT (the bundled engine is PyTorch).")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory.")
 @click.option("--no-stack", is_flag=True, help="Do not record call stacks (stack.json stays empty).")
@@ -85,10 +86,18 @@ def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
     if script and dtype != "fp32":
         raise ProbeError("--dtype applies to the bundled engine; a SCRIPT sets its own precision")
     if script:
+        from probe.launcher import given_options, relaunch, split_launcher
+
+        launched = split_launcher(list(script))
+        if launched is not None:          # torchrun ... train.py: a dump on every rank
+            _claim(out, force)
+            code = relaunch("dump", given_options("dump", script), *launched)
+            _summarise(out, options, code)
+            return code
         code = _run_script(list(script), framework, out, options, force, fsync)
     else:
         if framework != "torch":
-            raise ProbeError("--framework mindspore needs a SCRIPT (probe dump --framework mindspore "
+            raise ProbeError(f"--framework {framework} needs a SCRIPT (probe dump --framework {framework} "
                              "-- train.py); the bundled engine is PyTorch")
         allow = allow_nan or task == "overflow"     # overflow looks for NaN/Inf: finding one is its job
         result = _run_engine(out, options, engine=engine, preset=preset, nproc=nproc,
@@ -148,8 +157,11 @@ def _run_script(argv: list[str], framework: str, out: str, options: dict[str, An
     from probe.dumper.session import DumpSession
     from probe.script import check_script, run_script
 
+    from probe.launcher import parent_sums_up
+
     check_script(argv)
-    _claim(out, force)
+    if not parent_sums_up():             # (a relaunched rank: its parent claimed the folder)
+        _claim(out, force)
     session = DumpSession(None, out=out, framework=framework, auto_step=True, fsync=fsync, **options)
     session.start()
     unwatch = watch_first_optimizer(framework, lambda: _setup_done(session, out))
@@ -198,10 +210,15 @@ def _summarise(out: str, options: dict[str, Any], code: int) -> None:
     if options["task"] == "overflow":
         from probe.dumper.overflow import summarise_run
         return summarise_run(out, options, code)
+    from probe.launcher import parent_sums_up, rank_of_launch
+
+    if parent_sums_up():                 # a rank under `probe dump -- torchrun ...`
+        return
+    only = rank_of_launch()              # a rank of `torchrun -m probe.cli dump`: its own part
     root = Path(out)
     found: dict[int, list[int]] = {}
     entries = 0
-    for d in sorted(root.glob("step*/rank*/dump.json")):
+    for d in sorted(root.glob(f"step*/rank{'*' if only is None else only}/dump.json")):
         step = int(d.parent.parent.name[4:])
         found.setdefault(step, []).append(int(d.parent.name[4:]))
         try:
@@ -211,17 +228,22 @@ def _summarise(out: str, options: dict[str, Any], code: int) -> None:
     summary = {"out": str(root), "level": options["level"], "task": options["task"],
                "steps": sorted(found), "ranks": sorted({r for rs in found.values() for r in rs}),
                "entries": entries, "exit_code": code}
-    if root.is_dir():
+    if root.is_dir() and only is None:
         (root / "dump_summary.json").write_text(json.dumps(summary, indent=1))
-    if not found:
-        click.echo(f"probe dump: no step was dumped to {out}", err=True)
-        return
+    if not found or not entries:
+        what = "no step was dumped" if not found else "every dumped step is empty (0 entries)"
+        raise ProbeError(f"{out}: {what}: no module or API call of the run ran under the dump "
+                         "(--steps or --ranks selecting none of the run's; a script whose model "
+                         "is one leaf module: use --level mix or api; a launcher started inside "
+                         "the script: give it as 'probe dump -- torchrun ... train.py')",
+                         exit_code=1)
     from probe.ground.text import plural
 
     steps = (f"{plural(len(found), 'step')} ({_ranges(sorted(found))})" if len(found) > 1
              else f"step {next(iter(found))}")
+    where = f"rank {only}" if only is not None else plural(len(summary['ranks']), 'rank')
     click.echo(f"probe dump: {options['level']}/{options['task']}: {steps} on "
-               f"{plural(len(summary['ranks']), 'rank')}, {plural(entries, 'entry', 'entries')} -> "
+               f"{where}, {plural(entries, 'entry', 'entries')} -> "
                f"{out}/step{{N}}/rank{{R}}/dump.json")
     click.echo(f"  query: probe query {out} \"select node, slot, max, min, mean, l2norm "
                "from tensors limit 10\"")

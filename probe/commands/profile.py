@@ -120,7 +120,13 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
                "flops": not no_flops, "torch_ops": torch_ops, "otel": otel,
                "overflow": overflow, "max_buffer": max_buffer}
     if script:
-        code = _run_script(list(script), out, options, force=force, fsync=fsync)
+        from probe.launcher import given_options, relaunch, split_launcher
+
+        launched = split_launcher(list(script))
+        if launched is not None:          # torchrun ... train.py: a profile on every rank
+            code = relaunch("profile", given_options("profile", script), *launched)
+        else:
+            code = _run_script(list(script), out, options, force=force, fsync=fsync)
     else:
         code, result = _run_engine(out, options, ranks=ranks, engine=engine, preset=preset,
                                    nproc=nproc, max_steps=max_steps, seed=seed, faults=faults,

@@ -25,6 +25,7 @@ import torch
 
 from probe.checker.apis import split_name
 from probe.ground.errors import ProbeError
+from probe.ground.frameworks import module_prefixes
 
 #: at most this many bytes of dump.json are read (a larger one is not a dump of API calls)
 MAX_JSON_BYTES = 1 << 30
@@ -103,10 +104,11 @@ def read_calls(folder: Path, step: int = 0, rank: int = 0) -> tuple[list[Call], 
     order = {name: i for i, name in enumerate(construct)}
     base = len(order)
     calls = []
+    modules = tuple(p + "." for p in module_prefixes())      # module entries: not API calls
     for i, (name, entry) in enumerate(data.items()):
         if not isinstance(name, str) or not name.endswith(".forward") or not isinstance(entry, dict):
             continue
-        if name.startswith(("Module.", "Cell.")):
+        if name.startswith(modules):
             continue
         api, index = split_name(name)
         if index < 0:

@@ -7,7 +7,9 @@ scanner :mod:`probe.collectors.msprobe_scan` and the flattening of entries
 - folders: one per step and process, ``step{N}/rank{R}/`` (or ``proc<pid>`` when no distributed
   group was initialised), holding ``dump.json``, ``construct.json`` and ``stack.json``;
 - entry names: ``(Module|Cell).<path.Class>.(forward|backward|parameters_grad).<call>`` for
-  modules, ``<Prefix>.<api>.<call>.(forward|backward)`` for APIs (:func:`parse_node_name`);
+  modules (the first part is a registered framework's module prefix,
+  :func:`probe.ground.frameworks.module_prefixes`), ``<Prefix>.<api>.<call>.(forward|backward)``
+  for APIs (:func:`parse_node_name`);
 - an entry's keys and the record slot each becomes (:data:`SLOTS`), and the fields of a tensor
   (:data:`STAT_TYPE`);
 - the JSON itself, with the ``NaN``, ``Infinity`` and ``-Infinity`` literals msprobe writes
@@ -30,17 +32,15 @@ from typing import Any
 import pyarrow as pa
 
 from probe.ground.errors import ProbeError
+from probe.ground.frameworks import module_prefixes
 
 try:
     import orjson as _orjson
 except ImportError:  # the standard library parser is the fallback
     _orjson = None
 
-__all__ = ["MODULE_PREFIXES", "STAT_TYPE", "SLOTS", "loads", "position_names", "parse_node_name",
+__all__ = ["STAT_TYPE", "SLOTS", "loads", "position_names", "parse_node_name",
            "step_rank", "find_dump_files", "find_dump"]
-
-#: The first part of a module entry's name (PyTorch, MindSpore).
-MODULE_PREFIXES = ("Module", "Cell")
 
 #: The fields of one tensor of an entry, as msprobe writes them, and the ``tensor_id`` our dumps
 #: add (the data's id in the step; msprobe's tools ignore it, and its own dumps have none).
@@ -128,7 +128,7 @@ def parse_node_name(name: str) -> tuple[str, str, str, str, int]:
     """
     parts = name.split(".")
     prefix = parts[0]
-    if prefix in MODULE_PREFIXES and len(parts) >= 4 and parts[-1].isdigit():
+    if prefix in module_prefixes() and len(parts) >= 4 and parts[-1].isdigit():
         return "module", prefix, ".".join(parts[1:-2]), parts[-2], int(parts[-1])
     if len(parts) >= 4 and parts[-2].isdigit():
         kind = "comm" if prefix == "Distributed" else "api"

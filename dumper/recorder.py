@@ -18,6 +18,8 @@ and the step goes on.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import re
 import sys
@@ -30,11 +32,30 @@ from probe.dumper.config import DumpConfig
 from probe.dumper.rows import POS, RowBuilder
 from probe.dumper.tree import CallTree
 from probe.dumper.writer import DumpWriter, StepBatch
+from probe.ground.frameworks import frameworks
 
-#: files of the dump machinery, left out of stack.json
-_OWN_FILES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)
-                   for p in ("probe" + os.sep, "engine_adapter" + os.sep + "torch_",
-                             "engine_adapter" + os.sep + "mindspore_", "engine_adapter" + os.sep + "base"))
+log = logging.getLogger(__name__)
+
+#: files of the dump machinery other than the framework adapters, left out of stack.json
+_MACHINERY_FILES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)
+                         for p in ("probe" + os.sep, "dumper" + os.sep, "engine_adapter" + os.sep + "base"))
+
+
+def _own_files() -> tuple[str, ...]:
+    """Path prefixes of the files left out of stack.json: the dump machinery's and, for every
+    framework of :mod:`probe.ground.frameworks`, its adapter's (``<folder>/torch_`` of
+    ``torch_adapter.py``, its ``torch_*.py`` companions with it; an adapter module named
+    otherwise: its one file)."""
+    own = list(_MACHINERY_FILES)
+    for spec in frameworks():
+        try:
+            found = importlib.util.find_spec(spec.adapter_module)
+        except (ImportError, ValueError):      # its package is not importable: nothing to leave out
+            found = None
+        if found is not None and found.origin:
+            origin = found.origin
+            own.append(origin[:-len("adapter.py")] if origin.endswith("_adapter.py") else origin)
+    return tuple(own)
 
 
 class DumpRecorder:
@@ -59,6 +80,7 @@ class DumpRecorder:
         self._errors_reported: set[str] = set()
         self._include_cache: dict[str, bool] = {}
         self._stack_cache: dict[str, tuple] = {}
+        self._own_files = _own_files()
         self._writer: DumpWriter | None = None
         # which backward hook of a step opens the writer's window: the one that began the last
         # recorded step's longest stretch between two backward hooks (None: the first one)
@@ -229,10 +251,11 @@ class DumpRecorder:
             self.stacks[name] = cached
             return
         frames = []
+        own = self._own_files
         f = sys._getframe(2)
         while f is not None:
             code = f.f_code
-            if not code.co_filename.startswith(_OWN_FILES):
+            if not code.co_filename.startswith(own):
                 frames.append((code.co_filename, f.f_lineno, code.co_name))
             f = f.f_back
         self.stacks[name] = self._stack_cache[name] = tuple(frames)
@@ -379,11 +402,9 @@ class DumpRecorder:
         if key in self._errors_reported:
             return
         self._errors_reported.add(key)
-        print(f"probe dump: error in {where}: {type(error).__name__}: {msg} "
-              "(the dump goes on without it; training is not affected)", file=sys.stderr)
-        if os.environ.get("PROBE_DEBUG"):
-            import traceback
-            traceback.print_exception(error)
+        log.warning(f"probe dump: error in {where}: {type(error).__name__}: {msg} "
+                    "(the dump goes on without it; training is not affected)",
+                    exc_info=error if os.environ.get("PROBE_DEBUG") else None)
 
     # ----------------------------------------------------------------- writing
     def _flush(self) -> None:

@@ -11,7 +11,10 @@ An adapter knows one framework (PyTorch, MindSpore, ...) and nothing about dump 
 
 The dump's recorder (``dumper/recorder.py``) is the only :class:`HookSink`; it is written once,
 for every engine. Adding an engine means one new module ``engine_adapter/<name>_adapter.py``
-that defines ``ADAPTER = <a subclass of EngineAdapter>``; :func:`get_adapter` finds it by name.
+that defines ``ADAPTER = <a subclass of EngineAdapter>`` and one row of the framework table,
+:mod:`probe.ground.frameworks` (its names, its module prefix, that module), or, for an adapter
+that lives outside this package, ``register_framework(FrameworkSpec(...))`` at runtime;
+:func:`get_adapter` finds it through the table.
 
 >>> get_adapter("torch").framework       # doctest: +SKIP
 'pytorch'
@@ -25,6 +28,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from probe.ground.errors import ProbeError
+from probe.ground.frameworks import framework as framework_spec, framework_names
 
 #: statistics kinds a backend assigns to a tensor
 FLOAT = "float"       # Max, Min, Mean, Norm, NaN and Inf counts
@@ -155,9 +159,9 @@ class HookSink(Protocol):
 class EngineAdapter(ABC):
     """One framework behind one interface; see the module docstring."""
 
-    #: msprobe's ``framework`` value ("pytorch", "mindspore")
+    #: msprobe's ``framework`` value ("pytorch", "mindspore"): its row's ``msprobe_name``
     framework: str = ""
-    #: prefix of module entries ("Module", "Cell")
+    #: prefix of module entries ("Module", "Cell"): its row's ``module_prefix``
     module_prefix: str = ""
 
     def __init__(self) -> None:
@@ -222,19 +226,18 @@ class EngineAdapter(ABC):
 
 
 def get_adapter(framework: str) -> EngineAdapter:
-    """The adapter for ``framework`` ("torch"/"pytorch", "mindspore"), newly built.
+    """The adapter for ``framework`` (a name or alias of :mod:`probe.ground.frameworks`:
+    "torch"/"pytorch", "mindspore"/"ms", or one registered at runtime), newly built.
 
-    Looks for ``engine_adapter.<name>_adapter.ADAPTER``, so a new engine is one new file.
+    Imports the row's ``adapter_module`` and builds its ``ADAPTER``.
     """
-    name = {"pytorch": "torch", "ms": "mindspore"}.get(framework, framework)
-    if not name.isidentifier():
-        raise ProbeError(f"--framework {framework!r}: not an engine name; use torch or mindspore")
+    spec = framework_spec(framework)
     try:
-        module = importlib.import_module(f"probe.engine_adapter.{name}_adapter")
+        module = importlib.import_module(spec.adapter_module)
     except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("engine_adapter."):
-            raise ProbeError(f"--framework {framework!r}: no adapter for this engine; "
-                             "use torch or mindspore") from None
+        if e.name and (spec.adapter_module + ".").startswith(e.name + "."):
+            raise ProbeError(f"--framework {framework!r}: its adapter module {spec.adapter_module} "
+                             f"is missing; use {' or '.join(framework_names())}") from None
         raise ProbeError(f"--framework {framework!r}: {e.name} is not installed; "
                          f"install it (pip install {e.name}) or use --framework torch") from None
     return module.ADAPTER()

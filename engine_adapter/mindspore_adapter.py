@@ -35,6 +35,7 @@ from mindspore import nn, ops
 from probe.engine_adapter.base import FLOAT, INTEGER, OPAQUE, EngineAdapter, HookSink, StatsBackend, TensorMeta
 from probe.engine_adapter.guard import ReentryGuard
 from probe.engine_adapter.host_stats import array_stats
+from probe.ground.frameworks import framework as framework_spec
 
 _FLOATS = {ms.float16, ms.float32, ms.float64, getattr(ms, "bfloat16", ms.float16)}
 _INTS = {ms.int8, ms.int16, ms.int32, ms.int64, ms.uint8, ms.uint16, ms.uint32, ms.uint64}
@@ -117,8 +118,8 @@ class MindSporeStats(StatsBackend):
 class MindSporeAdapter(EngineAdapter):
     """The MindSpore engine adapter (PyNative mode)."""
 
-    framework = "mindspore"
-    module_prefix = "Cell"
+    framework = framework_spec("mindspore").msprobe_name
+    module_prefix = framework_spec("mindspore").module_prefix
 
     def __init__(self) -> None:
         super().__init__()

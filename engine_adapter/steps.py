@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 
 from probe.engine_adapter.base import EngineAdapter
 from probe.engine_adapter.callbacks import CallbackList, TrainCallback, TrainContext
+from probe.ground.frameworks import framework as framework_spec
 
 
 def watch_first_optimizer(framework: str, on_first: Callable[[], None]) -> Callable[[], None] | None:
@@ -64,7 +65,7 @@ def watch_first_optimizer(framework: str, on_first: Callable[[], None]) -> Calla
     >>> stop(); seen
     ['first']
     """
-    if framework not in ("torch", "pytorch"):
+    if framework_spec(framework).name != "torch":
         return None
     import torch
 

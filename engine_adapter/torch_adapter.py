@@ -37,6 +37,7 @@ from probe.engine_adapter.base import EngineAdapter, HookSink, StatsBackend
 from probe.engine_adapter.guard import ReentryGuard
 from probe.engine_adapter.torch_api import watch_gradient, wrap_inputs
 from probe.engine_adapter.torch_stats import TorchStats
+from probe.ground.frameworks import framework as framework_spec
 
 
 #: inside dump code, tensor subclasses (``nn.Parameter``) skip their Python ``__torch_function__``:
@@ -61,8 +62,8 @@ def _clean_path(path: str) -> str:
 class TorchAdapter(EngineAdapter):
     """The PyTorch engine adapter."""
 
-    framework = "pytorch"
-    module_prefix = "Module"
+    framework = framework_spec("torch").msprobe_name
+    module_prefix = framework_spec("torch").module_prefix
 
     def __init__(self) -> None:
         super().__init__()

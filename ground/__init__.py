@@ -6,6 +6,8 @@
 - :mod:`probe.ground.selection`: ``--steps``/``--ranks`` selections (``0,2-4``);
 - :mod:`probe.ground.background`: the one bounded background queue with a worker thread that every
   writer and sender uses.
+- :mod:`probe.ground.frameworks`: the framework table (names, module prefixes, adapter modules)
+  that every package naming a framework reads.
 
 Nothing here imports another package of this project (a test checks it).
 """

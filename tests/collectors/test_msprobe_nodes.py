@@ -41,7 +41,7 @@ def _reaches_a_root(parents: dict) -> bool:
     return True
 
 
-def test_a_parent_cycle_and_a_missing_parent_are_mended_with_one_warning(tmp_path, capsys):
+def test_a_parent_cycle_and_a_missing_parent_are_mended_with_one_warning(tmp_path, logged):
     path, construct = _broken_dump(tmp_path)
     nodes = read_msprobe_dump(path).nodes
     parents = dict(zip(nodes.column("node").to_pylist(), nodes.column("parent").to_pylist()))
@@ -54,19 +54,19 @@ def test_a_parent_cycle_and_a_missing_parent_are_mended_with_one_warning(tmp_pat
     assert parents["Functional.relu.0.backward"] == f"{FC}.backward.0"   # not broken: kept
     depth = dict(zip(nodes.column("node").to_pylist(), nodes.column("depth").to_pylist()))
     assert depth[f"{FC}.backward.0"] == 2
-    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    lines = [x for x in logged().splitlines() if x.strip()]
     assert len(lines) == 1 and str(tmp_path / "old" / "construct.json") in lines[0]
     assert "2 of 7 nodes re-parented" in lines[0]
 
 
-def test_a_whole_tree_is_read_as_it_is_and_says_nothing(tmp_path, capsys, msprobe_data):
+def test_a_whole_tree_is_read_as_it_is_and_says_nothing(tmp_path, logged, msprobe_data):
     for dump in ("torch_L0", "mindspore_mix", "torch_llama_mix"):
         folder = next((msprobe_data / dump).glob("step0/*"))
         construct = json.loads((folder / "construct.json").read_text())
         nodes = read_msprobe_dump(folder / "dump.json").nodes
         parents = dict(zip(nodes.column("node").to_pylist(), nodes.column("parent").to_pylist()))
         assert all(parents[k] == v for k, v in construct.items())
-    assert capsys.readouterr().err == ""
+    assert logged() == ""
 
 
 def test_without_a_backward_twin_the_break_goes_to_the_top_and_the_rest_keeps_its_parent():

@@ -148,50 +148,16 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
 
 def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any],
                 force: bool, fsync: str) -> int:
-    """Dump a script's run. Steps are its optimizer steps: step 0 starts when it constructs its
-    first optimizer (what runs before, imports and model construction, is set-up and is not
-    dumped, as msprobe's debugger, started in the training loop, does not see it; MindSpore: step
-    0 starts with the script), each ``optimizer.step()`` ends one, and after the last one a step
-    is written only if something ran in it (an evaluation after training, say)."""
-    from probe.engine_adapter.steps import watch_first_optimizer
-    from probe.dumper.session import DumpSession
-    from probe.script import check_script, run_script
-
+    """Dump a script's run (:class:`probe.dumper.script.ScriptDump` says what a step is)."""
+    from probe.dumper.script import ScriptDump
     from probe.launcher import parent_sums_up
+    from probe.script import check_script, run_script
 
     check_script(argv)
     if not parent_sums_up():             # (a relaunched rank: its parent claimed the folder)
         _claim(out, force)
-    session = DumpSession(None, out=out, framework=framework, auto_step=True, fsync=fsync, **options)
-    session.start()
-    unwatch = watch_first_optimizer(framework, lambda: _setup_done(session, out))
-    setup = None
-    if framework == "torch":
-        from probe.engine_adapter.run_config import watch_config
-        setup = watch_config(out)
-    try:
-        code = run_script(argv, "finished steps are written")
-    finally:
-        if unwatch is not None:
-            unwatch()
-        session.stop()                  # (the step left open after the last one is not written)
-        if setup is not None:
-            setup.close()
-    return code
-
-
-def _setup_done(session: Any, out: str) -> None:
-    """The script constructed its first optimizer: what was recorded so far is set-up, not step
-    0; step 0 starts afresh (tensor files the set-up wrote are removed)."""
-    import shutil
-
-    rec = session.recorder
-    if rec is None or rec.step != 0:
-        return
-    session.begin_step(0)
-    from probe.collectors.msprobe_writer import step_dir
-
-    shutil.rmtree(step_dir(out, 0, rec.rank) / "dump_tensor_data", ignore_errors=True)
+    with ScriptDump(out, framework=framework, fsync=fsync, **options):
+        return run_script(argv, "finished steps are written")
 
 
 def _claim(out: str, force: bool) -> None:

@@ -14,7 +14,7 @@ The measures, over the finite elements of every floating output:
 - ``budget_max`` / ``budget_mean``: the error over the standard's budget, per element, its
   largest and mean; ``over``: the share of elements beyond their budget.
 
-Verdicts (the compare's vocabulary, :mod:`probe.compare.verdict`):
+Verdicts (the compare's vocabulary and ladder, :mod:`probe.compare.verdict`):
 
 1. ``nan``: NaN or Inf where the golden has none (or the golden has some the output lacks);
 2. ``error``: a shape, count or exact-value mismatch; or errors beyond the standard that are
@@ -23,6 +23,10 @@ Verdicts (the compare's vocabulary, :mod:`probe.compare.verdict`):
    :data:`BIASED`) on more than 1% of the elements;
 3. ``warning``: some elements beyond the standard, the rest within it, errors unbiased;
 4. ``pass``: every element within the standard.
+
+The largest error over the budget is graded on the compare's ladder
+(:func:`probe.compare.verdict.grade`) between 1 (the budget) and :data:`ERROR_FACTOR`; a
+``warning`` whose errors are systematic is an ``error``.
 
 >>> import torch
 >>> from probe.checker.standards import standard
@@ -44,6 +48,7 @@ import numpy as np
 import torch
 
 from probe.checker.standards import Standard, torch_dtype
+from probe.compare.verdict import grade as ladder
 
 #: more than this share of elements beyond their budget is an error
 ERROR_SHARE = 0.05
@@ -106,12 +111,12 @@ def grade(measured: Sequence[torch.Tensor | None], golden: Sequence[torch.Tensor
     stats = (f"max {_num(bmax)}x the budget, mean {_num(bmean)}x; max error {_num(metrics['max_ulp'])} ulp{of}, "
              f"relative {metrics['rel_err']:.1e}, cosine {metrics['cosine']:.6f}")
     bias = _bias_words(bal)
-    if bmax <= 1.0:
+    verdict = ladder(bmax, 1.0, ERROR_FACTOR)
+    if verdict == "pass":
         return Grade("pass", f"within {std.describe()}: max {_num(bmax)}x the budget; "
                              f"max error {_num(metrics['max_ulp'])} ulp{of}{lower}", metrics)
     share = f"{_pct(over)} of elements"
-    verdict = "warning"
-    if bmean > 1.0 or over > ERROR_SHARE or bmax > ERROR_FACTOR or (abs(bal) >= BIASED and over > 0.01):
+    if bmean > 1.0 or over > ERROR_SHARE or (abs(bal) >= BIASED and over > 0.01):
         verdict = "error"
     return Grade(verdict, f"beyond {std.describe()} on {share}: {stats}; {bias}{lower}", metrics)
 

@@ -1,8 +1,9 @@
 """Compare: load two dumps, normalise, match, compute metrics, give verdicts and localise.
 
 The public entry point is :func:`probe.compare.api.compare` (``probe compare A B`` on the command
-line), which returns a :class:`probe.compare.result.CompareResult`; ``pipeline`` runs the modules,
-in pipeline order:
+line), which returns a :class:`probe.compare.result.CompareResult`; ``pipeline`` calls the
+modules' stages, each taking and returning Arrow tables (``tables``: lent to DuckDB for the
+length of a stage), in pipeline order:
 
 - ``load``: resolve an input (dump.json, step/rank folder, run folder with ``store/``);
 - ``normalise``: framework-free names, dtypes, parameter and class names (DuckDB SQL);
@@ -11,7 +12,8 @@ in pipeline order:
 - ``tensor_rows``: statistics metrics and per-tensor verdicts (DuckDB SQL);
 - ``metrics``: element-wise metrics of tensor-mode dumps;
 - ``node_rows``: per-node pairs and verdicts (DuckDB SQL);
-- ``verdict``: dtype-aware tolerances; ``localise``: first divergence and first NaN/Inf;
+- ``verdict``: dtype-aware tolerances and the verdict ladder (SQL and NumPy); ``localise``:
+  first divergence and first NaN/Inf;
 - ``report``: summary.json, the output files and the terminal summary.
 
 ``ranks`` compares two runs of several ranks pair by pair, on local processes or a Dask

@@ -23,15 +23,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
 __all__ = ["localise", "with_impact", "GROWTH"]
 
 #: An output error this many times the input error counts as growth even when inputs differ.
 GROWTH = 10.0
 
 
-def localise(con: Any) -> dict[str, Any]:
-    """``{"first_divergence": ..., "first_nan": ...}`` from the ``nodes`` table in ``con``."""
-    return {"first_divergence": _first_divergence(con), "first_nan": _first_nan(con)}
+def localise(con: Any, nodes: pa.Table) -> dict[str, Any]:
+    """``{"first_divergence": ..., "first_nan": ...}`` of the node rows ``nodes`` (pyarrow.Table,
+    :func:`with_impact`'s or :func:`probe.compare.node_rows.node_rows`'), queried on ``con``."""
+    from probe.compare.tables import registered
+
+    with registered(con, nodes=nodes):
+        return {"first_divergence": _first_divergence(con), "first_nan": _first_nan(con)}
 
 
 #: Match methods of a node paired with its own counterpart (the others have no inputs of
@@ -40,16 +46,17 @@ _DIRECT = "match_method not in ('unmatched', 'ancestor', 'container')"
 _BAD = "verdict in ('warning', 'error', 'nan')"
 
 
-def with_impact(con: Any, nodes: Any) -> Any:
+def with_impact(con: Any, nodes: pa.Table) -> pa.Table:
     """``nodes`` (the node rows, pyarrow.Table, in execution order) with ``origin`` (bool: a
     divergence starts here) and ``affected_by_a``, ``affected_by_b`` (the names of the origin an
     affected node's divergence comes from, null when none precedes it). The origins are one
     DuckDB projection; the first of them is every later affected node's source (numpy)."""
     import numpy as np
-    import pyarrow as pa
 
-    con.register("nodes_in", nodes)
-    flags = con.sql(f"""
+    from probe.compare.tables import registered
+
+    with registered(con, nodes_in=nodes):
+        flags = con.sql(f"""
     select coalesce({_DIRECT} and {_BAD} and case when verdict = 'nan'
              then coalesce(in_verdict, 'pass') <> 'nan'
              else coalesce(in_verdict, 'pass') = 'pass' or coalesce(param_verdict, 'pass') <> 'pass'
@@ -57,7 +64,6 @@ def with_impact(con: Any, nodes: Any) -> Any:
       coalesce(direction = 'forward', false) as fwd, coalesce({_DIRECT} and {_BAD}, false) as bad,
       coalesce(verdict = 'nan', false) as nan
     from nodes_in""").fetchnumpy()                  # a projection: DuckDB keeps the rows' order
-    con.unregister("nodes_in")
     raw, fwd, bad, nan = (np.asarray(flags[k], dtype=bool) for k in ("raw", "fwd", "bad", "nan"))
     origin = raw & (fwd | ~(raw & fwd).any())        # a forward origin: backward has none of its own
     n = nodes.num_rows

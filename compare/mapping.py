@@ -135,12 +135,12 @@ def kind_of(doc: Any) -> str:
     return "unknown"
 
 
-def mapped_pairs(con: Any, path: str) -> pa.Table:
-    """Pairs (grp_a, grp_b, reason) that the mapping file gives, resolved in both sides."""
+def mapped_pairs(groups_a: pa.Table, groups_b: pa.Table, path: str) -> pa.Table:
+    """Pairs (grp_a, grp_b, reason) that the mapping file gives, resolved in both sides' call
+    groups (:attr:`probe.compare.normalise.Side.groups`)."""
     doc = load_mapping(path)
     kind = kind_of(doc)
-    ga = con.execute("select grp, kind, prefix, path, cls, call, fwd, bwd, pgrad, ord_f from a_g").fetchall()
-    gb = con.execute("select grp, kind, prefix, path, cls, call, fwd, bwd, pgrad, ord_f from b_g").fetchall()
+    ga, gb = _rows(groups_a), _rows(groups_b)
     if kind == "layer":
         pairs = _layer(doc, ga, gb)
     elif kind == "cell":
@@ -157,6 +157,12 @@ def mapped_pairs(con: Any, path: str) -> pa.Table:
                          "check the names against the dumps' dump.json")
     return pa.table({"grp_a": [p[0] for p in pairs], "grp_b": [p[1] for p in pairs],
                      "reason": [f"{kind} mapping {Path(path).name}" for _ in pairs]})
+
+
+def _rows(groups: pa.Table) -> list[tuple]:
+    """The call groups as tuples of the columns the mappings read, in the table's order."""
+    cols = ("grp", "kind", "prefix", "path", "cls", "call", "fwd", "bwd", "pgrad", "ord_f")
+    return list(zip(*(groups.column(c).to_pylist() for c in cols)))
 
 
 def _unique(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:

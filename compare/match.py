@@ -1,7 +1,11 @@
 """Match the call groups of two sides: exact normalised names, then structure, then ancestors.
 
-Works on the tables :func:`probe.compare.normalise.normalise_side` builds (``a_g``/``b_g``,
-``a_t``/``b_t``) and fills ``pairs(grp_a, grp_b, method, reason)``:
+:func:`match_groups` takes the two normalised sides (:class:`probe.compare.normalise.Side`: call
+groups and tensors, pyarrow.Tables, queried as ``a_g``/``b_g`` and ``a_t``/``b_t`` on the
+connection it is given) and returns :class:`Matches`, pyarrow.Tables: the group ``pairs``
+(grp_a, grp_b, method, reason), each side's group ``state``, and the groups compared at an
+ancestor (``covered``) or found to be an extra level (``containers``). The pairs are found in
+these steps:
 
 1. ``exact``: the same framework-free name (module path + call; API name + call within the
    parent module, or within the whole dump when one side has no construct.json parents),
@@ -28,11 +32,35 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["match_groups", "score_pair", "align"]
+from probe.compare.normalise import Side
+from probe.compare.tables import registered
+
+__all__ = ["Matches", "match_groups", "score_pair", "align"]
+
+
+@dataclass
+class Matches:
+    """What :func:`match_groups` found, as pyarrow.Tables:
+
+    - ``pairs``: (grp_a, grp_b, method, reason), one row per matched group pair, in the order
+      they were found (a pair's row number is its id in the tensor rows);
+    - ``state_a``, ``state_b``: (grp, state), every group of the side: ``matched``,
+      ``ancestor`` (compared at its nearest matched ancestor), ``container`` or ``unmatched``;
+    - ``covered``: (side, grp, anc_a, anc_b), each ``ancestor`` group and the pair it is
+      compared at;
+    - ``containers``: (side, grp), each ``container`` group (an extra level of one side).
+    """
+
+    pairs: pa.Table
+    state_a: pa.Table
+    state_b: pa.Table
+    covered: pa.Table
+    containers: pa.Table
 
 _DP_CELLS = 4_000_000
 
@@ -167,12 +195,29 @@ def _features(con: Any, side: str) -> list[dict]:
     return out
 
 
-def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = True) -> None:
-    """Fill ``pairs`` (grp_a, grp_b, method, reason) in ``con``; see the module docstring."""
-    con.execute("create or replace table pairs (grp_a bigint, grp_b bigint, method varchar, reason varchar)")
+def match_groups(con: Any, a: Side, b: Side, mapped: pa.Table | None = None,
+                 structural: bool = True) -> Matches:
+    """The matched groups of sides ``a`` and ``b`` (see the module docstring), found by DuckDB
+    on ``con`` (its tables temporary, dropped before it returns). ``mapped``: the pairs a
+    mapping file gives (:func:`probe.compare.mapping.mapped_pairs`), taken first;
+    ``structural``: whether to align the groups left unmatched by name by structure."""
+    with registered(con, a_g=a.groups, b_g=b.groups, a_t=a.tensors, b_t=b.tensors):
+        _match(con, mapped, structural)
+        found = Matches(con.sql("select * from pairs order by rowid").to_arrow_table(),
+                        *(con.sql(f"select * from {t}").to_arrow_table()
+                          for t in ("a_st", "b_st", "covered", "containers")))
+    for t in ("pairs", "a_st", "b_st", "covered", "containers", "anc_a", "anc_b"):
+        con.execute(f"drop table if exists {t}")
+    return found
+
+
+def _match(con: Any, mapped: pa.Table | None, structural: bool) -> None:
+    """Fill the temporary tables of :class:`Matches` in ``con`` from ``a_g``/``b_g`` and
+    ``a_t``/``b_t``."""
+    con.execute("create or replace temp table pairs (grp_a bigint, grp_b bigint, method varchar, reason varchar)")
     if mapped is not None and mapped.num_rows:
-        con.register("mapped_pairs", mapped)
-        con.execute("""insert into pairs select grp_a, grp_b, 'mapping', reason from mapped_pairs""")
+        with registered(con, mapped_pairs=mapped):
+            con.execute("""insert into pairs select grp_a, grp_b, 'mapping', reason from mapped_pairs""")
     scoped = con.execute("""
         select (select count(*) filter (where parent is not null) > 0 or count(*) = 0 from a_g where kind <> 'module'),
                (select count(*) filter (where parent is not null) > 0 or count(*) = 0 from b_g where kind <> 'module')
@@ -209,11 +254,11 @@ def match_groups(con: Any, mapped: pa.Table | None = None, structural: bool = Tr
     if any(unmatched):
         _ancestors(con)
     else:
-        con.execute("create or replace table covered (side varchar, grp bigint, anc_a bigint, anc_b bigint)")
-        con.execute("create or replace table containers (side varchar, grp bigint)")
+        con.execute("create or replace temp table covered (side varchar, grp bigint, anc_a bigint, anc_b bigint)")
+        con.execute("create or replace temp table containers (side varchar, grp bigint)")
     for side in ("a", "b"):
         con.execute(f"""
-        create or replace table {side}_st as
+        create or replace temp table {side}_st as
         select g.grp, case when p.grp_{side} is not null then 'matched'
                            when c.grp is not null then 'ancestor'
                            when k.grp is not null then 'container' else 'unmatched' end as state
@@ -267,9 +312,9 @@ def _structural(con: Any, kinds: tuple[str, ...]) -> None:
             keep.append((a["grp"], b["grp"], "structure",
                          f"aligned by structure (score {s:.1f}: position, class, shapes)"))
     if keep:
-        con.register("struct_pairs", pa.table({k: [r[i] for r in keep] for i, k in
-                                               enumerate(["grp_a", "grp_b", "method", "reason"])}))
-        con.execute("insert into pairs select * from struct_pairs")
+        with registered(con, struct_pairs=pa.table({k: [r[i] for r in keep] for i, k in
+                                                    enumerate(["grp_a", "grp_b", "method", "reason"])})):
+            con.execute("insert into pairs select * from struct_pairs")
 
 
 def _nearest(grp: int, parent: dict, matched: Any) -> int | None:
@@ -311,7 +356,7 @@ def _ancestors(con: Any) -> None:
     """Attach every unmatched group to the nearest matched ancestor pair (fused/unfused)."""
     for side, other in (("a", "b"), ("b", "a")):
         con.execute(f"""
-        create or replace table anc_{side} as
+        create or replace temp table anc_{side} as
         with recursive up(grp, cur, hops) as (
             select g.grp, g.parent, 0 from {side}_g g
             where g.grp not in (select grp_{side} from pairs where grp_{side} is not null)
@@ -326,7 +371,7 @@ def _ancestors(con: Any) -> None:
         group by up.grp
         """)
     con.execute("""
-    create or replace table containers as
+    create or replace temp table containers as
     with st as (
       select 'a' as side, g.grp, g.parent, p.grp_a is not null as m from a_g g
         left join (select distinct grp_a from pairs) p on p.grp_a = g.grp
@@ -340,7 +385,7 @@ def _ancestors(con: Any) -> None:
     where not s.m
     """)
     con.execute("""
-    create or replace table covered as
+    create or replace temp table covered as
     select 'a' as side, x.grp, x.anc as anc_a, p.grp_b as anc_b from anc_a x
       join pairs p on p.grp_a = x.anc
     union all

@@ -129,27 +129,40 @@ def add_tensor_metrics(rows: pa.Table, progress: bool = False) -> pa.Table:
 
 def _regrade(rows: pa.Table, todo: list[int]) -> pa.Table:
     """Grade rows with element-wise metrics on them: the largest element error over the
-    tensor's magnitude, with the statistics' dtype tolerances (the worse of the two gradings)."""
-    from probe.compare.verdict import VERDICT_RANK, tolerance
+    tensor's magnitude, on the ladder of :mod:`probe.compare.verdict` with the statistics'
+    dtype tolerances (the worse of the two gradings). Vectorised over the rows ``todo``; only
+    the reasons of the rows it makes worse are formatted one by one."""
+    import pyarrow.compute as pc
 
-    get = {k: rows.column(k).to_pylist() for k in
-           ("max_abs_err", "cosine", "max_a", "min_a", "max_b", "min_b", "dtype_a", "dtype_b",
-            "err", "verdict", "reason")}
-    for i in todo:
-        mae = get["max_abs_err"][i]
-        if mae is None or mae != mae or get["verdict"][i] == "unmatched":
-            continue
-        mag = max((abs(v) for v in (get["max_a"][i], get["min_a"][i], get["max_b"][i], get["min_b"][i])
-                   if v is not None and v == v and abs(v) != float("inf")), default=0.0)
-        err = mae / max(mag, 1e-30)
-        tp = max(tolerance(get["dtype_a"][i])[0], tolerance(get["dtype_b"][i])[0])
-        tw = max(tolerance(get["dtype_a"][i])[1], tolerance(get["dtype_b"][i])[1])
-        verdict = "pass" if err <= tp else "warning" if err <= tw else "error"
-        if VERDICT_RANK[verdict] > VERDICT_RANK.get(get["verdict"][i], 0):
-            get["verdict"][i] = verdict
-            get["reason"][i] = (f"elements differ: max abs error {mae:.2e} = {err:.2e} of the tensor's "
-                                f"magnitude (cosine {get['cosine'][i]:.6f})")
-        get["err"][i] = max(get["err"][i] or 0.0, err)
-    for k, typ in (("err", pa.float64()), ("verdict", pa.string()), ("reason", pa.string())):
-        rows = rows.set_column(rows.schema.get_field_index(k), k, pa.array(get[k], type=typ))
-    return rows
+    from probe.compare.verdict import grade, severity, tolerances
+
+    at = pa.array(todo, type=pa.int64())
+    sub = rows.select(["max_abs_err", "cosine", "max_a", "min_a", "max_b", "min_b", "dtype_a", "dtype_b",
+                       "err", "verdict"]).take(at)
+
+    def floats(k: str) -> np.ndarray:
+        return pc.fill_null(sub.column(k), float("nan")).to_numpy().astype(np.float64)
+    mae = floats("max_abs_err")
+    graded = ~np.isnan(mae) & ~pc.fill_null(pc.equal(sub.column("verdict"), "unmatched"), False).to_numpy()
+    stats = np.stack([floats(k) for k in ("max_a", "min_a", "max_b", "min_b")])
+    mag = np.where(np.isfinite(stats), np.abs(stats), 0.0).max(axis=0, initial=0.0)
+    err = mae / np.maximum(mag, 1e-30)
+    (pass_a, warn_a), (pass_b, warn_b) = tolerances(sub.column("dtype_a")), tolerances(sub.column("dtype_b"))
+    verdict = grade(err, np.maximum(pass_a, pass_b), np.maximum(warn_a, warn_b))
+    worse = graded & (severity(verdict) > severity(sub.column("verdict")))
+    new_err = np.maximum(pc.fill_null(sub.column("err"), 0.0).to_numpy(), err)
+    cosine = floats("cosine")
+    reason = [f"elements differ: max abs error {mae[k]:.2e} = {err[k]:.2e} of the tensor's magnitude "
+              f"(cosine {cosine[k]:.6f})" for k in np.flatnonzero(worse)]
+    rows_at = np.asarray(todo, dtype=np.int64)
+
+    def put(k: str, typ: pa.DataType, which: np.ndarray, values: Any) -> pa.Table:
+        """``rows`` with column ``k`` replaced at the rows ``todo[which]`` by ``values``."""
+        mask = np.zeros(rows.num_rows, dtype=bool)
+        mask[rows_at[which]] = True
+        col = rows.column(k).combine_chunks().cast(typ)
+        return rows.set_column(rows.schema.get_field_index(k), k,
+                               pc.replace_with_mask(col, pa.array(mask), pa.array(values, type=typ)))
+    rows = put("err", pa.float64(), graded, new_err[graded])
+    rows = put("verdict", pa.string(), worse, verdict[worse])
+    return put("reason", pa.string(), worse, reason)

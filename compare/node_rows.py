@@ -1,7 +1,9 @@
 """The per-node rows of a compare (``CompareResult.nodes``): node pairs and their verdicts.
 
-Over the tensor rows (``rows``, :mod:`probe.compare.tensor_rows`) and the matched call groups
-(``pairs``, ``covered``, ``containers``, ``a_st``/``b_st``, :mod:`probe.compare.match`), DuckDB SQL:
+Two stages, DuckDB SQL over pyarrow.Tables registered on the connection each is given:
+:func:`node_frame` (the sides' call groups and the :class:`probe.compare.match.Matches`: what
+needs no tensor rows, a :class:`NodeFrame`) and :func:`node_rows` (the same, the frame and the
+tensor rows of :func:`probe.compare.tensor_rows.tensor_rows`: the node rows):
 
 1. each matched group pair, per direction, gets the worst error and verdict of its inputs,
    outputs and parameters, and whether NaN/Inf are in each side's inputs and outputs;
@@ -15,22 +17,43 @@ Over the tensor rows (``rows``, :mod:`probe.compare.tensor_rows`) and the matche
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
+from probe.compare.match import Matches
+from probe.compare.tables import registered
 from probe.compare.verdict import node_verdict_sql, worst_sql
 
-__all__ = ["node_frame", "node_rows"]
+__all__ = ["NodeFrame", "node_frame", "node_rows"]
 
 
-def node_frame(con: Any) -> None:
-    """The node tables that need only the matched groups, not the tensor rows: built while the
-    rows are (on a cursor of its own), before :func:`node_rows`."""
-    # the node pairs (and below, the sources of the node query that are unions or cross joins)
-    # are tables of their own before they meet a hash join: DuckDB 2.0 fails a hash join whose
+@dataclass
+class NodeFrame:
+    """The parts of the node rows that need only the matched groups (:func:`node_frame`):
+    ``node_pairs`` (each group pair per direction, with its entries, classes, parents and
+    order), ``both_g`` (the containers' groups and their children, both sides) and ``cov``
+    (each ``ancestor`` group per direction, with its pair and kind)."""
+
+    node_pairs: pa.Table
+    both_g: pa.Table
+    cov: pa.Table
+
+
+def node_frame(con: Any, groups_a: pa.Table, groups_b: pa.Table, matches: Matches) -> NodeFrame:
+    """The node tables that need only the matched groups, not the tensor rows (built while the
+    rows are, on a cursor of their own), for :func:`node_rows`."""
+    # the node pairs (and the other sources of the node query that are unions or cross joins)
+    # are tables of their own (Arrow) before they meet a hash join: DuckDB 2.0 fails a hash join whose
     # build side is a cross join ("dict-surviving join ... build pipeline is not single-source",
     # an internal error) once the group keys are integers
-    con.execute("""
-    create or replace table node_pairs as
+    with registered(con, a_g=groups_a, b_g=groups_b, pairs=matches.pairs, covered=matches.covered,
+                    containers=matches.containers):
+        return NodeFrame(*(con.sql(q).to_arrow_table() for q in (_NODE_PAIRS, _BOTH_G, _COV)))
+
+
+_NODE_PAIRS = """
       select p.grp_a, p.grp_b, p.method, p.reason as mreason, d.direction,
         case d.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end as node_a,
         case d.direction when 'forward' then gb.fwd else coalesce(gb.bwd, gb.pgrad) end as node_b,
@@ -39,32 +62,40 @@ def node_frame(con: Any) -> None:
         case d.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end as order_b
       from pairs p join a_g ga on ga.grp = p.grp_a join b_g gb on gb.grp = p.grp_b
       cross join (values ('forward'), ('backward')) d(direction)
-    """)
-    # the groups the containers' part reads: the containers and their children
-    con.execute("""
-    create or replace table both_g as
+"""
+#: the groups the containers' part reads: the containers and their children
+_BOTH_G = """
     select 'a' as sd, * from a_g
     where grp in (select grp from containers where side = 'a') or parent in (select grp from containers where side = 'a')
     union all
     select 'b', * from b_g
     where grp in (select grp from containers where side = 'b') or parent in (select grp from containers where side = 'b')
-    """)
-    con.execute("""
-    create or replace table cov as
+"""
+_COV = """
     select c.side, c.grp, c.anc_a, c.anc_b, d.direction, ga.kind as kind_a, gb.kind as kind_b
     from covered c cross join (values ('forward'), ('backward')) d(direction)
     left join a_g ga on c.side = 'a' and ga.grp = c.grp
     left join b_g gb on c.side = 'b' and gb.grp = c.grp
-    """)
+"""
 
 
-def node_rows(con: Any) -> Any:
-    """The per-node rows (pyarrow.Table, in execution order), from the ``rows`` (the tensor rows),
-    the matched groups and :func:`node_frame`'s tables in ``con``; the tables built on the way
-    are dropped."""
+def node_rows(con: Any, rows: pa.Table, groups_a: pa.Table, groups_b: pa.Table, matches: Matches,
+              frame: NodeFrame) -> pa.Table:
+    """The per-node rows (pyarrow.Table, in execution order; columns: :mod:`probe.compare.result`)
+    from the tensor rows ``rows`` (:func:`probe.compare.tensor_rows.tensor_rows`, with its
+    helper columns), the sides' call groups, the matches and :func:`node_frame`'s tables,
+    queried on ``con``."""
+    with registered(con, rows=rows, a_g=groups_a, b_g=groups_b, a_st=matches.state_a,
+                    b_st=matches.state_b, containers=matches.containers, node_pairs=frame.node_pairs,
+                    both_g=frame.both_g, cov=frame.cov):
+        return _in_order(con, _nodes(con))
+
+
+def _nodes(con: Any) -> pa.Table:
+    """The node rows in no particular order (see the module docstring)."""
     # each matched pair's worst tensors (1) and the pairs with them: parts of the query that
     # reads them (as tables of their own, writing their columns cost 100k entries 0.07 s more)
-    nodes = con.sql(f"""
+    return con.sql(f"""
     with pair_nodes as (
       select grp_a, grp_b, direction,
       max(err) filter (where slot in ('input', 'kwarg')) as in_err,
@@ -164,24 +195,17 @@ def node_rows(con: Any) -> Any:
     cross join (values ('forward'), ('backward')) d(direction)
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
     """).to_arrow_table()
-    for name in ("node_pairs", "both_g", "cov"):
-        con.execute(f"drop table {name}")
-    return _in_order(con, nodes)
 
 
-def _in_order(con: Any, nodes: Any) -> Any:
+def _in_order(con: Any, nodes: pa.Table) -> pa.Table:
     """The node rows in execution order (``ord``, then the names and direction): the sort keys
     alone sorted in DuckDB, the rows taken in that order in Arrow (an ORDER BY of the whole
     query moved every column through the sort)."""
     import numpy as np
-    import pyarrow as pa
 
     keys = nodes.select(["ord", "node_a", "node_b", "direction"]).append_column(
         "i", pa.array(np.arange(nodes.num_rows, dtype=np.int64)))
-    con.register("node_keys", keys)
-    try:
+    with registered(con, node_keys=keys):
         order = con.sql("select i from node_keys order by ord, node_a nulls last, node_b nulls last, "
                         "direction").to_arrow_table().column(0)
-    finally:
-        con.unregister("node_keys")
     return nodes.take(order)

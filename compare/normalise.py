@@ -1,10 +1,11 @@
 """Normalise the records of one side before anything is compared (DuckDB SQL over the entries
 and groups, Arrow and numpy over the tensors; no row loops).
 
-Per side ``X`` (``a`` or ``b``) two tables are built, the first in a DuckDB connection, the
-second in Arrow (the caller registers it as ``X_t`` where it is queried):
+:func:`normalise_side` takes one side's records and returns a :class:`Side`, two
+pyarrow.Tables (the later stages register them where they query them; by convention as
+``a_g``/``b_g`` and ``a_t``/``b_t``):
 
-- ``X_g``, one row per *call group* (a module's or API's forward call together with its
+- ``groups``, one row per *call group* (a module's or API's forward call together with its
   backward and parameter-gradient entries): ``grp`` (an integer id: the position of the
   group's first entry in its dump), ``kind`` (module|api|comm), ``path``
   (module path, ``layers.0.attn``), ``cls`` / ``cls_norm`` (``Dense`` → ``linear``),
@@ -15,7 +16,7 @@ second in Arrow (the caller registers it as ``X_t`` where it is queried):
   over the whole dump, for a side without construct.json parents),
   ``fwd``/``bwd``/``pgrad`` (the entry names), ``ord_f``/``ord_b`` (execution order), ``parent``
   (the parent group), ``depth``, ``leaf`` (last path component);
-- ``X_t``, one row per tensor: the group, ``direction``, ``slot``, ``idx`` (parameter names
+- ``tensors``, one row per tensor: the group, ``direction``, ``slot``, ``idx`` (parameter names
   normalised: ``gamma``→``weight``, ``beta``→``bias``), ``pos`` (the record's position: its
   msprobe-style name is built from the records, see :func:`probe.compare.tensor_rows.tensor_names`),
   ``dtype`` (``Float32`` / ``torch.float32`` / ``mindspore.float32`` → ``float32``), stats,
@@ -29,11 +30,14 @@ second in Arrow (the caller registers it as ``X_t`` where it is queried):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["normalise_side", "DTYPE_SQL", "CLASS_SYNONYMS", "API_SYNONYMS", "PARAM_SYNONYMS",
+from probe.ground.frameworks import module_prefixes
+
+__all__ = ["Side", "normalise_side", "DTYPE_SQL", "CLASS_SYNONYMS", "API_SYNONYMS", "PARAM_SYNONYMS",
            "UNINITIALISED"]
 
 #: Framework-specific class names → one name (lower case, no framework decoration).
@@ -57,6 +61,15 @@ PARAM_SYNONYMS: dict[str, str] = {
     "moving_variance": "running_var", "embedding_table": "weight",
 }
 
+@dataclass
+class Side:
+    """One side of a compare, normalised (:func:`normalise_side`): ``groups``, one row per call
+    group, and ``tensors``, one row per tensor record (their columns: the module docstring)."""
+
+    groups: pa.Table
+    tensors: pa.Table
+
+
 DTYPE_SQL = ("lower(regexp_replace(regexp_replace(coalesce({col}, ''), "
              "'^(torch|mindspore|numpy|np|ms|tf|paddle)\\.', ''), '^(mindspore\\.)', ''))")
 
@@ -68,15 +81,16 @@ def _case_map(col: str, table: dict[str, str]) -> str:
     return f"(case {col} {whens} else {col} end)"
 
 
-def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> pa.Table:
-    """Create ``{side}_e`` and ``{side}_g`` in ``con``'s database from one side's records and
-    return ``{side}_t`` (a pyarrow.Table: register it where it is queried).
+def normalise_side(con: Any, tensors: pa.Table, nodes: pa.Table) -> Side:
+    """One side's records (``tensors``: :data:`probe.compare.load.COLUMNS`; ``nodes``: the node
+    records) normalised into a :class:`Side`: its call groups and its tensor table (see the
+    module docstring), two pyarrow.Tables.
 
-    The entries and groups are database tables, not temporary ones, so the two sides can be
-    normalised at once on two cursors of one in-memory database and read from any of its
-    connections. The tensor table is built in Arrow from the records' own buffers: its
-    statistics, shapes, hashes and files are the records' columns, not copies, and its entry
-    and group are integer lookups (no join on the entries' names).
+    The groups are built by DuckDB in temporary tables of ``con`` (a connection or cursor of
+    the caller's: the two sides are normalised at once on two cursors of one in-memory
+    database), dropped before it returns. The tensor table is built in Arrow from the records'
+    own buffers: its statistics, shapes, hashes and files are the records' columns, not copies,
+    and its entry and group are integer lookups (no join on the entries' names).
     """
     import numpy as np
     import pyarrow.compute as pc
@@ -86,19 +100,20 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
     if not pa.types.is_dictionary(node.type):                    # entry id per tensor, in
         node = pc.dictionary_encode(node, null_encoding="encode")  # order of first appearance
     eid = node.indices
-    con.register(f"{side}_raw_e", pa.table({
+    con.register("side_raw_e", pa.table({
         "eid": pa.array(np.arange(len(node.dictionary), dtype=np.int32)), "node": node.dictionary,
         "seq": _min_by(eid.to_numpy(zero_copy_only=False), _column(tensors, "seq"), len(node.dictionary))}))
-    con.register(f"{side}_raw_n", nodes)
+    con.register("side_raw_n", nodes)
     cls_norm = _case_map("lower(cls)", CLASS_SYNONYMS)
     canon = _case_map("canon0", API_SYNONYMS)
+    modules = ", ".join(f"'{p}'" for p in module_prefixes())     # identifiers: nothing to quote
     con.execute(f"""
-    create or replace table {side}_e0 as
+    create or replace temp table side_e0 as
     with p as (
-        select eid, node, seq, string_split(node, '.') as s from {side}_raw_e
+        select eid, node, seq, string_split(node, '.') as s from side_raw_e
     ), q as (
         select eid, node, seq, s, len(s) as n,
-          case when s[1] in ('Module', 'Cell') and len(s) >= 4 and regexp_full_match(s[-1], '[0-9]+') then 'module'
+          case when s[1] in ({modules}) and len(s) >= 4 and regexp_full_match(s[-1], '[0-9]+') then 'module'
                when len(s) >= 4 and regexp_full_match(s[-2], '[0-9]+') then
                     case when s[1] = 'Distributed' then 'comm' else 'api' end
                when len(s) >= 4 and regexp_full_match(s[-1], '[0-9]+') then 'module'
@@ -117,13 +132,13 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
     # the "prefix.body#call" text that defines the group); the window over the keys alone,
     # joined back (a window sorts every column it is given)
     con.execute(f"""
-    create or replace table {side}_e as
-    with w as (select eid, min(seq) over (partition by gkey) as grp from {side}_e0)
+    create or replace temp table side_e as
+    with w as (select eid, min(seq) over (partition by gkey) as grp from side_e0)
     select e.eid, e.node, e.seq, e.kind, e.prefix, e.body, e.dir_raw, e.call, w.grp
-    from {side}_e0 e join w on w.eid = e.eid
+    from side_e0 e join w on w.eid = e.eid
     """)
     con.execute(f"""
-    create or replace table {side}_g0 as
+    create or replace temp table side_g0 as
     with x as (
       select grp, any_value(kind) as kind,
         any_value(prefix) as prefix, any_value(body) as body, any_value(call) as call,
@@ -133,7 +148,7 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
         min(case when dir_raw = 'forward' then seq end) as seq_f,
         min(case when dir_raw <> 'forward' then seq end) as seq_b,
         min(seq) as seq0
-      from {side}_e group by grp
+      from side_e group by grp
     ), l as (
       select *, split_part(body, '.', -1) as last from x
     ), m as (
@@ -160,17 +175,17 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
     """)
     # the joins first, then the numbering (in numpy, over the keys alone) joined back by row
     con.execute(f"""
-    create or replace table {side}_g1 as
+    create or replace temp table side_g1 as
     select g.*, pg.grp as parent, n.parent as parent_node, coalesce(n.depth, 0) as depth,
       pg.path as parent_path, pg.call as parent_call
-    from {side}_g0 g
-    left join {side}_raw_n n on n.node = g.fwd
-    left join {side}_g0 pg on pg.fwd = n.parent
+    from side_g0 g
+    left join side_raw_n n on n.node = g.fwd
+    left join side_g0 pg on pg.fwd = n.parent
     """)
-    con.register(f"{side}_g_order", _numbering(
-        con.sql(f"select rowid as rid, kind, parent, canon, seq0, seq_f, seq_b from {side}_g1").to_arrow_table()))
+    con.register("side_g_order", _numbering(
+        con.sql("select rowid as rid, kind, parent, canon, seq0, seq_f, seq_b from side_g1").to_arrow_table()))
     con.execute(f"""
-    create or replace table {side}_g as
+    create or replace temp table side_g as
     select g.grp, g.kind, g.prefix, g.path, g.cls, g.cls_norm, g.canon, g.call, g.fwd, g.bwd, g.pgrad,
       g.seq_f, g.seq_b, g.seq0,
       case when g.kind = 'module' then 'm:' || g.path || ':' || coalesce(g.call, 0)
@@ -180,24 +195,25 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
            else g.kind || '::' || g.canon || ':' || w.k_global end as global_key,
       w.ord_f, w.ord_b, g.parent, g.parent_node, g.depth,
       case when g.kind = 'module' then regexp_extract(g.path, '([^.]*)$', 1) else g.canon end as leaf
-    from {side}_g1 g join {side}_g_order w on w.rid = g.rowid
+    from side_g1 g join side_g_order w on w.rid = g.rowid
     """)
-    con.unregister(f"{side}_g_order")
+    con.unregister("side_g_order")
     uninit = ", ".join(f"'{u}'" for u in UNINITIALISED)
+    call_groups = con.sql("select * from side_g").to_arrow_table()
     # each entry's group, and whether its outputs are uninitialised memory, by entry id
-    groups = con.sql(f"""
-    select grp, coalesce(kind <> 'module' and canon in ({uninit}), false) as uninit from {side}_g
+    flags = con.sql(f"""
+    select grp, coalesce(kind <> 'module' and canon in ({uninit}), false) as uninit from side_g
     """).to_arrow_table()
-    entry_grp = con.sql(f"select grp from {side}_e order by eid").to_arrow_table().column(0).combine_chunks()
-    for name in (f"{side}_raw_e", f"{side}_raw_n"):
+    entry_grp = con.sql("select grp from side_e order by eid").to_arrow_table().column(0).combine_chunks()
+    for name in ("side_raw_e", "side_raw_n"):
         con.unregister(name)
-    for name in ("e0", "e", "g0", "g1"):
-        con.execute(f"drop table {side}_{name}")
+    for name in ("e0", "e", "g0", "g1", "g"):
+        con.execute(f"drop table side_{name}")
     # each record's group (its entry's, when the entry's group is one), and whether its
     # entry's outputs are uninitialised memory
-    at = pc.index_in(entry_grp, value_set=groups.column("grp").combine_chunks())
-    grp = groups.column("grp").combine_chunks().take(at).take(eid)
-    entry_uninit = groups.column("uninit").combine_chunks().take(at).take(eid)
+    at = pc.index_in(entry_grp, value_set=flags.column("grp").combine_chunks())
+    grp = flags.column("grp").combine_chunks().take(at).take(eid)
+    entry_uninit = flags.column("uninit").combine_chunks().take(at).take(eid)
     slot, direction = _column(tensors, "slot"), _column(tensors, "direction")
     is_out_fwd = pc.and_kleene(pc.equal(slot, "output"), pc.equal(direction, "forward"))
     table = pa.table({
@@ -213,7 +229,8 @@ def normalise_side(con: Any, side: str, tensors: pa.Table, nodes: pa.Table) -> p
     keep = pc.and_(pc.and_(pc.is_valid(node), pc.is_valid(grp)), pc.is_null(tensors.column("value")))
     if pc.sum(keep).as_py() != n:
         table = table.filter(keep)
-    return table.append_column("rid", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    return Side(groups=call_groups,
+                tensors=table.append_column("rid", pa.array(np.arange(table.num_rows, dtype=np.int64))))
 
 
 def _numbering(g: pa.Table) -> pa.Table:

@@ -1,7 +1,27 @@
 """The compare pipeline over two loaded dumps: normalise → match → metrics → verdicts → localise.
 
-Everything row-wise is a DuckDB query over Arrow tables; Python touches only the groups left
-unmatched by name (structural alignment) and the tensor files of tensor-mode dumps.
+Each stage is a function that takes and returns pyarrow.Tables or small dataclasses of them;
+this module is the chain of calls (:func:`_finish`), with the two sides overlapped:
+
+1. :func:`probe.compare.normalise.normalise_side` (records → :class:`~probe.compare.normalise.Side`),
+   once per side;
+2. :func:`probe.compare.mapping.mapped_pairs` (two sides' groups, a mapping file → pairs), with
+   ``--mapping``;
+3. :func:`probe.compare.match.match_groups` (two sides → :class:`~probe.compare.match.Matches`);
+4. :func:`probe.compare.node_rows.node_frame` (groups, matches → :class:`~probe.compare.node_rows.NodeFrame`),
+   on a cursor of its own while the next step runs;
+5. :func:`probe.compare.tensor_rows.tensor_rows` (two sides, matches → tensor rows), then
+   :func:`~probe.compare.tensor_rows.with_names` and, for tensor-mode dumps,
+   :func:`probe.compare.metrics.add_tensor_metrics` (rows → rows);
+6. :func:`probe.compare.node_rows.node_rows` (rows, groups, matches, frame → node rows), then
+   :func:`probe.compare.localise.with_impact` (node rows → node rows);
+7. :func:`probe.compare.report.build_summary` and :func:`probe.compare.localise.localise`
+   (rows, node rows → the summary).
+
+Everything row-wise is a DuckDB query over Arrow tables, which a stage registers on the
+connection it is given for as long as it runs (zero-copy; :func:`probe.compare.tables.registered`):
+no stage reads a table another left behind. Python touches only the groups left unmatched by
+name (structural alignment) and the tensor files of tensor-mode dumps.
 
 >>> from probe.compare.load import load_dump                                  # doctest: +SKIP
 >>> r = run_compare(load_dump("A/dump.json"), load_dump("B/dump.json"))  # doctest: +SKIP
@@ -23,9 +43,9 @@ def run_compare(da: Dump, db: Dump, mapping: str | None = None, bar: Any = None,
     """Compare two loaded dumps; see :mod:`probe.compare.result` for the result's columns. With ``out``
     (a folder) the result files are written there as their parts are ready."""
     con = _connect()
-    side_a = _Normaliser(con, "a", da).start()
+    side_a = _Normaliser(con, da).start()
     try:
-        side_b = _Normaliser(con, "b", db)
+        side_b = _Normaliser(con, db)
         side_b.run()
     finally:
         side_a.join()
@@ -60,7 +80,7 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
             dump = load_dump(a)
             _tick(bar, "read A")
             con = _connect()
-        side_a = _Normaliser(con, "a", dump)
+        side_a = _Normaliser(con, dump)
         if parallel:
             side_a.start()
         else:
@@ -75,9 +95,9 @@ def compare_paths(a: str, b: str, mapping: str | None = None, bar: Any = None,
         dump, made = pending.result_prepared()
         _tick(bar, "read B")
         if made is not None:                         # normalised by the worker that read it
-            side_b = _Prepared(con, "b", dump, made)
+            side_b = _Prepared(dump, made)
         else:
-            side_b = _Normaliser(con, "b", dump)
+            side_b = _Normaliser(con, dump)
         del dump, made                               # the sides hold the records, and let go
         side_b.run()
     finally:
@@ -125,65 +145,56 @@ def _prepare_b(dump: Dump) -> dict:
 
     con = _connect()
     try:
-        table = normalise_side(con, "b", dump.tensors, dump.nodes)
-        groups = con.sql("select * from b_g").to_arrow_table()
+        side = normalise_side(con, dump.tensors, dump.nodes)
     finally:
         con.close()
     name, node = tensor_names(dump.tensors)
-    return {"t": table, "g": groups, "names": pa.table({"name": name, "node": node}),
+    return {"t": side.tensors, "g": side.groups, "names": pa.table({"name": name, "node": node}),
             "rows": dump.tensors.num_rows}
 
 
 class _Prepared:
-    """A side normalised by the worker that read it (:func:`_prepare_b`): its call groups put
-    in the compare's database on :meth:`run`, the rest held as :class:`_Normaliser` holds it."""
+    """A side normalised by the worker that read it (:func:`_prepare_b`), held as
+    :class:`_Normaliser` holds a side it normalised (nothing left to run)."""
 
-    def __init__(self, con: Any, side: str, dump: Dump, made: dict) -> None:
-        self.cursor = con.cursor()
-        self.side = side
+    def __init__(self, dump: Dump, made: dict) -> None:
+        from probe.compare.normalise import Side
+
         self.dump = dump
-        self.made = made
-        self.table: Any = made["t"]
+        self.side: Any = Side(groups=made["g"], tensors=made["t"])
         self.rows = made["rows"]
         names = made["names"]
         self.names = tuple(_one_array(names.column(k)) for k in ("name", "node"))
 
     def run(self) -> None:
-        try:
-            self.cursor.register("prepared_g", self.made["g"])
-            self.cursor.execute(f"create or replace table {self.side}_g as select * from prepared_g")
-            self.cursor.unregister("prepared_g")
-            self.made = None
-        finally:
-            self.cursor.close()
+        pass
 
     def join(self) -> None:
         pass
 
     def release(self) -> tuple[Dump, Any, Any]:
         """As :meth:`_Normaliser.release` (no records: the names were taken before)."""
-        dump, table = self.dump, self.table
-        self.dump = self.table = self.names = None
-        return dump, None, table
+        dump, side = self.dump, self.side
+        self.dump = self.side = self.names = None
+        return dump, None, side
 
 
 class _Normaliser:
     """:func:`probe.compare.normalise.normalise_side` of one side on its own cursor, here or in a thread."""
 
-    def __init__(self, con: Any, side: str, dump: Dump) -> None:
+    def __init__(self, con: Any, dump: Dump) -> None:
         self.cursor = con.cursor()
-        self.side = side
         self.dump = dump
         self.thread: Any = None
         self.error: BaseException | None = None
-        self.table: Any = None                  # the side's tensor table, once run
+        self.side: Any = None                   # the normalised side, once run
         self.names: Any = None                  # its tensor names, when made before _finish
 
     def run(self) -> None:
         from probe.compare.normalise import normalise_side
 
         try:
-            self.table = normalise_side(self.cursor, self.side, self.dump.tensors, self.dump.nodes)
+            self.side = normalise_side(self.cursor, self.dump.tensors, self.dump.nodes)
         finally:
             self.cursor.close()
 
@@ -196,8 +207,7 @@ class _Normaliser:
     def start(self) -> "_Normaliser":
         import threading
 
-        self.thread = threading.Thread(target=self._run_caught, name=f"normalise-{self.side}",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._run_caught, name="normalise", daemon=True)
         self.thread.start()
         return self
 
@@ -208,21 +218,23 @@ class _Normaliser:
             raise self.error
 
     def release(self) -> tuple[Dump, Any, Any]:
-        """(the dump without its tables, its tensor records, its tensor table), no longer held
-        here: the compare lets each go as soon as it is done with it."""
+        """(the dump without its tables, its tensor records, its :class:`~probe.compare.normalise.Side`),
+        no longer held here: the compare lets each go as soon as it is done with it."""
         from dataclasses import replace
 
-        dump, table = self.dump, self.table
-        self.dump = self.table = self.names = None
-        return replace(dump, tensors=None, nodes=None), dump.tensors, table
+        dump, side = self.dump, self.side
+        self.dump = self.side = self.names = None
+        return replace(dump, tensors=None, nodes=None), dump.tensors, side
 
 
 def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = None,
             parallel: bool = True) -> CompareResult:
     """Match, metrics, verdicts and localisation over the two normalised sides (``sides``: their
-    :class:`_Normaliser`, run); the result's files are written to ``out`` (when given) while the
-    later parts are computed. Each side's records are let go once the tensor rows hold what they
-    need of them. ``parallel=False``: the names and the rows on this thread only."""
+    :class:`_Normaliser` or :class:`_Prepared`, run): the chain of stages of the module
+    docstring. The result's files are written to ``out`` (when given) while the later parts are
+    computed. Each side's records and tensor table are let go once the tensor rows hold what
+    they need of them. ``parallel=False``: the names, the node frame and the rows on this
+    thread only."""
     from concurrent.futures import ThreadPoolExecutor
 
     from probe.compare.localise import localise, with_impact
@@ -234,7 +246,7 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
 
     made = [getattr(side, "names", None) for side in sides]       # a prepared side's names
     n = sum(getattr(side, "rows", 0) for side in sides)
-    (da, records_a, table_a), (db, records_b, table_b) = (side.release() for side in sides)
+    (da, records_a, side_a), (db, records_b, side_b) = (side.release() for side in sides)
     n += sum(r.num_rows for r in (records_a, records_b) if r is not None)
     writer = ResultWriter(out) if out is not None else None
     # both sides' tensor names are built in Arrow (no GIL) while the matching runs in DuckDB
@@ -248,27 +260,23 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
                             for m, r in zip(made, (records_a, records_b)))
     del made
     del records_a, records_b
-    views = {"a_t": table_a, "b_t": table_b}
-    del table_a, table_b
-    for name, table in views.items():
-        con.register(name, table)
+    groups_a, groups_b = side_a.groups, side_b.groups
     try:
         mapped = None
         if mapping:
             from probe.compare.mapping import mapped_pairs
 
-            mapped = mapped_pairs(con, mapping)
-        match_groups(con, mapped, structural=mapped is None)
+            mapped = mapped_pairs(groups_a, groups_b, mapping)
+        matches = match_groups(con, side_a, side_b, mapped, structural=mapped is None)
         _tick(bar, "matched")
         # the node tables that need only the matched groups, on a cursor of their own while the
         # tensor rows are built (100k entries: 0.08 s off the node rows' critical path)
-        framing = _cursor_job(con, node_frame) if parallel else _done(node_frame(con))
+        framing = (_cursor_job(con, lambda cursor: node_frame(cursor, groups_a, groups_b, matches))
+                   if parallel else _done(node_frame(con, groups_a, groups_b, matches)))
         single = not parallel or _size_threads(con, n) == 1
         halves = parallel and single and n >= PARTITION_ROWS and (os.cpu_count() or 1) >= 2
-        full = tensor_rows(con, 2 if halves else 1, views=views)
-        for name in views:
-            con.unregister(name)
-        views.clear()
+        full = tensor_rows(con, side_a, side_b, matches, 2 if halves else 1)
+        del side_a, side_b
         full = with_names(full, (names_a.result(), names_b.result()))
         names_a = names_b = None
         rows = full.drop_columns(list(HELPER_COLUMNS))
@@ -278,16 +286,14 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
                 full = full.set_column(full.schema.get_field_index(k), k, rows.column(k))
         if writer is not None:
             writer.rows(rows)
-        con.register("rows", full)
         _tick(bar, "metrics")
-        framing.result()
-        nodes = with_impact(con, node_rows(con))
+        nodes = with_impact(con, node_rows(con, full, groups_a, groups_b, matches, framing.result()))
+        del full
         if writer is not None:
             writer.nodes(nodes)
-        con.register("nodes", nodes)
         _tick(bar, "verdicts")
-        summary = build_summary(con, da, db)
-        summary.update(localise(con))
+        summary = build_summary(con, rows, nodes, da, db)
+        summary.update(localise(con, nodes))
         _tick(bar, "localised")
         con.close()
         result = CompareResult(rows=rows, nodes=nodes, summary=summary)

@@ -20,6 +20,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
+from probe.compare.load import Dump
 from probe.ground.errors import ProbeError
 
 __all__ = ["build_summary", "write_result", "write_summary", "format_summary", "ResultWriter"]
@@ -27,9 +30,18 @@ __all__ = ["build_summary", "write_result", "write_summary", "format_summary", "
 _WORST_N = 5
 
 
-def build_summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
+def build_summary(con: Any, rows: pa.Table, nodes: pa.Table, da: Dump, db: Dump) -> dict[str, Any]:
     """The summary dict (matched/unmatched counts, labelled verdict counts, worst pairs, the
-    inputs' fingerprints) from the ``rows`` and ``nodes`` tables in ``con``."""
+    inputs' fingerprints) of the tensor ``rows`` and the ``nodes`` (pyarrow.Tables, as
+    :class:`~probe.compare.result.CompareResult` holds them) of dumps ``da`` and ``db``
+    (:class:`~probe.compare.load.Dump`), queried on ``con``."""
+    from probe.compare.tables import registered
+
+    with registered(con, rows=rows, nodes=nodes):
+        return _summary(con, da, db)
+
+
+def _summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
     from probe.compare.fingerprint import fingerprint
     from probe.compare.verdict import counts as verdict_counts
 
@@ -181,7 +193,6 @@ def _write_csv(rows: Any, path: Path) -> None:
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 

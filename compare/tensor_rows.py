@@ -1,7 +1,9 @@
 """The per-tensor rows of a compare (``CompareResult.rows``): pairs, statistics metrics, verdicts.
 
-Three steps over the two normalised sides (``a_t``/``b_t``, :mod:`probe.compare.normalise`) and the
-matched groups (``pairs``, ``a_st``/``b_st``, :mod:`probe.compare.match`):
+:func:`tensor_rows` takes the two normalised sides (:class:`probe.compare.normalise.Side`) and
+the matched groups (:class:`probe.compare.match.Matches`), pyarrow.Tables it registers on the
+connection it is given (``a_t``/``b_t``, ``pairs``, ``a_st``/``b_st``), and returns the rows, a
+pyarrow.Table, in three steps:
 
 1. **pairing** (DuckDB, on the keys alone): the tensors of every matched group are paired by
    direction, slot and index, and the unmatched ones kept: each row is a row number in A, one
@@ -27,6 +29,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
+from probe.compare.match import Matches
+from probe.compare.normalise import Side
+from probe.compare.tables import registered
 from probe.compare.verdict import CONTEXT_FLOOR, tensor_verdict_sql, tolerance_sql
 
 __all__ = ["tensor_rows", "tensor_names", "with_names", "HELPER_COLUMNS", "PARTITION_ROWS"]
@@ -39,39 +46,36 @@ HELPER_COLUMNS = ("grp_a", "grp_b", "ctx", "tol_pass", "tol_warn", "uninit")
 PARTITION_ROWS = 16_384
 
 
-def tensor_rows(con: Any, parts: int = 1, views: dict | None = None) -> Any:
-    """The per-tensor rows (pyarrow.Table, in execution order, with the helper columns).
-    ``views``: the sides' tensor tables by name (``a_t``, ``b_t``), registered on every cursor
-    the steps run on (see the module docstring); with ``parts`` = 2 the grading runs in two
-    halves of the rows on two cursors at once.
+def tensor_rows(con: Any, a: Side, b: Side, matches: Matches, parts: int = 1) -> pa.Table:
+    """The per-tensor rows (pyarrow.Table, in execution order, with the :data:`HELPER_COLUMNS`
+    and the records' positions, ``pos_a``/``pos_b``, that :func:`with_names` replaces by names)
+    of sides ``a`` and ``b`` matched as ``matches`` (see the module docstring), queried on
+    ``con``; with ``parts`` = 2 the grading runs in two halves of the rows on two cursors at once.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
-    import pyarrow as pa
-
-    views = views or {}
-    ta, tb = views["a_t"], views["b_t"]
-    pairing = con.sql(_PAIRING_SQL).to_arrow_table()
-    pid_info = con.sql("select rowid, method, reason from pairs order by rowid").to_arrow_table()
-    rid_a, rid_b = pairing.column("rid_a").combine_chunks(), pairing.column("rid_b").combine_chunks()
     import pyarrow.compute as pc
 
+    ta, tb = a.tensors, b.tensors
+    pairs = matches.pairs.append_column("pid", pa.array(np.arange(matches.pairs.num_rows, dtype=np.int64)))
+    with registered(con, a_t=ta, b_t=tb, pairs=pairs, a_st=matches.state_a, b_st=matches.state_b):
+        pairing = con.sql(_PAIRING_SQL).to_arrow_table()
+    rid_a, rid_b = pairing.column("rid_a").combine_chunks(), pairing.column("rid_b").combine_chunks()
     order = np.lexsort([_int_key(tb.column("pos").take(rid_b)), _int_key(ta.column("pos").take(rid_a)),
                         _int_key(pc.coalesce(ta.column("seq").take(rid_a), tb.column("seq").take(rid_b)))])
-    rows = _gather(pairing.take(pa.array(order)), ta, tb, pid_info)
-    con.register("pair_t", rows)
-    con.execute(f"create or replace table row_ctx as select grp_a, grp_b, direction, max({_MAG_SQL}) as ctx "
-                "from pair_t group by all")
-    con.unregister("pair_t")
+    rows = _gather(pairing.take(pa.array(order)), ta, tb, matches.pairs)
+    with registered(con, pair_t=rows):
+        ctx = con.sql(f"select grp_a, grp_b, direction, max({_MAG_SQL}) as ctx "
+                      "from pair_t group by all").to_arrow_table()
     n = rows.num_rows
 
     def grade(k: int) -> Any:
         cur = con.cursor()
         try:
             lo, hi = n * k // parts, n * (k + 1) // parts
-            cur.register("pair_t", rows.slice(lo, hi - lo))
-            return cur.sql(_GRADE_SQL).to_arrow_table()
+            with registered(cur, pair_t=rows.slice(lo, hi - lo), row_ctx=ctx):
+                return cur.sql(_GRADE_SQL).to_arrow_table()
         finally:
             cur.close()
 
@@ -80,7 +84,6 @@ def tensor_rows(con: Any, parts: int = 1, views: dict | None = None) -> Any:
     else:
         with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="compare-rows") as pool:
             graded = pa.concat_tables(list(pool.map(grade, range(parts))))
-    con.execute("drop table row_ctx")
     row_id = graded.column("row_id").to_numpy()
     if n > 1 and not bool(np.all(row_id[1:] > row_id[:-1])):    # a parallel plan reordered them
         graded = graded.take(pa.array(np.argsort(row_id, kind="stable")))
@@ -105,8 +108,6 @@ COLUMNS = (
 )
 def _assemble(rows: Any, graded: Any) -> Any:
     """The result's columns (:data:`COLUMNS`) from the gathered rows and the graded ones."""
-    import pyarrow as pa
-
     shape = pa.list_(pa.field("l", pa.int64()))   # as DuckDB, which used to build them, names them
     names, cols = [], []
     for name, src in COLUMNS:
@@ -126,7 +127,6 @@ def _gather(pairing: Any, ta: Any, tb: Any, pid_info: Any) -> Any:
     """The grading's input, one row per pairing row (in its order): each side's columns taken
     by row number, the match method and reason from the pair (or the side without one)."""
     import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     rid_a, rid_b = pairing.column("rid_a").combine_chunks(), pairing.column("rid_b").combine_chunks()
@@ -177,7 +177,6 @@ _NAME_SEP = {"input": ".input.", "kwarg": ".input.", "output": ".output.",
 def tensor_names(tensors: Any) -> tuple[Any, Any]:
     """(msprobe tensor names, entry names) of one side's tensor records, by record position
     (``Module.fc.Linear.forward.0.input.0``, ``...parameters.weight``), built in Arrow."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     node = tensors.column("node").combine_chunks()
@@ -232,7 +231,7 @@ def _int_key(col: Any) -> Any:
 #: then the tensors of unmatched groups (``part`` 0, 1 for A's, 2 for B's); ``pid``: the row of
 #: ``pairs`` a matched tensor's groups come from.
 _PAIRING_SQL = """
-    with p as (select rowid as pid, grp_a, grp_b from pairs),
+    with p as (select pid, grp_a, grp_b from pairs),
     ta as (select t.rid, t.grp, t.direction, t.slot, t.idx, t.uninit, p.grp_b as other, p.pid
            from a_t t join p on p.grp_a = t.grp),
     tb as (select t.rid, t.grp, t.direction, t.slot, t.idx, t.uninit, p.grp_a as other, p.pid

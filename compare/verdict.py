@@ -34,19 +34,28 @@ is not a divergence. ``err`` is the largest of the four; the verdict compares it
 tolerance of the looser of the two dtypes (:data:`TOLERANCES`). Two float32 runs of one network
 in two frameworks differ by ~1e-6, well inside float32's 1e-4.
 
+**The ladder** (:data:`LADDER`): an error measure at most the pass bound passes, at most the
+warning bound warns, anything else (above it, or NaN) is an error. It is defined once and
+rendered twice: :func:`ladder_sql` for DuckDB (the tensor rows), :func:`grade` vectorised in
+NumPy (the tensor-mode regrading of :mod:`probe.compare.metrics`, and :mod:`probe.checker.grade`,
+whose bounds are its precision budget).
+
 >>> tolerance("float32"), tolerance("bfloat16")
 ((0.0001, 0.001), (0.02, 0.08))
 >>> worst(["pass", "error", "warning"]), worst(["error", "nan"]), worst([])
 ('error', 'nan', 'pass')
+>>> grade([1e-5, 5e-4, 2e-3, float("nan")], 1e-4, 1e-3).tolist()
+['pass', 'warning', 'error', 'error']
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["TOLERANCES", "CONTEXT_FLOOR", "VERDICTS", "GRADED", "VERDICT_RANK", "COUNTED",
-           "tolerance", "tolerance_sql", "worst", "at_least", "rank_sql", "worst_sql",
-           "worst_of_sql", "tensor_verdict_sql", "node_verdict_sql", "counts", "format_counts"]
+__all__ = ["TOLERANCES", "CONTEXT_FLOOR", "VERDICTS", "GRADED", "VERDICT_RANK", "COUNTED", "LADDER",
+           "tolerance", "tolerances", "tolerance_sql", "ladder_sql", "grade", "severity", "worst",
+           "at_least", "rank_sql", "worst_sql", "worst_of_sql", "tensor_verdict_sql", "node_verdict_sql",
+           "counts", "format_counts"]
 
 #: dtype → (pass tolerance, warning tolerance) on ``err``.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -67,6 +76,10 @@ VERDICTS = ("nan", "error", "warning", "pass", "unmatched")
 GRADED = ("pass", "warning", "error", "nan")
 #: Severity of each verdict (for "worst of"); ``unmatched`` is not graded.
 VERDICT_RANK = {"pass": 0, "unmatched": 0, "warning": 1, "error": 2, "nan": 3}
+#: The ladder: (verdict, the bound an error measure must not exceed to get it), mildest first;
+#: a measure beyond every bound (or NaN) is :data:`LADDER_ELSE`.
+LADDER = (("pass", "tol_pass"), ("warning", "tol_warn"))
+LADDER_ELSE = "error"
 #: What each count of :func:`counts` counts, in words (summary.json carries it).
 COUNTED = {
     "tensors": "rows of compare.csv: one per tensor pair, or tensor without a counterpart",
@@ -85,6 +98,75 @@ def tolerance(dtype: str | None) -> tuple[float, float]:
     if d.startswith(("int", "uint", "bool", "long")):
         return _EXACT
     return _DEFAULT
+
+
+def tolerances(dtypes: Any) -> tuple[Any, Any]:
+    """(pass, warning) tolerances of a column of normalised dtype names (an Arrow array, nulls
+    allowed) as two float64 NumPy arrays: :func:`tolerance` once per distinct name.
+
+    >>> import pyarrow as pa
+    >>> [t.tolist() for t in tolerances(pa.array(["float32", None, "int64"]))]
+    [[0.0001, 0.0001, 0.0], [0.001, 0.001, 0.0]]
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(dtypes, pa.ChunkedArray):
+        dtypes = dtypes.combine_chunks()
+    enc = pc.dictionary_encode(dtypes, null_encoding="encode")
+    table = np.array([tolerance(d) for d in enc.dictionary.to_pylist()], dtype=np.float64).reshape(-1, 2)
+    at = enc.indices.to_numpy(zero_copy_only=False)
+    return table[at, 0], table[at, 1]
+
+
+def ladder_sql(err: str, tol_pass: str, tol_warn: str) -> str:
+    """SQL: the :data:`LADDER` verdict of the error expression ``err`` between the bounds
+    ``tol_pass`` and ``tol_warn`` (a null ``err`` is an error, as NaN is in :func:`grade`).
+
+    >>> ladder_sql("err", "p", "w")
+    "(case when err <= p then 'pass' when err <= w then 'warning' else 'error' end)"
+    """
+    bound = {"tol_pass": tol_pass, "tol_warn": tol_warn}
+    whens = " ".join(f"when {err} <= {bound[b]} then '{v}'" for v, b in LADDER)
+    return f"(case {whens} else '{LADDER_ELSE}' end)"
+
+
+def grade(err: Any, tol_pass: Any, tol_warn: Any) -> Any:
+    """The :data:`LADDER` verdict of each error in ``err`` (a NumPy array, or a number: then a
+    string) between the bounds ``tol_pass`` and ``tol_warn`` (numbers or arrays alike), as
+    :func:`ladder_sql` gives it in SQL.
+
+    >>> grade(0.5, 1.0, 1000.0), grade(2.0, 1.0, 1000.0)
+    ('pass', 'warning')
+    """
+    import numpy as np
+
+    e = np.asarray(err, dtype=np.float64)
+    bound = {"tol_pass": np.asarray(tol_pass, dtype=np.float64), "tol_warn": np.asarray(tol_warn, dtype=np.float64)}
+    with np.errstate(invalid="ignore"):
+        out = np.select([e <= bound[b] for _, b in LADDER], [v for v, _ in LADDER], LADDER_ELSE)
+    return str(out) if out.ndim == 0 else out
+
+
+def severity(verdicts: Any) -> Any:
+    """:data:`VERDICT_RANK` of each verdict in ``verdicts`` (an Arrow or NumPy array of names)
+    as a NumPy array; a null or unknown verdict ranks 0.
+
+    >>> severity(["nan", None, "warning"]).tolist()
+    [3, 0, 1]
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(verdicts, pa.ChunkedArray):
+        verdicts = verdicts.combine_chunks()
+    if not isinstance(verdicts, pa.Array):
+        verdicts = pa.array(np.asarray(verdicts, dtype=object), type=pa.string())
+    ranks = np.array([*VERDICT_RANK.values(), 0], dtype=np.int64)
+    at = pc.index_in(verdicts.cast(pa.string()), value_set=pa.array(list(VERDICT_RANK), type=pa.string()))
+    return ranks[pc.fill_null(at, len(VERDICT_RANK)).to_numpy(zero_copy_only=False)]
 
 
 def tolerance_sql(col: str) -> tuple[str, str]:
@@ -140,9 +222,7 @@ def tensor_verdict_sql(present_a: str, present_b: str) -> str:
            when nonfinite_a is distinct from nonfinite_b then 'nan'
            when numel_a is not null and numel_b is not null and numel_a <> numel_b then 'error'
            when hash_a is not null and hash_a = hash_b then 'pass'
-           when err <= tol_pass then 'pass'
-           when err <= tol_warn then 'warning'
-           else 'error' end)"""
+           else {ladder_sql("err", "tol_pass", "tol_warn")} end)"""
 
 
 def node_verdict_sql(out: str, param: str, inp: str) -> str:

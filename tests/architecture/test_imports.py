@@ -153,3 +153,11 @@ def test_the_check_sees_a_planted_cycle_and_an_upward_import(tmp_path, monkeypat
         assert "probe.collectors.a -> probe.collectors.b -> probe.collectors.a" in str(e)
     else:
         raise AssertionError("the cycle collectors.a <-> collectors.b was not found")
+
+
+def test_the_architecture_page_draws_the_floors_the_test_holds():
+    import re
+
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    drawn = [m.group(2) for m in re.finditer(r"^ floor (\d+)\s+(\w+)/", page, re.M)]
+    assert drawn[::-1] == [room for floor in FLOORS for room in floor], drawn

@@ -2,7 +2,7 @@
 
 Each scenario is a job with a known truth: healthy, or one planted problem from a known step
 (the onset). Its per-(rank, step) metrics go through the detectors the way the service runs
-them (:class:`probe.monitor.detection.JobWindow`: one step at a time as it completes, a rolling
+them (:class:`probe.monitor.service.detection.JobWindow`: one step at a time as it completes, a rolling
 window, alerts merged in place: one open alert per kind and rank, updated while it recurs),
 and every alert opened is scored:
 
@@ -44,7 +44,7 @@ healthy job and on one with a straggler, whose open alert is judged again at eve
 larger counts). The 10- and 30-step goals are checked on the simulated jobs, and on the real
 1.5x and 1.2x stragglers too (2 ranks, slowed from step 0, so with no healthy history to
 measure the noise on: the young job's noise rates are taken high, see
-:mod:`probe.monitor.detectors`, rule 3).
+:mod:`probe.monitor.detectors.step_detectors`, rule 3).
 
 Run: ``python benchmarks/bench_detect.py [--sim-only | --real-only] [--ranks 64,256,1024]
 [--steps 300] [--real-steps 200] [--repeat N] [--no-hang] [--keep DIR]``; exit code 1 when a
@@ -73,7 +73,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from probe.monitor.detectors import StepMatrix  # noqa: E402
+from probe.monitor.detectors.step_detectors import StepMatrix  # noqa: E402
 
 ONSET = 60
 NAN_STEP = 150
@@ -214,9 +214,9 @@ class Score:
 
 
 def run_window(m: StepMatrix, truth: Truth, name: str, real: bool = False) -> Score:
-    """Feed ``m`` step by step through a :class:`probe.monitor.detection.JobWindow` and an
-    :class:`probe.monitor.detection.AlertBook`, as the service does; time the detection work (CPU)."""
-    from probe.monitor.detection import AlertBook, JobWindow
+    """Feed ``m`` step by step through a :class:`probe.monitor.service.detection.JobWindow` and an
+    :class:`probe.monitor.service.detection.AlertBook`, as the service does; time the detection work (CPU)."""
+    from probe.monitor.service.detection import AlertBook, JobWindow
 
     window, book = JobWindow(m.job or "job"), AlertBook()
     score = Score(name, len(m.ranks), len(m.steps), truth, real=real)
@@ -265,16 +265,16 @@ COST_KINDS = ("healthy", "straggler:1.5")
 def service_cost(ranks: int, steps: int, kind: str = "healthy") -> tuple[float, float]:
     """The service's detection work per judged step for a simulated job of ``ranks`` (``kind``, a
     scenario of :func:`simulate`):
-    the store holds every point (DuckDB), and :meth:`probe.monitor.detection.Detection.detect_once`
+    the store holds every point (DuckDB), and :meth:`probe.monitor.service.detection.Detection.detect_once`
     runs once per step (the query of the new step, the window, the detectors, the hang check).
     Returns (CPU ms, wall ms) per step; CPU time (the process's, DuckDB's threads included) is
     what the work costs, wall time what it took on this shared machine."""
     import pyarrow as pa
 
-    from probe.monitor.detection import Detection
-    from probe.monitor.ranks import RankRegistry
-    from probe.monitor.storage import BatchKey, MonitorStore
-    from probe.monitor.watchers import Watchers
+    from probe.monitor.service.detection import Detection
+    from probe.monitor.service.ranks import RankRegistry
+    from probe.monitor.service.storage import BatchKey, MonitorStore
+    from probe.monitor.service.watchers import Watchers
 
     m, _ = simulate(kind, ranks, steps, seed=7)
     names = [n for n in ("step_time_ms", "compute_time_ms", "comm_time_ms", "data_time_ms",
@@ -310,7 +310,7 @@ def service_cost(ranks: int, steps: int, kind: str = "healthy") -> tuple[float, 
 def sim_hang(ranks: int) -> tuple[bool, float]:
     """A simulated hang among ``ranks``: every rank but one waits in all_reduce #41; is that one
     named with the collective, and how long does the diagnosis take (ms)?"""
-    from probe.monitor.detectors import hangs
+    from probe.monitor.detectors.step_detectors import hangs
 
     stuck = ranks // 3
     reports = [{"rank": r, "step": 40, "reported_s": 0.5,
@@ -388,7 +388,7 @@ def replay(dirs: list[Path]) -> list[Score]:
 def real_hang(nproc: int, at_step: int, tmp: Path) -> Score:
     """A planted hang under a live service: seconds from the last step every rank finished to
     the hang alert, and whether it names the stuck rank and the all-reduce."""
-    from probe.monitor.service import MonitorService
+    from probe.monitor.service.server import MonitorService
 
     svc = MonitorService(tmp / f"hang{nproc}.duckdb", port=0, detect_interval_s=0.25)
     svc.start()

@@ -3,7 +3,7 @@
 Three measurements, each against the target of issue 6:
 
 1. **Ingest**: one ``probe monitor serve`` (a subprocess, a DuckDB file store) and 64
-   simulated ranks, each a real :class:`probe.monitor.agent.MonitorAgent` (spread over a few
+   simulated ranks, each a real :class:`probe.monitor.agent.monitor_agent.MonitorAgent` (spread over a few
    processes), recording steps of ``--metrics`` metric points as fast as they can. Rate = points
    stored / (first record .. last acknowledgement). Zero loss: the store holds every recorded
    point exactly once and no agent dropped any. Target: >= 200k points/s.
@@ -65,7 +65,7 @@ def rank_group(addr: str, ranks: list[int], world: int, steps: int, n_metrics: i
     record per module, stamped with its forward time, so the service judges them too)."""
     import random
 
-    from probe.monitor.agent import MonitorAgent
+    from probe.monitor.agent.monitor_agent import MonitorAgent
     from probe.monitor.numerics_names import QUANTITIES, metric_name
 
     def on_command(rank: int):
@@ -178,7 +178,7 @@ class TimedMonitor(TrainCallback):
     """
 
     def __init__(self, addr: str, warmup: int) -> None:
-        from probe.monitor.agent_callback import MonitorAgentCallback
+        from probe.monitor.agent.callback import MonitorAgentCallback
 
         self.inner = MonitorAgentCallback(addr=addr, job="overhead")
         self.warmup = warmup

@@ -2,7 +2,7 @@
 
 1. **Step overhead** (``--overhead``): the bundled engine's ``small`` preset (27M parameters,
    57 leaf modules with parameters) on the CPU, one rank streaming to a monitor service in this
-   process, with :class:`probe.monitor.numerics_callback.NumericsCallback` on every leaf module
+   process, with :class:`probe.monitor.agent.numerics_callback.NumericsCallback` on every leaf module
    measuring every other step (``every=2``): each measured step is compared with the unmeasured
    one after it, so the drift of a shared machine hits both alike. A step is timed from one
    ``on_step_start`` to the next, wall clock and process CPU time: forward (the activation
@@ -14,7 +14,7 @@
    modules (6 points per module and step: 19,200 a step at 64 x 50) stored in a monitor store
    as the agents' batches would be; then, step by step as the service's detector thread does,
    the step's ``numerics:*`` points are queried, put in the job's
-   :class:`probe.monitor.numerics_window.NumericsWindow` and judged. Printed: per step, the query,
+   :class:`probe.monitor.detectors.numerics_window.NumericsWindow` and judged. Printed: per step, the query,
    the window (parse and derive) and the detectors, median and 95th percentile, with healthy
    series and with one layer growing 1.3x a step from step 150 (so the alert path is timed too).
 
@@ -45,7 +45,7 @@ class TimedNumerics:
     built: list = []
 
     def __new__(cls, **kwargs):
-        from probe.monitor.numerics_callback import NumericsCallback
+        from probe.monitor.agent.numerics_callback import NumericsCallback
 
         cb = NumericsCallback(**kwargs)
         TimedNumerics.built.append(cb)
@@ -83,7 +83,7 @@ def overhead(steps: int, preset: str, warmup: int) -> dict[str, float]:
     from probe.engine.launch import run_training
     from probe.engine.spec import RunSpec
     from probe.engine_adapter.callbacks import CallbackSpec
-    from probe.monitor.service import MonitorService
+    from probe.monitor.service.server import MonitorService
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-numerics-"))
     service = MonitorService(tmp / "monitor.duckdb", port=0)
@@ -149,10 +149,10 @@ def _simulated_points(ranks: int, modules: int, step: int, rng, grow_from: int |
 
 
 def detect_cost(ranks: int, modules: int, steps: int, grow_from: int | None) -> dict[str, float]:
-    from probe.monitor.detection import AlertBook
-    from probe.monitor.numerics_detectors import ModuleMatrix
-    from probe.monitor.numerics_window import NumericsWindow
-    from probe.monitor.storage import BatchKey, MonitorStore
+    from probe.monitor.detectors.numerics import ModuleMatrix
+    from probe.monitor.detectors.numerics_window import NumericsWindow
+    from probe.monitor.service.detection import AlertBook
+    from probe.monitor.service.storage import BatchKey, MonitorStore
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-numerics-detect-"))
     store = MonitorStore(tmp / "m.duckdb")

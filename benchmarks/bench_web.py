@@ -147,8 +147,8 @@ def bench_graph(diff, title: str, repeat: int) -> dict[str, list[float]]:
 def bench_live(steps: int) -> int:
     """Bytes of one live-page refresh that brings one new step, after a run of ``steps`` steps
     of two ranks reported to a monitor service."""
-    from probe.monitor.agent import MonitorAgent
-    from probe.monitor.service import MonitorService
+    from probe.monitor.agent.monitor_agent import MonitorAgent
+    from probe.monitor.service.server import MonitorService
     from tests.web.conftest import new_driver, quit_driver
     from probe.web.app import ServerThread, create_app
 

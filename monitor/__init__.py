@@ -1,24 +1,28 @@
 """Monitor: the gRPC service, metric storage, detectors and the command channel to ranks.
 
+Three programs, each a subpackage, and what they share at this level:
+
+- :mod:`probe.monitor.service`    the gRPC service and its DuckDB store: ingest, ranks, detection
+  thread, commands to ranks, status, trace uploads, exports (one process: ``probe monitor serve``)
+- :mod:`probe.monitor.agent`      what runs inside every training rank: the agent that streams
+  metrics, spools and takes commands, and the training callbacks (may import torch)
+- :mod:`probe.monitor.detectors`  pure functions over step and module tables: slow steps,
+  stragglers, NaN/Inf, memory growth, hangs, numerics anomalies, and their rolling windows
+
+Shared by both sides (none of them imports a subpackage; the agent never imports the service,
+the service never imports the agent, and the detectors import neither):
+
 - :mod:`probe.monitor.proto`           the wire protocol (``monitor.proto``; stubs by grpcio-tools)
 - :mod:`probe.monitor.limits`          what one message may hold, agreed by both sides
-- :mod:`probe.monitor.service`         the gRPC servicer: checks each call, hands it on; serving
-- :mod:`probe.monitor.ingest`          decoding pushed batches, the writer thread's group commit
-- :mod:`probe.monitor.ranks`           the ranks registered and the commands waiting for each
-- :mod:`probe.monitor.detection`       the detector thread: alerts, and traces on alert
-- :mod:`probe.monitor.watchers`        live events to every ``Watch`` stream
-- :mod:`probe.monitor.trace_transfer`  trace files sent as chunks, uploads received
-- :mod:`probe.monitor.status`          the status document and each rank's health
-- :mod:`probe.monitor.storage`         the DuckDB store (one writer: the service process)
-- :mod:`probe.monitor.detectors`       slow steps, stragglers, NaN/Inf: pure functions over step tables
-- :mod:`probe.monitor.client`          the public client (``probe monitor``, the web UI)
 - :mod:`probe.monitor.auth`            token and TLS
+- :mod:`probe.monitor.address`         where the service is (env ``PROBE_MONITOR``)
+- :mod:`probe.monitor.alert_kinds`     the one table of alert kinds (service, CLI help, web banner)
+- :mod:`probe.monitor.trace_transfer`  trace files as chunks; a wire name made a safe path
+- :mod:`probe.monitor.targeted_dump`   a targeted dump's order and schedule
+- :mod:`probe.monitor.numerics_names`  the names of per-module numerics points
+- :mod:`probe.monitor.client`          the public client (``probe monitor``, the web UI)
 
-The per-rank side: :mod:`probe.monitor.agent` (the queue and the sender), :mod:`probe.monitor.batch_packer`
-(steps into columnar batches), :mod:`probe.monitor.spool` (batches kept while the service is away),
-:mod:`probe.monitor.agent_connection` (registering, again after a loss), :mod:`probe.monitor.command_listener`
-(the command stream's thread), :mod:`probe.monitor.host_sampler` (host CPU and memory),
-:mod:`probe.monitor.agent_callback` (the agent as a training callback). Quick start::
+Quick start::
 
     probe monitor serve --port 50051 &
     PROBE_MONITOR=127.0.0.1:50051 probe train --nproc 4 --fault slow:2:3 --max-steps 50

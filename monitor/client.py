@@ -70,13 +70,12 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from probe.ground.errors import ProbeError
-
-DEFAULT_ADDR = "127.0.0.1:50051"
+from probe.monitor.address import DEFAULT_ADDR, monitor_address
 
 
 def resolve_addr(addr: str | None) -> str:
     """``addr``, else env ``PROBE_MONITOR``, else ``127.0.0.1:50051``; checked for ``host:port``."""
-    addr = addr or os.environ.get("PROBE_MONITOR") or DEFAULT_ADDR
+    addr = addr or monitor_address() or DEFAULT_ADDR
     host, sep, port = addr.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ProbeError(f"monitor address {addr!r}: use HOST:PORT, e.g. 127.0.0.1:50051")
@@ -284,7 +283,7 @@ class MonitorClient:
         import grpc
 
         from probe.monitor.proto import monitor_pb2 as pb
-        from probe.monitor.storage import safe_relpath
+        from probe.monitor.trace_transfer import safe_relpath
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

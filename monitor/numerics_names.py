@@ -1,6 +1,6 @@
 """The names of per-module numerics metric points: ``numerics:<module path>:<quantity>``.
 
-The numerics callback (:mod:`probe.monitor.numerics_callback`) sends, for each watched module and
+The numerics callback (:mod:`probe.monitor.agent.numerics_callback`) sends, for each watched module and
 step, one point per quantity; the service stores them as any metric point, and everything that
 reads them back (the detectors, charts, exports) splits the name with :func:`parse_metric_name`.
 A module path never holds ``:`` in PyTorch (it is dotted), so the last ``:`` ends it.

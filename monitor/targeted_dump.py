@@ -2,9 +2,9 @@
 
 ``probe monitor dump --job J --ranks R --steps S-T --scope PATTERN`` (or a numerics alert, with
 ``probe monitor serve --dump-on-alert N``) makes the service queue a ``dump`` command for the
-ranks; each rank's agent receives it on its command thread (:mod:`probe.monitor.command_listener`),
-and :class:`~probe.monitor.agent_callback.MonitorAgentCallback` files it in the
-:class:`DumpSchedule` of its own runner (:class:`probe.monitor.dump_runner.TargetedDumps`), which
+ranks; each rank's agent receives it on its command thread (:mod:`probe.monitor.agent.command_listener`),
+and :class:`~probe.monitor.agent.callback.MonitorAgentCallback` files it in the
+:class:`DumpSchedule` of its own runner (:class:`probe.monitor.agent.dump_runner.TargetedDumps`), which
 takes each order at its first step, opens a dump session of the matching modules for exactly
 those steps, closes it again, and writes msprobe's layout into the run folder::
 

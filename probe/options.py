@@ -67,7 +67,7 @@ def engine_options(func: Callable) -> Callable:
 
 
 def numerics_option(func: Callable) -> Callable:
-    """``--numerics [REGEX]``: per-module numerics every step (monitor.numerics_callback)."""
+    """``--numerics [REGEX]``: per-module numerics every step (probe.monitor.agent.numerics_callback)."""
     return click.option(
         "--numerics", "numerics", default=None, is_flag=False, flag_value="", metavar="[REGEX]",
         help="Measure per-module numerics every step (activation, weight, gradient and "

@@ -68,20 +68,21 @@ def trace_engine(preset: str, engine: str, dtype: str, layout: Layout, *, seq_le
 def _trace_loop(preset: str, engine: str, dtype: str, cfg: ModelConfig, layout: Layout,
                 describe: dict, signatures: bool) -> Traced:
     from probe.engine.spec import RunSpec
-    from probe.engine.train import MONITOR_ENV, run_rank
+    from probe.engine.train import run_rank
+    from probe.monitor.address import ADDR_ENV
 
     out = tempfile.mkdtemp(prefix="probe-simulate-")
     spec = RunSpec(engine=engine, preset=preset, nproc=layout.dp, max_steps=TRACED_STEPS,
                    out_dir=out, quiet=True, global_batch=layout.global_batch, seq_len=cfg.seq_len,
                    fsync="never", owner="simulate", dtype=dtype)
-    threads, monitor = torch.get_num_threads(), os.environ.pop(MONITOR_ENV, None)
+    threads, monitor = torch.get_num_threads(), os.environ.pop(ADDR_ENV, None)
     try:
         with FakeRun(world_size=layout.dp, quiet_reads=True, signatures=signatures) as run:
             run_rank(spec, 0, layout.dp)
     finally:
         torch.set_num_threads(threads)
         if monitor is not None:
-            os.environ[MONITOR_ENV] = monitor
+            os.environ[ADDR_ENV] = monitor
         shutil.rmtree(out, ignore_errors=True)
     rank = RankTrace(label="every rank", ranks=list(range(layout.nproc)), trace=run.tracer.trace)
     return Traced([rank], run.tracer.trace.params, DTYPES[dtype], describe)

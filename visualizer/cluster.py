@@ -19,11 +19,8 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Iterable, Mapping
 
+#: The alert kinds a rank's summary row marks.
 STRAGGLER, NONFINITE = "straggler", "nonfinite"
-#: Alert kinds the banner names while they are open, most urgent first.
-BANNER_KINDS = (NONFINITE, STRAGGLER)
-#: Order of alert kinds in the grouped list, most urgent first.
-SEVERITY = {NONFINITE: 0, STRAGGLER: 1, "rank_lost": 2, "slow_step": 3}
 #: Steps an alert without a state counts as open after its last step.
 OPEN_FOR_STEPS = 20
 
@@ -64,18 +61,22 @@ def is_open(alert: Mapping[str, Any], last_step: int | None, window: int = OPEN_
     return last_step is None or seen is None or seen >= last_step - window
 
 
-def open_alerts(alerts: Iterable[Mapping[str, Any]], last_step: int | None) -> list[dict[str, Any]]:
-    """The open straggler and NaN/Inf alerts, the latest per (kind, rank), most urgent first."""
+def open_alerts(alerts: Iterable[Mapping[str, Any]], last_step: int | None,
+                urgency: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The open alerts of every kind, the latest per (kind, rank), most urgent first (``urgency``:
+    kind -> rank of urgency, 0 the most urgent; a kind it lacks comes last)."""
     latest: dict[tuple, dict[str, Any]] = {}
     for a in alerts:
-        if a.get("kind") in BANNER_KINDS and is_open(a, last_step):
-            latest[(a["kind"], a.get("rank"))] = dict(a)
-    return sorted(latest.values(), key=lambda a: (BANNER_KINDS.index(a["kind"]), a.get("rank") or 0))
+        if is_open(a, last_step):
+            latest[(a.get("kind", ""), a.get("rank"))] = dict(a)
+    return sorted(latest.values(),
+                  key=lambda a: (urgency.get(a["kind"], len(urgency)), a.get("rank") or 0))
 
 
-def alert_groups(alerts: Iterable[Mapping[str, Any]], last_step: int | None) -> list[dict[str, Any]]:
+def alert_groups(alerts: Iterable[Mapping[str, Any]], last_step: int | None,
+                 urgency: Mapping[str, int]) -> list[dict[str, Any]]:
     """Alerts counted per (kind, rank): count, first and last step, the latest message, and
-    whether one is open; open first, then by urgency and count."""
+    whether one is open; open first, then by ``urgency`` (as :func:`open_alerts`) and count."""
     groups: dict[tuple, dict[str, Any]] = {}
     for a in alerts:
         key = (a.get("kind", ""), a.get("rank"))
@@ -91,7 +92,7 @@ def alert_groups(alerts: Iterable[Mapping[str, Any]], last_step: int | None) -> 
         elif not g["message"]:
             g["message"] = a.get("message", "")
         g["open"] = g["open"] or is_open(a, last_step)
-    return sorted(groups.values(), key=lambda g: (not g["open"], SEVERITY.get(g["kind"], 9), -g["count"],
+    return sorted(groups.values(), key=lambda g: (not g["open"], urgency.get(g["kind"], len(urgency)), -g["count"],
                                                   g["rank"] if g["rank"] is not None else -1))
 
 
@@ -109,7 +110,7 @@ def rank_summary(data: Series, alerts: Iterable[Mapping[str, Any]] = (), health:
         return [v for s, v in data.get(name, {}).get(rank, {}).items() if s >= since]
 
     own = {r: median(v) for r in last if (v := recent("compute_time_ms", r))}
-    flagged = {(a["kind"], a.get("rank")) for a in open_alerts(alerts, newest)}
+    flagged = {(a.get("kind"), a.get("rank")) for a in alerts if is_open(a, newest)}
     rows = []
     for rank in sorted(last):
         peers = [own[p] for p in own if p != rank]

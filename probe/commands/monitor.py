@@ -33,6 +33,7 @@ import click
 
 from probe.commands import monitor_dumps
 from probe.commands.monitor_options import addr_option, ca_option, token_option
+from probe.monitor.alert_kinds import ALERT_KINDS
 from probe.options import check_port_free, selection_option
 
 @click.group("monitor")
@@ -51,14 +52,16 @@ def command() -> None:
 @click.option("--tls-cert", default=None, type=click.Path(dir_okay=False), help="PEM certificate.")
 @click.option("--tls-key", default=None, type=click.Path(dir_okay=False), help="PEM private key.")
 @click.option("--trace-on-alert", multiple=True, metavar="KIND:STEPS",
-              help="Deep-trace the rank an alert names for STEPS steps, e.g. straggler:3. Repeatable.")
+              help="Deep-trace the rank an alert names for STEPS steps, e.g. straggler:3; KIND is "
+                   f"one of {', '.join(k.name for k in ALERT_KINDS)}. Repeatable.")
 @click.option("--stacks-on-hang", is_flag=True,
               help="On a hang alert, have every rank of the job dump its Python stacks into its "
                    "run folder (stacks/) and send them here (probe monitor trace-files).")
 @click.option("--dump-on-alert", "dump_on_alert", default=0, type=click.IntRange(min=0),
               metavar="STEPS",
-              help="On a numerics alert, dump the module it names on the rank it names for the "
-                   "next STEPS steps (a targeted dump, once per job, rank and module; probe "
+              help="On an alert that names a module ("
+                   f"{', '.join(k.name for k in ALERT_KINDS if k.dumps)}), dump the module on the "
+                   "rank it names for the next STEPS steps (a targeted dump, once per job, rank and module; probe "
                    "monitor dumps lists them).")
 @click.option("--dump-on-alert-task", type=click.Choice(["statistics", "tensor"]),
               default="statistics", show_default=True,
@@ -77,7 +80,7 @@ def serve(host: str, port: int, store: str | None, token: str | None, tls_cert: 
 
         otlp_export.require("metrics")     # one line that says what to install, before binding
     check_port_free(host, port)       # before the store is opened: a busy port fails at once
-    from probe.monitor.service import MonitorService, parse_trace_on_alert, serve_path_default
+    from probe.monitor.service.server import MonitorService, parse_trace_on_alert, serve_path_default
 
     svc = MonitorService(store_path=store or serve_path_default(), host=host, port=port,
                          token=token, tls_cert=tls_cert, tls_key=tls_key,
@@ -173,9 +176,8 @@ def _alert_line(a: dict) -> str:
 @ca_option
 @click.option("--job", default=None, help="Only this job.")
 @click.option("--kind", default=None,
-              help="straggler, slow_step, nonfinite, memory_growth, hang, rank_lost, or a "
-                   "numerics kind (numerics_outlier, numerics_layer_ratio, numerics_update, "
-                   "numerics_nonfinite).")
+              help="Only alerts of this kind: "
+                   f"{'; '.join(f'{k.name} ({k.means})' for k in ALERT_KINDS)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 @click.option("--follow", is_flag=True, help="Keep printing new alerts as they are raised.")
 def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,

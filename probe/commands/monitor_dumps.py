@@ -1,6 +1,6 @@
 """``probe monitor dump``, ``dumps`` and ``export``: targeted dumps of chosen modules on chosen
 ranks and steps with no restart (:mod:`probe.monitor.targeted_dump`), their list, and the stored
-series as TensorBoard scalars (:mod:`probe.monitor.tensorboard_export`). Part of the ``probe
+series as TensorBoard scalars (:mod:`probe.monitor.service.tensorboard_export`). Part of the ``probe
 monitor`` group (:mod:`probe.commands.monitor`)."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def export(addr: str | None, token: str | None, ca: str | None, tensorboard: str
 
     Example: probe monitor export --tensorboard runs/tb --job live
     """
-    from probe.monitor.tensorboard_export import export_points, points_from_service, points_from_store
+    from probe.monitor.service.tensorboard_export import export_points, points_from_service, points_from_store
 
     if store:
         table = points_from_store(store, job)

@@ -61,7 +61,7 @@ def command(engine, preset, nproc, max_steps, seed, faults, device, log_every, q
     """
     from probe.engine.launch import run_training
     from probe.engine_adapter.callbacks import CallbackSpec
-    from probe.monitor.numerics_callback import NumericsCallback
+    from probe.monitor.agent.numerics_callback import NumericsCallback
 
     callbacks = (() if numerics is None else
                  (CallbackSpec(NumericsCallback, {"pattern": numerics or None}),))

@@ -165,7 +165,7 @@ def test_mutated_monitor_messages_fail_to_parse_or_are_refused_in_words():
     metric batch is decoded by the service's check or refused with a ValueError."""
     from google.protobuf.message import DecodeError
 
-    from probe.monitor.ingest import decode_batch
+    from probe.monitor.service.ingest import decode_batch
 
     rng = random.Random(5000)
     messages = _messages()

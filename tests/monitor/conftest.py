@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from probe.monitor.service import MonitorService, free_port
+from probe.monitor.service.server import MonitorService, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

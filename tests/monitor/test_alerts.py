@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from probe.engine_adapter.callbacks import TrainContext
-from probe.monitor.agent_callback import MonitorAgentCallback
+from probe.monitor.agent.callback import MonitorAgentCallback
 from probe.monitor.client import MonitorClient
-from probe.monitor.service import MonitorService
+from probe.monitor.service.server import MonitorService
 
 from .conftest import ROOT, wait_for
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from probe.monitor.agent_callback import MonitorAgentCallback
 from probe.engine_adapter.callbacks import TrainContext
+from probe.monitor.agent.callback import MonitorAgentCallback
 from probe.monitor.client import MonitorClient
-from probe.monitor.service import MonitorService
+from probe.monitor.service.server import MonitorService
 from probe.profiler import mstx
 from tests.conftest import run_probe
 

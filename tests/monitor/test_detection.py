@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from probe.monitor.client import MonitorClient
-from probe.monitor.detection import AlertBook, JobWindow
-from probe.monitor.detectors import StepMatrix, detect
+from probe.monitor.detectors.step_detectors import StepMatrix, detect
 from probe.monitor.proto import monitor_pb2 as pb
 from probe.monitor.proto import monitor_pb2_grpc as pb_grpc
-from probe.monitor.service import MonitorService
+from probe.monitor.service.detection import AlertBook, JobWindow
+from probe.monitor.service.server import MonitorService
 from tests.conftest import run_probe
 
 from .conftest import wait_for

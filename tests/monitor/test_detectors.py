@@ -7,8 +7,9 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from probe.monitor.detectors import (StepMatrix, derive, detect, hang_threshold_s, hangs, memory_growth,
-                               nonfinite, slow_steps, stragglers)
+from probe.monitor.detectors.step_detectors import (StepMatrix, derive, detect, hang_threshold_s,
+                                                    hangs, memory_growth, nonfinite, slow_steps,
+                                                    stragglers)
 
 
 def sync_job(n_ranks=4, n_steps=12, slow_rank=None, factor=3.0, phase="compute", seed=0,

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from probe.monitor.agent import MonitorAgent
+from probe.monitor.agent.monitor_agent import MonitorAgent
 from probe.monitor.client import MonitorClient
-from probe.monitor.service import free_port
+from probe.monitor.service.server import free_port
 
 from .conftest import wait_for
 

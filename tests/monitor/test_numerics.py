@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from probe.engine_adapter.callbacks import CallbackSpec, TrainContext
-from probe.monitor.detection import AlertBook
-from probe.monitor.numerics_callback import NumericsCallback, select_modules
-from probe.monitor.numerics_detectors import (ModuleMatrix, detect, large_updates, layer_ratios,
-                                        nonfinite_modules, outliers)
+from probe.monitor.agent.numerics_callback import NumericsCallback, select_modules
+from probe.monitor.detectors.numerics import (ModuleMatrix, detect, large_updates, layer_ratios,
+                                              nonfinite_modules, outliers)
+from probe.monitor.detectors.numerics_window import NumericsWindow
 from probe.monitor.numerics_names import QUANTITIES, metric_name, parse_metric_name
-from probe.monitor.numerics_window import NumericsWindow
+from probe.monitor.service.detection import AlertBook
 
 from .conftest import wait_for
 

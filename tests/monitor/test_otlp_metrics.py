@@ -11,7 +11,7 @@ import pytest
 
 from probe.monitor.proto import monitor_pb2 as pb
 from probe.monitor.proto import monitor_pb2_grpc as pb_grpc
-from probe.monitor.service import MonitorService
+from probe.monitor.service.server import MonitorService
 from tests.monitor.test_service import batch
 
 from .conftest import wait_for
@@ -99,7 +99,7 @@ def test_probe_monitor_serve_otlp_exports_over_http_protobuf(tmp_path, monkeypat
 def test_a_collector_that_is_down_costs_the_service_nothing_but_the_export(tmp_path, monkeypatch):
     pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc")
     from probe.monitor.client import MonitorClient
-    from probe.monitor.service import free_port
+    from probe.monitor.service.server import free_port
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")

@@ -6,13 +6,13 @@ import grpc
 import numpy as np
 import pytest
 
+from probe.ground.errors import ProbeError
 from probe.monitor import auth
 from probe.monitor.client import MonitorClient
+from probe.monitor.limits import MAX_BATCH_POINTS
 from probe.monitor.proto import monitor_pb2 as pb
 from probe.monitor.proto import monitor_pb2_grpc as pb_grpc
-from probe.monitor.limits import MAX_BATCH_POINTS
-from probe.monitor.service import MonitorService, free_port
-from probe.ground.errors import ProbeError
+from probe.monitor.service.server import MonitorService, free_port
 from tests.conftest import run_probe
 
 from .conftest import wait_for

@@ -6,9 +6,9 @@ import tempfile
 
 import pytest
 
-from probe.monitor.agent import MonitorAgent
-from probe.monitor.service import free_port
-from probe.monitor.spool import Spool, default_spool_path, private_spool_dir
+from probe.monitor.agent.monitor_agent import MonitorAgent
+from probe.monitor.agent.spool import Spool, default_spool_path, private_spool_dir
+from probe.monitor.service.server import free_port
 
 
 def mode(path):

@@ -3,8 +3,8 @@ second, at once on a state change), and every reader still sees the latest."""
 
 import threading
 
-from probe.monitor import storage
-from probe.monitor.storage import MonitorStore
+from probe.monitor.service import storage
+from probe.monitor.service.storage import MonitorStore
 
 
 def _alert(**kw):

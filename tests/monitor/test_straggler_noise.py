@@ -4,8 +4,10 @@ running slow raises no straggler alert; a real straggler still does, within ten 
 import numpy as np
 import pytest
 
-from probe.monitor import noise_model, timing_detectors
-from probe.monitor.detectors import StepMatrix, derive, stragglers
+from probe.monitor.detectors import noise_model
+
+from probe.monitor.detectors import timing
+from probe.monitor.detectors.step_detectors import StepMatrix, derive, stragglers
 
 
 def rank_pair(seed=0, n_steps=200, turns=(), calm_from=None, slow=None, onset=60, jitter=0.12):
@@ -45,7 +47,7 @@ def test_the_turns_were_a_straggler_to_the_noise_model_before_issue_21(monkeypat
     """The same job judged as before: the noise rates taken as measured (no standard error)
     and the other ranks' turns ignored named rank 0 at the end."""
     monkeypatch.setattr(noise_model, "NOISE_SE", 0.0)
-    monkeypatch.setattr(timing_detectors, "turns",
+    monkeypatch.setattr(timing, "turns",
                         lambda x, row, w=5, medians=None: np.full(x.shape[1], -np.inf))
     found = [(a["rank"], a["step"]) for a in stragglers(rank_pair(0, turns=TURNS, calm_from=160))]
     assert [step for rank, step in found if rank == 0 and step >= 169]
@@ -78,7 +80,7 @@ def test_a_rank_slow_in_a_random_third_of_its_steps_is_still_found():
         "compute_time_ms": work, "data_time_ms": np.zeros_like(work), "comm_time_ms": comm,
         "step_time_ms": work + comm}, "j")
     assert {a["rank"] for a in stragglers(m)} == {4}
-    assert timing_detectors.turns(derive(m)["x_own"], 199)[np.arange(16) != 4].max() < 0.15
+    assert timing.turns(derive(m)["x_own"], 199)[np.arange(16) != 4].max() < 0.15
 
 
 def with_cpu(m, stolen=()):
@@ -155,8 +157,8 @@ def test_the_turns_read_from_each_rows_kept_median_are_the_ones_the_history_give
     """The service keeps each row's five-step median (``own_turn``) as the row is derived; the
     turns it reads from them at every step are the turns taken over the whole history, through
     a rolling window that drops old rows and a rank that joins late (NaN cells: no turn)."""
-    from probe.monitor.job_window import JobWindow
-    from probe.monitor.timing_detectors import turns
+    from probe.monitor.detectors.job_window import JobWindow
+    from probe.monitor.detectors.timing import turns
 
     rng = np.random.default_rng(seed)
     n, ranks = 260, 12

@@ -18,7 +18,7 @@ import pytest
 
 from probe.engine_adapter.callbacks import CallbackSpec, TrainCallback
 from probe.monitor.client import MonitorClient
-from probe.monitor.service import MonitorService
+from probe.monitor.service.server import MonitorService
 from probe.monitor.targeted_dump import DUMP_DIR, module_scope
 from tests.conftest import run_probe
 
@@ -134,7 +134,7 @@ def test_probe_monitor_dump_dumps_one_module_for_exactly_those_steps_and_compare
 
 
 def test_a_numerics_alert_dumps_its_module_on_its_rank(tmp_path, monkeypatch):
-    from probe.monitor.numerics_callback import NumericsCallback
+    from probe.monitor.agent.numerics_callback import NumericsCallback
 
     layer = "layers.0.mlp.down_proj"
     svc = MonitorService(tmp_path / "m.duckdb", port=0, detect_interval_s=0.05, dump_on_alert=2)

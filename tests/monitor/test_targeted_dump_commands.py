@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from probe.engine_adapter.callbacks import CallbackList, TrainContext
-from probe.monitor.agent_callback import MonitorAgentCallback
+from probe.monitor.agent.callback import MonitorAgentCallback
 from probe.monitor.client import MonitorClient
 from tests.conftest import run_probe
 

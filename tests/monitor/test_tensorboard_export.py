@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from probe.monitor.agent import MonitorAgent
+from probe.monitor.agent.monitor_agent import MonitorAgent
 from probe.monitor.client import MonitorClient
 from probe.monitor.numerics_names import metric_name
-from probe.monitor.tensorboard_export import masked_crc32c
+from probe.monitor.service.tensorboard_export import masked_crc32c
 from tests.conftest import run_probe
 
 from .conftest import wait_for
@@ -127,7 +127,7 @@ def test_export_from_a_running_service_and_from_its_store_file(fed, tmp_path):
 
 
 def test_service_pages_are_joined_without_losing_or_doubling_a_point(fed):
-    from probe.monitor.tensorboard_export import points_from_service
+    from probe.monitor.service.tensorboard_export import points_from_service
 
     client = MonitorClient(fed.address)
     table = points_from_service(client, "tb", page_rows=7)
@@ -138,7 +138,7 @@ def test_service_pages_are_joined_without_losing_or_doubling_a_point(fed):
 
 def test_tensorboard_reads_the_files(fed, tmp_path):
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    from probe.monitor.tensorboard_export import export_points, points_from_service
+    from probe.monitor.service.tensorboard_export import export_points, points_from_service
 
     export_points(points_from_service(MonitorClient(fed.address)), tmp_path / "tb")
     ea = accumulator.EventAccumulator(str(tmp_path / "tb" / "tb" / "rank1"))

@@ -139,7 +139,7 @@ def test_a_range_still_open_at_the_end_is_exported_so_no_child_points_at_nothing
 
 def test_a_collector_that_is_down_holds_nothing_up_and_the_loss_is_a_sink_error(monkeypatch):
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
-    from probe.monitor.service import free_port
+    from probe.monitor.service.server import free_port
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
@@ -178,7 +178,7 @@ def test_without_the_exporter_installed_asking_for_otlp_is_one_line_that_says_wh
 
 def test_nothing_of_opentelemetry_is_imported_until_otel_is_asked_for():
     code = ("import sys, profiler.session, profiler.engine_callbacks, profiler.mstx, "
-            "probe.commands.profile, monitor.service; "
+            "probe.commands.profile, monitor.service.server; "
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)

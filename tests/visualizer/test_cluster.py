@@ -2,6 +2,9 @@
 
 from probe.visualizer.cluster import alert_groups, complete_steps, open_alerts, rank_summary, series
 
+#: Alert kinds, most urgent first, as the monitor's table orders them.
+URGENCY = {"nonfinite": 0, "straggler": 1, "slow_step": 2}
+
 
 def points(steps, slow_rank=1, ranks=3):
     out = []
@@ -30,13 +33,13 @@ def test_alerts_are_counted_per_kind_and_rank_and_only_open_ones_reach_the_banne
     alerts = flood + [{"kind": "straggler", "rank": 2, "step": 5, "last_step": 40, "count": 30, "state": "open",
                        "message": "rank 2"},
                       {"kind": "nonfinite", "rank": 1, "step": 3, "count": 1, "state": "closed", "message": "nan"}]
-    groups = alert_groups(alerts, last_step=30)
+    groups = alert_groups(alerts, last_step=30, urgency=URGENCY)
     assert [(g["kind"], g["rank"], g["count"], g["open"]) for g in groups] == [
         ("straggler", 2, 30, True), ("slow_step", 0, 20, True), ("nonfinite", 1, 1, False)]
     assert groups[1]["first_step"] == 0 and groups[1]["last_step"] == 19 and groups[1]["message"] == "step 19 slow"
-    assert [(a["kind"], a["rank"]) for a in open_alerts(alerts, last_step=40)] == [("straggler", 2)]
+    assert [(a["kind"], a["rank"]) for a in open_alerts(alerts, last_step=40, urgency=URGENCY)] == [("straggler", 2)]
     # without a state, an alert is open while its cause was seen in the last steps
-    assert open_alerts([{"kind": "straggler", "rank": 0, "step": 1}], last_step=100) == []
+    assert open_alerts([{"kind": "straggler", "rank": 0, "step": 1}], last_step=100, urgency=URGENCY) == []
 
 
 def test_heat_map_columns_are_the_steps_every_rank_has_reported():

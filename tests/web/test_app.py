@@ -76,7 +76,7 @@ def test_a_compare_result_alone_opens_the_dumps_it_names(tmp_path, msprobe_data)
 
 
 def test_live_page_with_an_unreachable_monitor_reports_it_instead_of_failing():
-    from probe.monitor.service import free_port
+    from probe.monitor.service.server import free_port
 
     source = LiveSource(monitor_addr=f"127.0.0.1:{free_port()}")
     with pytest.raises(ProbeError):

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from dash import no_update
 
-from probe.monitor.agent import MonitorAgent
+from probe.monitor.agent.monitor_agent import MonitorAgent
 from probe.monitor.client import MonitorClient
 from probe.monitor.numerics_names import QUANTITIES, metric_name
-from probe.monitor.service import MonitorService
+from probe.monitor.service.server import MonitorService
 from tests.web.conftest import wait_for
 from probe.visualizer.catalog import Catalog
 from probe.web.pages import live_numerics

@@ -80,8 +80,8 @@ def test_live_page_draws_a_store_as_the_job_writes_it_and_sends_only_new_steps(b
 
 
 def test_live_page_puts_the_slow_rank_on_top_and_names_it_in_the_banner(browser, serve_app, shot, tmp_path):
-    monitor_service = pytest.importorskip("probe.monitor.service")
-    agent_mod = pytest.importorskip("probe.monitor.agent")
+    monitor_service = pytest.importorskip("probe.monitor.service.server")
+    agent_mod = pytest.importorskip("probe.monitor.agent.monitor_agent")
     svc = monitor_service.MonitorService(store_path=tmp_path / "monitor.duckdb", port=0, detect_interval_s=0.1)
     addr = f"127.0.0.1:{svc.start()}"
     agents = [agent_mod.MonitorAgent(addr, job="demo", rank=r, world_size=2) for r in (0, 1)]
@@ -130,7 +130,7 @@ def test_live_page_puts_the_slow_rank_on_top_and_names_it_in_the_banner(browser,
 
 @pytest.mark.slow
 def test_live_page_follows_a_real_two_rank_training_and_names_the_slowed_rank(browser, serve_app, shot, tmp_path):
-    from probe.monitor.service import MonitorService
+    from probe.monitor.service.server import MonitorService
 
     svc = MonitorService(store_path=tmp_path / "monitor.duckdb", port=0, detect_interval_s=0.1)
     addr = f"127.0.0.1:{svc.start()}"

@@ -1,6 +1,7 @@
 """Live cluster page: who is slow, what is wrong, and the charts behind it, while the job runs.
 
-- a banner naming the open straggler and NaN/Inf alerts;
+- a banner naming every open alert, most urgent first, each kind with its label and colour from
+  :mod:`probe.monitor.alert_kinds`;
 - a summary row per rank over the last steps: its own compute time against its peers' median,
   its communication share, its last step and health, the straggler on top and marked (who is a
   straggler is the monitor's detectors' call);
@@ -30,6 +31,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from probe.ground.errors import ProbeError
 from probe.ground.selection import parse_selection
+from probe.monitor.alert_kinds import alert_kind, urgency
 from probe.visualizer import cluster
 from probe.web.pages import live_numerics
 from probe.web.pages.live_source import LiveSource
@@ -137,11 +139,17 @@ def summary_table(rows: list[dict[str, Any]]) -> html.Table | html.P:
 
 
 def banner(alerts: list[dict[str, Any]]) -> list:
-    """One line per open straggler or NaN/Inf alert (:func:`probe.visualizer.cluster.open_alerts`)."""
-    what = {cluster.STRAGGLER: "straggler", cluster.NONFINITE: "NaN/Inf"}
-    return [html.Div([html.B(f"⚠ {what[a['kind']]}: rank {a.get('rank')}"),
-                      f" since step {a.get('step')} · {a.get('message', '')}"], className=f"banner-line kind-{a['kind']}")
-            for a in alerts]
+    """One line per open alert (:func:`probe.visualizer.cluster.open_alerts`), in the words and
+    colour of its kind (:mod:`probe.monitor.alert_kinds`; a kind not in the table by its name)."""
+    lines = []
+    for a in alerts:
+        kind = alert_kind(a["kind"])
+        where = f"rank {a['rank']}" if a.get("rank") is not None else "all ranks"
+        lines.append(html.Div([html.B(f"⚠ {kind.label if kind else a['kind']}: {where}"),
+                               f" since step {a.get('step')} · {a.get('message', '')}"],
+                              className=f"banner-line kind-{a['kind']}", title=kind.means if kind else None,
+                              style={"color": kind.colour} if kind else None))
+    return lines
 
 
 def alert_items(groups: list[dict[str, Any]]) -> list:
@@ -262,7 +270,7 @@ def _refresh(source: LiveSource, cursor: dict[str, Any]) -> tuple:
         steps, values = cluster.complete_steps(recent, HEAT[0], cursor.get("heat", -1))
         heat_ext = [{"x": [steps], "z": [values]}, [0], MAX_POINTS] if steps else no_update
         heat_last = steps[-1] if steps else cursor.get("heat", -1)
-    opened = cluster.open_alerts(alerts, newest)
+    opened = cluster.open_alerts(alerts, newest, urgency())
     where = source.monitor_addr or ", ".join(source.store_dirs)
     status = (f"{where}{f' · job {job}' if job else ''} · ranks: {len(ranks)} · last step: "
               f"{newest if newest is not None else '—'} · alerts: {len(opened)} open, {len(alerts)} in all"
@@ -270,4 +278,4 @@ def _refresh(source: LiveSource, cursor: dict[str, Any]) -> tuple:
     cursor = {"job": job, "ranks": ranks, "last": {str(r): s for r, s in merged.items()}, "charts": drawn,
               "heat": heat_last}
     return (*figures, *extends, heat, heat_ext, summary_table(cluster.rank_summary(recent, alerts, health)),
-            banner(opened), alert_items(cluster.alert_groups(alerts, newest)), status, cursor)
+            banner(opened), alert_items(cluster.alert_groups(alerts, newest, urgency())), status, cursor)

@@ -104,7 +104,7 @@ def figure(module: str | None, quantity: str, data: dict[int, dict[int, float]],
     fig.update_yaxes(title=quantity)
     if not module or not ranks:
         text = ("no per-module numerics yet: train with --numerics (probe train) or add "
-                "probe.monitor.numerics_callback.NumericsCallback" if not module else
+                "probe.monitor.agent.numerics_callback.NumericsCallback" if not module else
                 f"no {quantity} points for {module} yet")
         fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                            font=dict(size=11, color="#777"))

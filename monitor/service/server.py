@@ -1,30 +1,31 @@
 """The monitor service: one gRPC server that ingests metric batches, detects, and commands ranks.
 
-Ranks (:mod:`probe.monitor.agent`) register, push columnar metric batches and hold a command
-stream open; operators (:mod:`probe.monitor.client`, ``probe monitor``, the web UI) query status,
-alerts, metrics and traces, request deep traces, and watch alerts live. One process owns the
-DuckDB store (:mod:`probe.monitor.storage`), writes it and answers queries from it.
+Ranks (:mod:`probe.monitor.agent.monitor_agent`) register, push columnar metric batches and hold a
+command stream open; operators (:mod:`probe.monitor.client`, ``probe monitor``, the web UI) query
+status, alerts, metrics and traces, request deep traces, and watch alerts live. One process owns the
+DuckDB store (:mod:`probe.monitor.service.storage`), writes it and answers queries from it.
 
 :class:`MonitorService` is the gRPC servicer: it checks each call and hands it to the room that
 does the work:
 
-- :mod:`probe.monitor.ingest`: ``Push`` decodes a batch into Arrow; the writer thread inserts every
-  batch waiting in one transaction (group commit) and acks: an ack means durable, and a batch
-  resent after a lost ack is acknowledged without being stored again;
-- :mod:`probe.monitor.ranks`: who registered each rank, and the commands waiting for it;
-- :mod:`probe.monitor.detection`: the detector thread judges each job's newly complete steps (every
-  live rank reported) and watches for hangs (from the collective each rank's batches and
+- :mod:`probe.monitor.service.ingest`: ``Push`` decodes a batch into Arrow; the writer thread
+  inserts every batch waiting in one transaction (group commit) and acks: an ack means durable, and
+  a batch resent after a lost ack is acknowledged without being stored again;
+- :mod:`probe.monitor.service.ranks`: who registered each rank, and the commands waiting for it;
+- :mod:`probe.monitor.service.detection`: the detector thread judges each job's newly complete steps
+  (every live rank reported) and watches for hangs (from the collective each rank's batches and
   heartbeats say it is in), keeps one alert open per cause and pushes them to watchers
-  (:mod:`probe.monitor.watchers`); a configured alert kind can trigger a deep trace on the rank it
-  names, and a hang (``stacks_on_hang``) every rank's Python stacks;
-- :mod:`probe.monitor.trace_transfer`: trace files uploaded by ranks and fetched by operators;
-- :mod:`probe.monitor.remote_control`: the commands to ranks (deep traces, dumps, settings);
+  (:mod:`probe.monitor.service.watchers`); a configured alert kind can trigger a deep trace on the
+  rank it names, and a hang (``stacks_on_hang``) every rank's Python stacks;
+- :mod:`probe.monitor.service.trace_upload`: trace files uploaded by ranks (fetched by operators as
+  :func:`probe.monitor.trace_transfer.file_chunks`);
+- :mod:`probe.monitor.service.remote_control`: the commands to ranks (deep traces, dumps, settings);
 - :mod:`probe.monitor.targeted_dump`: ``RequestDump`` queues a ``dump`` command for ranks (a dump of
   chosen modules for chosen steps, no restart); each rank's ``ReportDump`` says where it wrote
   it; with ``dump_on_alert=N`` a new numerics alert dumps its rank's module for the next N steps;
-- :mod:`probe.monitor.status`: the status document;
-- :mod:`probe.monitor.otlp_metrics` (``otlp=True``): each stored batch also becomes OpenTelemetry
-  metrics, exported over OTLP every few seconds.
+- :mod:`probe.monitor.service.status`: the status document;
+- :mod:`probe.monitor.service.otlp_metrics` (``otlp=True``): each stored batch also becomes
+  OpenTelemetry metrics, exported over OTLP every few seconds.
 
 >>> svc = MonitorService(store_path="/tmp/doc-monitor.duckdb", port=0)   # doctest: +SKIP
 >>> port = svc.start(); svc.wait()                                          # doctest: +SKIP
@@ -47,25 +48,23 @@ import pyarrow as pa
 
 from probe.ground.errors import ProbeError
 from probe.monitor import auth
-from probe.monitor.detection import Detection
-from probe.monitor.ingest import IngestWriter, decode_batch
+from probe.monitor.alert_kinds import kind_names
 from probe.monitor.limits import MAX_BATCH_POINTS, MAX_MESSAGE_BYTES, MAX_NAME_LEN, check_name
-from probe.monitor.numerics_detectors import KINDS as NUMERICS_KINDS
 from probe.monitor.proto import monitor_pb2 as pb
 from probe.monitor.proto import monitor_pb2_grpc as pb_grpc
-from probe.monitor.ranks import RankRegistry, RankState
-from probe.monitor.remote_control import AlertHook, RemoteControl
-from probe.monitor.status import status_document
-from probe.monitor.storage import BatchKey, MonitorStore
-from probe.monitor.trace_transfer import file_chunks, receive_upload
+from probe.monitor.service.detection import Detection
+from probe.monitor.service.ingest import IngestWriter, decode_batch
+from probe.monitor.service.ranks import RankRegistry, RankState
+from probe.monitor.service.remote_control import AlertHook, RemoteControl
+from probe.monitor.service.status import status_document
+from probe.monitor.service.storage import BatchKey, MonitorStore
+from probe.monitor.service.trace_upload import receive_upload
+from probe.monitor.trace_transfer import file_chunks
 
 #: The largest query answer sent in one reply (bytes).
 MAX_REPLY_BYTES = 60 * 1024 * 1024
 #: Seconds without a batch or heartbeat after which a rank is "lost" (and alerted).
 LOST_AFTER_S = 15.0
-#: The kinds of alert the service raises.
-ALERT_KINDS = ("straggler", "slow_step", "nonfinite", "memory_growth", "hang", "rank_lost",
-               *NUMERICS_KINDS)
 
 
 def _ipc(table: pa.Table, context: grpc.ServicerContext) -> pb.ArrowTable:
@@ -121,7 +120,7 @@ class MonitorService(RemoteControl, pb_grpc.MonitorServicer):
         self.otlp = None
         self.otlp_errors = 0
         if otlp is True:
-            from probe.monitor.otlp_metrics import OtlpMetrics
+            from probe.monitor.service.otlp_metrics import OtlpMetrics
 
             self.otlp = OtlpMetrics(address=f"{host}:{port}")
         elif otlp:
@@ -302,7 +301,7 @@ class MonitorService(RemoteControl, pb_grpc.MonitorServicer):
         return pb.JsonDoc(json=json.dumps(self.status(request.job or None), default=str))
 
     def status(self, job: str | None = None) -> dict[str, Any]:
-        """The status document (:mod:`probe.monitor.status`): service, ``jobs[].ranks[]``, ``alerts[]``."""
+        """The status document (:mod:`probe.monitor.service.status`): service, ``jobs[].ranks[]``, ``alerts[]``."""
         service = {"address": self.address, "store": str(self.store.path),
                    "uptime_s": round(time.time() - self.started, 3),
                    "points_ingested": self.points_ingested, "auth": bool(self.token),
@@ -364,11 +363,12 @@ def parse_trace_on_alert(specs: list[str] | tuple[str, ...]) -> dict[str, int]:
     {'straggler': 5, 'slow_step': 2}
     """
     out = {}
+    kinds = kind_names()
     for spec in specs:
         kind, _, n = spec.partition(":")
-        if kind not in ALERT_KINDS or not n.isdigit() or int(n) <= 0:
+        if kind not in kinds or not n.isdigit() or int(n) <= 0:
             raise ProbeError(f"--trace-on-alert {spec!r}: use KIND:STEPS with KIND one of "
-                             f"{', '.join(ALERT_KINDS)} and STEPS > 0")
+                             f"{', '.join(kinds)} and STEPS > 0")
         out[kind] = int(n)
     return out
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 import weakref
@@ -47,6 +46,7 @@ import pyarrow.compute as pc
 
 from probe.collectors.records import METRIC
 from probe.ground.errors import ProbeError
+from probe.monitor.trace_transfer import safe_relpath
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS metrics (time_ns BIGINT, job VARCHAR, rank INTEGER, step BIGINT,
@@ -89,9 +89,6 @@ ALERT_COLUMNS = ("id", "time_ns", "job", "kind", "rank", "step", "message", "evi
                  "last_step", "state", "updated_ns")
 
 
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
-
-
 @dataclass(frozen=True)
 class BatchKey:
     """Who sent a batch and its sequence number: the identity that makes ingest exactly-once."""
@@ -102,17 +99,6 @@ class BatchKey:
     seq: int
     dropped: int = 0
     last_step: int = -1
-
-
-def safe_relpath(name: str) -> Path:
-    """A relative path that stays inside its folder: no '..', no absolute part, tame characters.
-
-    >>> safe_relpath("../../etc/pass wd").as_posix(), safe_relpath("trace/rank3.json").as_posix()
-    ('etc/pass_wd', 'trace/rank3.json')
-    """
-    parts = [_SAFE_NAME.sub("_", p) for p in name.replace("\\", "/").split("/")]
-    parts = [p for p in parts if p not in ("", ".", "..")]
-    return Path(*parts) if parts else Path("trace")
 
 
 def _json_default(value: Any) -> Any:

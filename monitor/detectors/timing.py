@@ -1,5 +1,5 @@
 """Timing detectors: stragglers (a rank slower than its peers) and slow steps (the job slower
-than its own history). See :mod:`probe.monitor.detectors` for the rules they share.
+than its own history). See :mod:`probe.monitor.detectors.step_detectors` for the rules they share.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from probe.monitor.noise_model import (ALPHA, HISTORY, LEVELS, WINDOWS, Verdict, level_bins,
-                                 persistent, row_median)
-from probe.monitor.step_matrix import Alert, StepMatrix
-from probe.monitor.step_series import (JOB_SERIES, capped_excess, clock_excess, derive,
-                                 turn_medians)
+from probe.monitor.detectors.noise_model import (ALPHA, HISTORY, LEVELS, WINDOWS, Verdict,
+                                                 level_bins, persistent, row_median)
+from probe.monitor.detectors.step_matrix import Alert, StepMatrix
+from probe.monitor.detectors.step_series import (JOB_SERIES, capped_excess, clock_excess, derive,
+                                                 turn_medians)
 
 #: A straggler must cost: its own work at least this much above its peers' median on average
 #: over the window (each step's excess capped at 100%, so one hiccup is one slow step). Less is

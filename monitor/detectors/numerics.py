@@ -23,20 +23,19 @@ alert of those that name the same module, quantity and step on several ranks.
   gradients (the ``nonfinite`` count, or a norm that overflowed to Inf), at the first step of a
   rank where it appears, naming the first module in execution order that has it.
 
-The first three judge like the timing detectors (:mod:`probe.monitor.detectors`, rules 3 and 4): the
-noise is measured on the job (how often the series of the *other* modules, on every rank,
-exceed each level over the last :data:`HISTORY` steps, and how often an excess runs on into
-the next step; the same module on another rank is no witness: data-parallel ranks hold the
-same weights) and an
-alert needs the excess in ``k`` of the last ``n`` steps (``n`` in :data:`WINDOWS`, ``k`` at
-least 3), with ``k`` so many that its chance under that noise is below
-:data:`~probe.monitor.noise_model.ALPHA` shared by the series judged. A series is judged once it has
-:data:`MIN_BASELINE` earlier steps: the first steps of a run (Adam's warm-up moves everything)
-are history only.
+The first three judge like the timing detectors (:mod:`probe.monitor.detectors.step_detectors`,
+rules 3 and 4): the noise is measured on the job (how often the series of the *other* modules, on
+every rank, exceed each level over the last :data:`HISTORY` steps, and how often an excess runs on
+into the next step; the same module on another rank is no witness: data-parallel ranks hold the same
+weights) and an alert needs the excess in ``k`` of the last ``n`` steps (``n`` in :data:`WINDOWS`,
+``k`` at least 3), with ``k`` so many that its chance under that noise is below
+:data:`~probe.monitor.detectors.noise_model.ALPHA` shared by the series judged. A series is judged
+once it has :data:`MIN_BASELINE` earlier steps: the first steps of a run (Adam's warm-up moves
+everything) are history only.
 
 The detectors' per-step work is cached in ``ModuleMatrix.derived`` (the level bins of each
 test, and their sums over the series); the service's rolling window
-(:class:`probe.monitor.numerics_window.NumericsWindow`) computes them once per new step.
+(:class:`probe.monitor.detectors.numerics_window.NumericsWindow`) computes them once per new step.
 
 >>> rows = [{"rank": 0, "step": s, "module": m, "weight_norm": 10.0 * (1.25 ** max(0, s - 20)
 ...          if m == "l3" else 1.0 + 0.001 * s)} for s in range(40) for m in ("l0", "l1", "l2", "l3")]
@@ -51,22 +50,20 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from probe.monitor.module_matrix import ModuleMatrix
-from probe.monitor.noise_model import ALPHA
+from probe.monitor.detectors.module_matrix import ModuleMatrix
+from probe.monitor.detectors.noise_model import ALPHA
+from probe.monitor.detectors.numerics_evidence import (BASELINE, HISTORY, LAG, LAYER_QUANTITIES,
+                                                       MIN_BASELINE, MIN_MODULES, OWN_QUANTITIES,
+                                                       RATIO_LEVELS, UPDATE_LEVELS, WINDOWS,
+                                                       Z_FLOOR, Z_LEVELS, Alert, derive,
+                                                       ensure_derived, fmt, log_values, make_alert,
+                                                       persistent_findings)
 from probe.monitor.numerics_names import QUANTITIES
-from probe.monitor.numerics_evidence import (BASELINE, HISTORY, LAG, LAYER_QUANTITIES, MIN_BASELINE,
-                                       MIN_MODULES, OWN_QUANTITIES, RATIO_LEVELS, UPDATE_LEVELS,
-                                       WINDOWS, Z_FLOOR, Z_LEVELS, Alert, derive, ensure_derived,
-                                       fmt, log_values, make_alert, persistent_findings)
 
-__all__ = ["BASELINE", "HISTORY", "KINDS", "LAG", "LAYER_QUANTITIES", "MIN_BASELINE", "MIN_MODULES",
+__all__ = ["BASELINE", "HISTORY", "LAG", "LAYER_QUANTITIES", "MIN_BASELINE", "MIN_MODULES",
            "OWN_QUANTITIES", "RATIO_LEVELS", "UPDATE_LEVELS", "WINDOWS", "Z_FLOOR", "Z_LEVELS",
            "ModuleMatrix", "across_ranks", "derive", "detect", "large_updates", "layer_ratios",
            "nonfinite_modules", "outliers"]
-
-#: The alert kinds of this module.
-KINDS = ("numerics_outlier", "numerics_layer_ratio", "numerics_update", "numerics_nonfinite")
-
 
 # -- the detectors ------------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ update is read too: from the optimizer's own state for Adam, AdamW and SGD
 update together, no copy of the weights), otherwise as the difference from a copy taken just
 before the step (``update_ratio=False`` spares both).
 
-The points go through the rank's monitor agent (:class:`probe.monitor.agent.MonitorAgent`, which the
-:class:`~probe.monitor.agent_callback.MonitorAgentCallback` puts in ``ctx.extra["monitor_agent"]``):
+The points go through the rank's monitor agent (:class:`probe.monitor.agent.monitor_agent.MonitorAgent`, which the
+:class:`~probe.monitor.agent.callback.MonitorAgentCallback` puts in ``ctx.extra["monitor_agent"]``):
 bounded, acknowledged and spooled like the other points. Each module's points carry the time of
 its forward pass, so the service can tell the modules' execution order (which module showed a
 NaN first). Without a monitor agent the points are added to the step's metrics instead (the
@@ -48,21 +48,19 @@ True
 
 from __future__ import annotations
 
+import logging
 import math
 import re
-import sys
 import time
 from typing import Any
 
 from probe.engine_adapter.callbacks import TrainCallback, TrainContext
 from probe.monitor.numerics_names import metric_name
 
+log = logging.getLogger(__name__)
+
 #: ``ctx.extra`` key under which the monitor agent callback leaves its agent.
 AGENT_KEY = "monitor_agent"
-
-
-def _warn(message: str) -> None:
-    print(f"probe numerics: {message}", file=sys.stderr, flush=True)
 
 
 def select_modules(model: Any, pattern: str | None = None) -> list[tuple[str, Any]]:
@@ -140,15 +138,16 @@ class NumericsCallback(TrainCallback):
 
         model = ctx.model
         if not isinstance(model, torch.nn.Module):
-            _warn("no torch model in this run; numerics are off")
+            log.warning("probe numerics: no torch model in this run; numerics are off")
             return
         from probe.engine_adapter.torch_stats import TorchStats
 
         self._stats = TorchStats()
         chosen = select_modules(model, self.pattern)
         if not chosen:
-            _warn(f"no module with parameters matches {self.pattern!r}; numerics are off"
-                  if self.pattern else "the model has no module with parameters; numerics are off")
+            log.warning("probe numerics: %s; numerics are off",
+                        f"no module with parameters matches {self.pattern!r}" if self.pattern
+                        else "the model has no module with parameters")
             return
         index: dict[int, int] = {}
         for path, mod in chosen:

@@ -24,8 +24,8 @@ import json
 import time
 from typing import Any, Callable
 
-from probe.monitor.ranks import RankRegistry
-from probe.monitor.storage import MonitorStore
+from probe.monitor.service.ranks import RankRegistry
+from probe.monitor.service.storage import MonitorStore
 
 #: Seconds without a batch or heartbeat after which a rank is "stale" (then "lost").
 STALE_AFTER_S = 5.0

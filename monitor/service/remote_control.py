@@ -1,7 +1,7 @@
 """The service's commands to ranks: deep traces, targeted dumps, stacks and settings, queued
-for each rank's command stream (:mod:`probe.monitor.ranks`), and the reactions to new alerts.
+for each rank's command stream (:mod:`probe.monitor.service.ranks`), and the reactions to new alerts.
 
-:class:`RemoteControl` is a part of :class:`probe.monitor.service.MonitorService` (its gRPC calls
+:class:`RemoteControl` is a part of :class:`probe.monitor.service.server.MonitorService` (its gRPC calls
 ``RequestTrace``, ``RequestDump``, ``SendCommand`` and their Python twins); it uses the
 service's ``store``, ``ranks``, ``watchers``, ``_log`` and its ``dump_on_alert`` settings.
 """
@@ -13,14 +13,15 @@ from typing import Any, Callable
 
 import grpc
 
+from probe.monitor.alert_kinds import alert_kind
 from probe.monitor.limits import check_name
 from probe.monitor.proto import monitor_pb2 as pb
+from probe.monitor.service.watchers import Watchers
 from probe.monitor.targeted_dump import check_order, module_scope
-from probe.monitor.watchers import Watchers
 
 
 class RemoteControl:
-    """Commands to the ranks of a job (a mixin of :class:`probe.monitor.service.MonitorService`)."""
+    """Commands to the ranks of a job (a mixin of :class:`probe.monitor.service.server.MonitorService`)."""
 
     def RequestTrace(self, request: pb.TraceRequest, context: grpc.ServicerContext) -> pb.TraceReply:
         check_name(request.job, "job", context)
@@ -90,9 +91,11 @@ class RemoteControl:
         return dump_id, delivered, missing
 
     def _on_alert(self, alert: dict[str, Any]) -> None:
-        """A new alert (on the detector thread): with ``dump_on_alert``, a numerics alert dumps
-        its module on its rank for the next N steps (once per job, rank and module)."""
-        if not self.dump_on_alert or not str(alert.get("kind", "")).startswith("numerics"):
+        """A new alert (on the detector thread): with ``dump_on_alert``, an alert of a kind that
+        ``dumps`` (:mod:`probe.monitor.alert_kinds`: the numerics kinds) dumps its module on its
+        rank for the next N steps (once per job, rank and module)."""
+        kind = alert_kind(str(alert.get("kind", "")))
+        if not self.dump_on_alert or kind is None or not kind.dumps:
             return
         ev = alert.get("evidence") or {}
         module = alert.get("module") or (ev.get("module") if isinstance(ev, dict) else None)

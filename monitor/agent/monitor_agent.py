@@ -1,29 +1,29 @@
 """The per-rank monitor agent: streams step metrics to the monitor service, never in the way.
 
-The training thread calls :meth:`MonitorAgent.record` once per step: it puts one tuple on a
-bounded :class:`~probe.ground.background.BackgroundQueue` and returns (no network, no disk, no lock
-held across I/O). The queue's worker is the sender: every ``flush_interval_s`` (which the
-service's ``set_interval`` command sets) it takes what was recorded, packs it into columnar
-batches (:mod:`probe.monitor.batch_packer`, numbered ``seq`` 1, 2, ... per agent) and pushes them;
-the service acknowledges a batch only once it is durable and acknowledges a resent one without
-storing it again. While the service is away every
-unacknowledged batch goes to a local spool file (:mod:`probe.monitor.spool`), in order; on reconnect
-the spool is resent first, then deleted. So a restart of the service (or of the rank, when the
-spool file is found again) neither loses nor doubles a point. If the training thread ever
-outruns the sender so far that the queue fills, the point is dropped and counted, and the count
-travels to the service with the next batch (``dropped``).
+The training thread calls :meth:`MonitorAgent.record` once per step: it puts one tuple on a bounded
+:class:`~probe.ground.background.BackgroundQueue` and returns (no network, no disk, no lock held
+across I/O). The queue's worker is the sender: every ``flush_interval_s`` (which the service's
+``set_interval`` command sets) it takes what was recorded, packs it into columnar batches
+(:mod:`probe.monitor.agent.batch_packer`, numbered ``seq`` 1, 2, ... per agent) and pushes them; the
+service acknowledges a batch only once it is durable and acknowledges a resent one without storing
+it again. While the service is away every unacknowledged batch goes to a local spool file
+(:mod:`probe.monitor.agent.spool`), in order; on reconnect the spool is resent first, then deleted.
+So a restart of the service (or of the rank, when the spool file is found again) neither loses nor
+doubles a point. If the training thread ever outruns the sender so far that the queue fills, the
+point is dropped and counted, and the count travels to the service with the next batch
+(``dropped``).
 
-The sender also samples host CPU and memory (:mod:`probe.monitor.host_sampler`; at most every
+The sender also samples host CPU and memory (:mod:`probe.monitor.agent.host_sampler`; at most every
 ``host_interval_s``, on the latest step), heartbeats when idle, and registers again after the
-service was lost (:mod:`probe.monitor.agent_connection`). Every batch and heartbeat it sends says
+service was lost (:mod:`probe.monitor.agent.connection`). Every batch and heartbeat it sends says
 where the rank is, when ``collectives`` is set (a
 :class:`probe.engine_adapter.torch_comm.CollectiveTracker`): ``step_in`` and the collective it has
 entered and not left, read off the training thread; while the rank is stuck no step ends, the
 heartbeats go on, and the service sees what it waits in. A ``dump_stacks`` command writes
 every thread's Python stack (:mod:`faulthandler`, from the command thread: a stuck training
 thread cannot block it) to ``stacks_dir`` and sends the file back like a trace. A command thread holds the rank's command
-stream open (:mod:`probe.monitor.command_listener`): a ``trace`` command makes
-:class:`probe.monitor.agent_callback.MonitorAgentCallback` run a profiler session for exactly the
+stream open (:mod:`probe.monitor.agent.command_listener`): a ``trace`` command makes
+:class:`probe.monitor.agent.callback.MonitorAgentCallback` run a profiler session for exactly the
 asked steps on the training thread, and the trace files go back to the service from the sender.
 
 >>> agent = MonitorAgent("127.0.0.1:50051", job="demo", rank=0, world_size=1)  # doctest: +SKIP
@@ -34,8 +34,8 @@ asked steps on the training thread, and the trace files go back to the service f
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import threading
 import time
 import uuid
@@ -43,22 +43,19 @@ from collections import deque
 from typing import Any, Callable, Mapping
 
 from probe.ground.background import BackgroundQueue
-from probe.monitor.agent_connection import AgentConnection
-from probe.monitor.agent_requests import AgentRequests
-from probe.monitor.batch_packer import BatchPacker
-from probe.monitor.command_listener import CommandListener
-from probe.monitor.host_sampler import HostSampler
+from probe.monitor.agent.batch_packer import BatchPacker
+from probe.monitor.agent.command_listener import CommandListener
+from probe.monitor.agent.connection import AgentConnection
+from probe.monitor.agent.host_sampler import HostSampler
+from probe.monitor.agent.requests import AgentRequests
+from probe.monitor.agent.spool import Spool, default_spool_path
 from probe.monitor.limits import MAX_BATCH_POINTS
-from probe.monitor.spool import Spool, default_spool_path
 
-ADDR_ENV = "PROBE_MONITOR"
+log = logging.getLogger(__name__)
+
 JOB_ENV = "PROBE_MONITOR_JOB"
 #: The most recorded steps the sender takes in one round.
 MAX_ROUND_ITEMS = 100_000
-
-
-def _warn(message: str) -> None:
-    print(f"probe monitor agent: {message}", file=sys.stderr, flush=True)
 
 
 class MonitorAgent(AgentRequests):
@@ -246,7 +243,7 @@ class MonitorAgent(AgentRequests):
                 self._unacked.append(b)
 
     def _say(self, message: str) -> None:
-        _warn(f"rank {self.rank}: {message}")
+        log.warning("probe monitor agent: rank %d: %s", self.rank, message)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

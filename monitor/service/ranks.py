@@ -56,7 +56,7 @@ class RankState:
         self.step_in, self.pending, self.entered, self.reported_at = step_in, pending, entered, now
 
     def collective_report(self, now: float) -> dict[str, Any]:
-        """What :func:`probe.monitor.detectors.hangs` reads of this rank, aged to ``now``.
+        """What :func:`probe.monitor.detectors.step_detectors.hangs` reads of this rank, aged to ``now``.
 
         >>> st = RankState("j", 1)
         >>> st.report(7, {"op": "all_reduce", "seq": 8, "group": "world", "waiting_s": 2.0}, {"world": 8}, 100.0)

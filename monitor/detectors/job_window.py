@@ -1,6 +1,7 @@
-"""A job's rolling window of its last complete steps, as the service's detector thread keeps it:
-a :class:`~probe.monitor.step_matrix.StepMatrix` whose derived series (:func:`probe.monitor.detectors.derive`)
-are computed once per new row, judged by the step detectors of :mod:`probe.monitor.detectors`.
+"""A job's rolling window of its last complete steps, as the service's detector thread keeps it: a
+:class:`~probe.monitor.detectors.step_matrix.StepMatrix` whose derived series
+(:func:`probe.monitor.detectors.step_detectors.derive`) are computed once per new row, judged by the
+step detectors of :mod:`probe.monitor.detectors.step_detectors`.
 """
 
 from __future__ import annotations
@@ -9,19 +10,20 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from probe.monitor import detectors
-from probe.monitor.step_matrix import StepMatrix
+from probe.monitor.detectors import step_detectors
+from probe.monitor.detectors.step_matrix import StepMatrix
 
 #: Steps the rolling window of a job keeps: the detectors' noise history.
-WINDOW_STEPS = detectors.HISTORY
+WINDOW_STEPS = step_detectors.HISTORY
 
 
 class JobWindow:
-    """The last ``size`` complete steps of one job as a :class:`~probe.monitor.detectors.StepMatrix`.
+    """The last ``size`` complete steps of one job as a
+    :class:`~probe.monitor.detectors.step_matrix.StepMatrix`.
 
     Rows live in buffers of twice ``size`` rows, moved to the front once per ``size`` steps,
     so appending a step copies one row per series, not the window; the detectors' series
-    (:func:`probe.monitor.detectors.derive`) are computed for the new rows only.
+    (:func:`probe.monitor.detectors.step_detectors.derive`) are computed for the new rows only.
 
     >>> w = JobWindow("j", size=3)
     >>> w.append(StepMatrix.of([{"rank": r, "step": s, "step_time_ms": 10.0} for s in range(5)
@@ -100,7 +102,7 @@ class JobWindow:
         self._hi += k
         self._lo = max(self._lo, self._hi - self.size)
         view = self._view()
-        for name, rows in detectors.derive(view, len(view.steps) - k).items():
+        for name, rows in step_detectors.derive(view, len(view.steps) - k).items():
             buf = self._derived.get(name)
             if buf is None:
                 buf = self._derived[name] = np.full((self.cap,) + rows.shape[1:],
@@ -117,7 +119,7 @@ class JobWindow:
 
     def judge(self, steps: Iterable[int]) -> list[dict[str, Any]]:
         """Every step detector on ``steps`` (held in the window)."""
-        return detectors.detect(self.matrix, list(steps), job=self.job)
+        return step_detectors.detect(self.matrix, list(steps), job=self.job)
 
 
 def _nothing(like: np.ndarray) -> Any:

@@ -1,12 +1,12 @@
 """Detectors: pure functions over per-(rank, step) series that return alerts with evidence.
 
 The input is a :class:`StepMatrix` (or anything :meth:`StepMatrix.of` takes: the table
-:meth:`probe.monitor.storage.MonitorStore.step_table` returns, any Arrow table or list of dicts with
-``rank``, ``step`` and some of ``step_time_ms``, ``compute_time_ms``, ``compute_cpu_ms``,
-``comm_time_ms``, ``data_time_ms``, ``loss``, ``grad_norm``, ``nonfinite_grads``,
-``device_mem_mb``, ``proc_rss_mb``, ``traced``). Each detector judges the steps in ``steps`` (all when ``None``)
-and uses the rest of the matrix as history. An alert is a dict: ``kind``, ``job``, ``rank``,
-``step``, ``message`` (the evidence in words) and ``evidence`` (the numbers behind it).
+:meth:`probe.monitor.service.storage.MonitorStore.step_table` returns, any Arrow table or list of
+dicts with ``rank``, ``step`` and some of ``step_time_ms``, ``compute_time_ms``, ``compute_cpu_ms``,
+``comm_time_ms``, ``data_time_ms``, ``loss``, ``grad_norm``, ``nonfinite_grads``, ``device_mem_mb``,
+``proc_rss_mb``, ``traced``). Each detector judges the steps in ``steps`` (all when ``None``) and
+uses the rest of the matrix as history. An alert is a dict: ``kind``, ``job``, ``rank``, ``step``,
+``message`` (the evidence in words) and ``evidence`` (the numbers behind it).
 
 How a timing detector decides (the same four rules for all of them):
 
@@ -21,7 +21,7 @@ How a timing detector decides (the same four rules for all of them):
    time of any rank: the rank nobody waited for) and waiting; waiting is a straggler's doing.
    Where the ranks report their compute's CPU time (``compute_cpu_ms``, CPU ranks), own work
    is judged on both clocks and the smaller excess counts: a neighbour holding a rank's core
-   stretches its wall time only (:func:`probe.monitor.step_series.own_excess`).
+   stretches its wall time only (:func:`probe.monitor.detectors.step_series.own_excess`).
 3. **Noise measured on this job.** For each deviation level ``theta`` in :data:`LEVELS` the
    detector counts how often the *other* ranks (leave-one-out; for the job-wide series, the
    job's own earlier steps) exceed it, over the last :data:`HISTORY` steps, and how often such
@@ -79,17 +79,18 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from probe.monitor.hang_detector import (HANG_MIN_S, HANG_START_S, HANG_STEP_FACTOR, P2P_OPS,
-                                   REPORT_GRACE_S, hang_threshold_s, hangs)
-from probe.monitor.health_detectors import MEM_MIN_GROWTH, memory_growth, nonfinite
-from probe.monitor.noise_model import (ALPHA, HISTORY, LEVELS, NOISE_SE, OWN_PRIOR, RUN_PRIOR, WINDOWS,
-                                 Verdict, cumulate, level_bins, peer_excess, persistent,
-                                 row_median, run_chance, run_rate, upper)
-from probe.monitor.step_matrix import (CHECKED_COLUMNS, MEMORY_COLUMNS, TIMING_COLUMNS, Alert,
-                                 StepMatrix)
-from probe.monitor.step_series import JOB_SERIES, MEM_RISE, derive
-from probe.monitor.timing_detectors import (BASELINE, JOB_LEVELS, JOB_WINDOWS, MIN_BASELINE, MIN_EXCESS,
-                                      slow_steps, stragglers, turns)
+from probe.monitor.detectors.hang import (HANG_MIN_S, HANG_START_S, HANG_STEP_FACTOR, P2P_OPS,
+                                          REPORT_GRACE_S, hang_threshold_s, hangs)
+from probe.monitor.detectors.health import MEM_MIN_GROWTH, memory_growth, nonfinite
+from probe.monitor.detectors.noise_model import (ALPHA, HISTORY, LEVELS, NOISE_SE, OWN_PRIOR,
+                                                 RUN_PRIOR, WINDOWS, Verdict, cumulate, level_bins,
+                                                 peer_excess, persistent, row_median, run_chance,
+                                                 run_rate, upper)
+from probe.monitor.detectors.step_matrix import (CHECKED_COLUMNS, MEMORY_COLUMNS, TIMING_COLUMNS,
+                                                 Alert, StepMatrix)
+from probe.monitor.detectors.step_series import JOB_SERIES, MEM_RISE, derive
+from probe.monitor.detectors.timing import (BASELINE, JOB_LEVELS, JOB_WINDOWS, MIN_BASELINE,
+                                            MIN_EXCESS, slow_steps, stragglers, turns)
 
 __all__ = ["ALPHA", "BASELINE", "CHECKED_COLUMNS", "HANG_MIN_S", "HANG_START_S",
            "HANG_STEP_FACTOR", "HISTORY", "JOB_LEVELS", "JOB_SERIES", "JOB_WINDOWS", "LEVELS",

@@ -4,18 +4,19 @@ and keeps one alert open per cause, updated in place.
 Every ``interval_s`` the thread:
 
 1. raises ``rank_lost`` for a rank (not finished) heard of no more in ``lost_after_s``;
-2. for each job that ingested new points, finds its complete step (the last step every live
-   rank, registered and not lost, has reported; a finished job's last step), reads the steps
-   from the last judged one up to it from the store (only those, as points), appends them to
-   the job's :class:`JobWindow` (the last :data:`WINDOW_STEPS` steps, whose derived series are
-   computed once per step) and runs the detectors of :mod:`probe.monitor.detectors` on each new
+2. for each job that ingested new points, finds its complete step (the last step every live rank,
+   registered and not lost, has reported; a finished job's last step), reads the steps from the last
+   judged one up to it from the store (only those, as points), appends them to the job's
+   :class:`JobWindow` (the last :data:`WINDOW_STEPS` steps, whose derived series are computed once
+   per step) and runs the detectors of :mod:`probe.monitor.detectors.step_detectors` on each new
    step; the same steps' per-module ``numerics:*`` points (:mod:`probe.monitor.numerics_names`),
-   when the job sends them, join its :class:`~probe.monitor.numerics_window.NumericsWindow` and the
-   detectors of :mod:`probe.monitor.numerics_detectors` judge them;
-3. checks every running job for a hang: from each rank's last report of the collective it is
-   in (:mod:`probe.monitor.ranks`), with a threshold from the job's own step times
-   (:func:`probe.monitor.detectors.hang_threshold_s`); a hang alert names the rank(s) that never
-   entered the collective the others wait in, and it is resolved when they move again;
+   when the job sends them, join its
+   :class:`~probe.monitor.detectors.numerics_window.NumericsWindow` and the detectors of
+   :mod:`probe.monitor.detectors.numerics` judge them;
+3. checks every running job for a hang: from each rank's last report of the collective it is in
+   (:mod:`probe.monitor.service.ranks`), with a threshold from the job's own step times
+   (:func:`probe.monitor.detectors.step_detectors.hang_threshold_s`); a hang alert names the rank(s)
+   that never entered the collective the others wait in, and it is resolved when they move again;
 4. merges what it found into the open alerts (:class:`AlertBook`): one open alert per cause
    (kind and rank; for a hang, the collective; for numerics, the module and quantity),
    whose ``count`` and ``last_step`` grow while the cause recurs; a cause absent for
@@ -36,14 +37,14 @@ import time
 from typing import Any, Callable
 
 
-from probe.monitor import detectors
-from probe.monitor.detectors import StepMatrix
-from probe.monitor.job_window import WINDOW_STEPS, JobWindow
-from probe.monitor.module_matrix import ModuleMatrix
-from probe.monitor.numerics_window import NumericsWindow
-from probe.monitor.ranks import RankRegistry
-from probe.monitor.storage import MonitorStore
-from probe.monitor.watchers import Watchers
+from probe.monitor.detectors import step_detectors
+from probe.monitor.detectors.job_window import WINDOW_STEPS, JobWindow
+from probe.monitor.detectors.module_matrix import ModuleMatrix
+from probe.monitor.detectors.numerics_window import NumericsWindow
+from probe.monitor.detectors.step_detectors import StepMatrix
+from probe.monitor.service.ranks import RankRegistry
+from probe.monitor.service.storage import MonitorStore
+from probe.monitor.service.watchers import Watchers
 
 #: An open alert whose cause has not recurred for this many judged steps is closed.
 CLOSE_AFTER_STEPS = 50
@@ -276,9 +277,9 @@ class Detection:
             return []
         reports = [s.collective_report(now) for s in states]
         window = self.windows.get(job)
-        threshold = detectors.hang_threshold_s(window.step_times() if window else [])
+        threshold = step_detectors.hang_threshold_s(window.step_times() if window else [])
         world = max([s.world_size for s in states] + [len(states)])
-        found = detectors.hangs(reports, threshold_s=threshold, job=job, world=range(world))
+        found = step_detectors.hangs(reports, threshold_s=threshold, job=job, world=range(world))
         keys = {alert_key(a) for a in found}
         for key, a in list(self.book.open.items()):
             if key[0] == job and key[1] == "hang" and key not in keys and a.get("state") == "open":

@@ -1,7 +1,7 @@
 """The rank's runner of targeted dumps: a :class:`~probe.dumper.session.DumpSession` opened by
 the monitor agent itself when the service asks (:mod:`probe.monitor.targeted_dump`).
 
-:class:`~probe.monitor.agent_callback.MonitorAgentCallback` owns one :class:`TargetedDumps` and
+:class:`~probe.monitor.agent.callback.MonitorAgentCallback` owns one :class:`TargetedDumps` and
 drives it from its own step callbacks, so a run that adds only the monitor agent (the bundled
 engine under ``PROBE_MONITOR``, or a script's own loop) accepts dump orders; there is no second
 callback to add and no order between callbacks to keep. It costs nothing while no dump is

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from probe.monitor.noise_model import LEVELS, WINDOWS, cumulate, level_bins, peer_excess, row_median
-from probe.monitor.step_matrix import MEMORY_COLUMNS, StepMatrix
+from probe.monitor.detectors.noise_model import LEVELS, WINDOWS, cumulate, level_bins, peer_excess, row_median
+from probe.monitor.detectors.step_matrix import MEMORY_COLUMNS, StepMatrix
 
 #: A memory sample counts as a rise when it is this fraction of the level above the last one
 #: (2 MB of 20 GB; and at least 1 MB): smaller changes are the allocator's rounding.
@@ -35,7 +35,7 @@ def turn_medians(x: np.ndarray, new: int, w: int = TURN_STEPS) -> np.ndarray:
     """For each of the last ``new`` rows of the log excesses ``x`` (the rows before them are
     context), the median :func:`capped_excess` of the ``w`` rows ending there, per rank; -inf
     where fewer than ``w`` rows end there. Kept per row in the derived series (``own_turn``), so
-    :func:`probe.monitor.timing_detectors.turns` takes the largest of them over its history instead
+    :func:`probe.monitor.detectors.timing.turns` takes the largest of them over its history instead
     of a median over every window of it at each judged step.
 
     >>> x = np.log(np.array([[1.0], [1.3], [1.3], [1.0], [1.3], [1.0]]))

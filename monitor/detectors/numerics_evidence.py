@@ -1,4 +1,4 @@
-"""The numerics detectors' evidence (:mod:`probe.monitor.numerics_detectors`): each test's level bins
+"""The numerics detectors' evidence (:mod:`probe.monitor.detectors.numerics`): each test's level bins
 per (step, rank, module), derived once per row, and the k-of-n persistence of a deviation under
 the noise of the other modules.
 """
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from probe.monitor.module_matrix import ModuleMatrix
-from probe.monitor.noise_model import RUN_PRIOR, run_chance
+from probe.monitor.detectors.module_matrix import ModuleMatrix
+from probe.monitor.detectors.noise_model import RUN_PRIOR, run_chance
 
 Alert = dict[str, Any]
 
@@ -185,7 +185,7 @@ class Finding:
 
 def persistent_findings(m: ModuleMatrix, test: str, row: int, alpha: float) -> list[Finding]:
     """The series of ``test`` whose excess at ``row`` ends a run unlikely under the noise
-    measured on the other series (rules 3 and 4 of :mod:`probe.monitor.detectors`)."""
+    measured on the other series (rules 3 and 4 of :mod:`probe.monitor.detectors.step_detectors`)."""
     bins, sums = m.derived[test], m.derived[test + "#"]
     levels = TESTS[test][1]
     L = len(levels)

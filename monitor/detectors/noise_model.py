@@ -1,4 +1,4 @@
-"""The detectors' statistics (rules 3 and 4 of :mod:`probe.monitor.detectors`): deviations from
+"""The detectors' statistics (rules 3 and 4 of :mod:`probe.monitor.detectors.step_detectors`): deviations from
 the peers' median, level bins, running counts, the noise measured on the job and the k-of-n
 persistence test under a two-state Markov chain.
 """

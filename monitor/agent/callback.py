@@ -1,19 +1,20 @@
 """The monitor agent as a training callback: what each rank of a monitored run runs.
 
-The bundled engine adds :class:`MonitorAgentCallback` when ``PROBE_MONITOR=host:port`` is set;
-any training loop that drives :class:`~probe.engine_adapter.callbacks.TrainCallback` objects can add it.
-It records each step's metrics through a :class:`~probe.monitor.agent.MonitorAgent` and runs the
-service's ``trace`` commands as profiler sessions on the training thread. Under
+The bundled engine adds :class:`MonitorAgentCallback` when ``PROBE_MONITOR=host:port`` is set; any
+training loop that drives :class:`~probe.engine_adapter.callbacks.TrainCallback` objects can add it.
+It records each step's metrics through a :class:`~probe.monitor.agent.monitor_agent.MonitorAgent`
+and runs the service's ``trace`` commands as profiler sessions on the training thread. Under
 ``torch.distributed`` it also tells the agent which collective the rank is in
-(:class:`probe.engine_adapter.torch_comm.CollectiveTracker`), so that the service can diagnose a hang,
-and where a ``dump_stacks`` command writes: ``<run folder>/stacks/``. A ``dump`` command (a
+(:class:`probe.engine_adapter.torch_comm.CollectiveTracker`), so that the service can diagnose a
+hang, and where a ``dump_stacks`` command writes: ``<run folder>/stacks/``. A ``dump`` command (a
 targeted dump, :mod:`probe.monitor.targeted_dump`) is carried out by the callback's own runner
-(:class:`~probe.monitor.dump_runner.TargetedDumps`), which opens a dump session of the run's
+(:class:`~probe.monitor.agent.dump_runner.TargetedDumps`), which opens a dump session of the run's
 model for the asked steps: adding this one callback is all a loop needs to take dump orders.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -21,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from probe.engine_adapter.callbacks import TrainCallback, TrainContext
-from probe.monitor.agent import ADDR_ENV, JOB_ENV, MonitorAgent, _warn
-from probe.monitor.dump_runner import TargetedDumps
+from probe.monitor.address import ADDR_ENV, monitor_address
+from probe.monitor.agent.dump_runner import TargetedDumps
+from probe.monitor.agent.monitor_agent import JOB_ENV, MonitorAgent
 from probe.monitor.targeted_dump import DumpOrder
+
+log = logging.getLogger(__name__)
 
 
 class MonitorAgentCallback(TrainCallback):
@@ -45,7 +49,7 @@ class MonitorAgentCallback(TrainCallback):
     def __init__(self, addr: str | None = None, job: str | None = None, token: str | None = None,
                  spool_path: str | None = None, trace_dir: str | None = None,
                  **agent_options: Any) -> None:
-        self.addr = addr or os.environ.get(ADDR_ENV)
+        self.addr = addr or monitor_address()
         self.job = job or os.environ.get(JOB_ENV)
         self.token = token
         self.spool_path = spool_path
@@ -64,7 +68,8 @@ class MonitorAgentCallback(TrainCallback):
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if not self.addr:
-            _warn(f"no monitor address: set {ADDR_ENV}=host:port; monitoring is off")
+            log.warning("probe monitor agent: no monitor address: set %s=host:port; monitoring is off",
+                        ADDR_ENV)
             return
         self.job = self.job or ctx.run
         if self.trace_dir is None:

@@ -21,7 +21,7 @@ import pyarrow as pa
 from probe.ground.background import BackgroundQueue
 from probe.monitor.limits import MAX_BATCH_POINTS, MAX_NAME_LEN
 from probe.monitor.proto import monitor_pb2 as pb
-from probe.monitor.storage import BatchKey, MonitorStore
+from probe.monitor.service.storage import BatchKey, MonitorStore
 
 #: Group commit: the most points inserted in one transaction.
 MAX_GROUP_POINTS = 1_000_000

@@ -7,9 +7,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from probe.monitor.noise_model import ALPHA, persistent
-from probe.monitor.step_matrix import CHECKED_COLUMNS, MEMORY_COLUMNS, Alert, StepMatrix
-from probe.monitor.step_series import derive
+from probe.monitor.detectors.noise_model import ALPHA, persistent
+from probe.monitor.detectors.step_matrix import CHECKED_COLUMNS, MEMORY_COLUMNS, Alert, StepMatrix
+from probe.monitor.detectors.step_series import derive
 
 #: A memory rise smaller than this fraction of the level over the window is allocator jitter.
 MEM_MIN_GROWTH = 0.01

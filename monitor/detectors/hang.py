@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from probe.monitor.step_matrix import Alert
+from probe.monitor.detectors.step_matrix import Alert
 
 #: Point-to-point operations: their sequence numbers do not line up across ranks.
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",

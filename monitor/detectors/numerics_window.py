@@ -1,10 +1,11 @@
 """The service's rolling window of one job's per-module numerics, judged step by step.
 
-:class:`NumericsWindow` keeps the last :data:`~probe.monitor.numerics_evidence.HISTORY` complete
-steps of a job's ``numerics:*`` points as a :class:`~probe.monitor.module_matrix.ModuleMatrix`
-(the detectors' history) in buffers of twice that many rows, moved to the front once per
-``size`` steps, so appending a step copies one row per series, not the window; the detectors'
-level bins are computed for the new rows only (:func:`probe.monitor.numerics_evidence.derive`).
+:class:`NumericsWindow` keeps the last :data:`~probe.monitor.detectors.numerics_evidence.HISTORY`
+complete steps of a job's ``numerics:*`` points as a
+:class:`~probe.monitor.detectors.module_matrix.ModuleMatrix` (the detectors' history) in buffers of
+twice that many rows, moved to the front once per ``size`` steps, so appending a step copies one row
+per series, not the window; the detectors' level bins are computed for the new rows only
+(:func:`probe.monitor.detectors.numerics_evidence.derive`).
 
 >>> w = NumericsWindow("j", size=3)
 >>> w.append(ModuleMatrix.of([{"rank": 0, "step": s, "module": "fc", "grad_norm": 1.0}
@@ -19,9 +20,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from probe.monitor import numerics_detectors as nd
-from probe.monitor import numerics_evidence as ne
-from probe.monitor.module_matrix import ModuleMatrix
+from probe.monitor.detectors import numerics as nd
+from probe.monitor.detectors import numerics_evidence as ne
+from probe.monitor.detectors.module_matrix import ModuleMatrix
 from probe.monitor.numerics_names import QUANTITIES
 
 #: Steps the window keeps: the detectors' noise history.

@@ -14,7 +14,7 @@ its queue into such batches:
    that has no points still makes one (empty) batch when it has such a count to tell, or when
    it is the ``final`` one (the last batch of the agent is marked ``final``).
 
-The service decodes the same columns in :func:`probe.monitor.ingest.decode_batch`.
+The service decodes the same columns in :func:`probe.monitor.service.ingest.decode_batch`.
 
 >>> packer = BatchPacker("job", 0, "agent-1", max_points=2, warn=print)
 >>> items = [(0, 5, {"loss": 2.5, "note": "x"}), (1, 6, {"loss": 2.4}), (2, 7, {"lr": 1e-3})]

@@ -1,9 +1,9 @@
 """What the service asks of a rank and what the rank sends back besides its metrics: trace
 files, targeted-dump reports, its Python stacks on a hang, and the commands it receives.
 
-:class:`AgentRequests` is a part of :class:`probe.monitor.agent.MonitorAgent`: it uses the agent's
-``job``, ``rank``, ``stats``, ``_link`` (the connection), ``_uploads``/``_dump_reports`` (the
-queues the sender empties), ``stacks_dir``, ``step_in``, ``on_command`` and ``_warn_once``.
+:class:`AgentRequests` is a part of :class:`probe.monitor.agent.monitor_agent.MonitorAgent`: it uses
+the agent's ``job``, ``rank``, ``stats``, ``_link`` (the connection), ``_uploads``/``_dump_reports``
+(the queues the sender empties), ``stacks_dir``, ``step_in``, ``on_command`` and ``_warn_once``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any, Iterator
 
 
 class AgentRequests:
-    """The agent's side of the command channel (a mixin of :class:`probe.monitor.agent.MonitorAgent`)."""
+    """The agent's side of the command channel (a mixin of
+    :class:`probe.monitor.agent.monitor_agent.MonitorAgent`)."""
 
     def upload_trace(self, trace_id: str, start_step: int, end_step: int,
                      files: list[str] | None = None, error: str = "", root: str = "") -> None:

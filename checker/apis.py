@@ -4,9 +4,10 @@ A dump names an API call ``<Family>.<api>.<n>.forward`` (``Functional.linear.3.f
 ``Tensor.__mul__.0.forward``, ``Torch.matmul.1.forward``, msprobe's ``Aten.mm.0.forward``).
 :func:`resolve` finds the function to replay, :func:`skip_reason` says in words why a call is
 not replayed (random, in-place, communication, uninitialised memory, unknown), and
-:func:`op_class` says what the standard of :mod:`probe.checker.standards` must know about it: exact
-(indexing, copies, comparisons), elementwise, transcendental or a reduction, and how long the
-reduction is.
+:func:`op_class` says what the standard of :mod:`probe.checker.standards` must know about it: its
+class in the one table :data:`OPS` (exact, elementwise, transcendental, activation, reduction,
+matmul, attention; an unlisted name by a stated default rule, never elementwise), and
+:func:`reduction_length` how many terms each output element sums.
 
 >>> split_name("Functional.linear.3.forward")
 ('Functional.linear', 3)
@@ -21,6 +22,7 @@ reduction is.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import torch
@@ -39,47 +41,67 @@ _RANDOM = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "f
            "fractional_max_pool2d", "fractional_max_pool3d", "native_dropout"}
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                   "empty_with_format"}
-#: results that are exact whatever the precision: copies, layout, indexing, comparisons, integers
-_EXACT = {
-    "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "contiguous", "clone",
-    "expand", "expand_as", "flatten", "unflatten", "squeeze", "unsqueeze", "narrow", "select",
-    "chunk", "split", "split_with_sizes", "unbind", "stack", "cat", "concat", "concatenate",
-    "hstack", "vstack", "t", "T", "mT", "repeat", "repeat_interleave", "tile", "roll", "flip",
-    "gather", "index_select", "masked_fill", "where", "tril", "triu", "__getitem__",
-    "to", "type_as", "float", "half", "bfloat16", "double", "int", "long", "bool",
-    "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "arange", "tensor",
-    "eye", "one_hot", "embedding", "__neg__", "neg", "abs", "__abs__", "sign", "relu",
-    "max", "min", "amax", "amin", "argmax", "argmin", "maximum", "minimum", "clamp", "clip",
-    "topk", "sort", "argsort", "isfinite", "isnan", "isinf", "logical_not", "logical_and",
-    "logical_or", "__invert__", "__and__", "__or__", "__xor__", "__lt__", "__le__", "__gt__",
-    "__ge__", "__eq__", "__ne__", "lt", "le", "gt", "ge", "eq", "ne", "floor", "ceil",
-    "round", "trunc", "__mod__", "remainder", "fmod", "__floordiv__", "floor_divide",
-    "outer_index", "movedim", "moveaxis", "swapaxes", "diagonal", "broadcast_to", "pad",
+#: every op the checker grades, by its name after the family (``Functional.gelu`` → ``gelu``), and
+#: its class: how its output may differ from the exact result (the budgets and the reasons are
+#: :data:`probe.checker.standards.CLASSES`). A name not listed gets :func:`op_class`'s default rule.
+OPS: dict[str, str] = {
+    name: cls for cls, names in {
+        # copies, layout, indexing, comparisons, selections, integer results: bit-exact
+        "exact": """view view_as reshape reshape_as transpose permute contiguous clone expand expand_as
+            flatten unflatten squeeze unsqueeze narrow select chunk split split_with_sizes unbind stack
+            cat concat concatenate hstack vstack t T mT repeat repeat_interleave tile roll flip gather
+            index_select masked_fill where tril triu __getitem__ to type_as float half bfloat16 double
+            int long bool zeros ones full zeros_like ones_like full_like arange tensor eye one_hot
+            embedding __neg__ neg abs __abs__ sign relu relu6 hardtanh threshold max min amax amin
+            argmax argmin maximum minimum clamp clip topk sort argsort isfinite isnan isinf logical_not
+            logical_and logical_or __invert__ __and__ __or__ __xor__ __lt__ __le__ __gt__ __ge__
+            __eq__ __ne__ lt le gt ge eq ne floor ceil round trunc __mod__ remainder fmod __floordiv__
+            floor_divide movedim moveaxis swapaxes diagonal broadcast_to pad max_pool1d max_pool2d
+            max_pool3d adaptive_max_pool1d adaptive_max_pool2d pixel_shuffle pixel_unshuffle unfold
+            index_put masked_select nonzero unique hardshrink""",
+        # one IEEE-rounded arithmetic operation per element
+        "elementwise": """add __add__ __radd__ sub subtract __sub__ __rsub__ rsub mul multiply __mul__
+            __rmul__ div divide true_divide __truediv__ __div__ square outer ger leaky_relu prelu
+            softshrink""",
+        # a libm-style function, or two or three chained roundings
+        "transcendental": """exp exp2 expm1 log log2 log10 log1p sin cos tan tanh sinh cosh asin acos
+            atan atan2 sigmoid silu mish softplus elu selu celu erf erfc erfinv pow __pow__ __rpow__
+            float_power rsqrt sqrt logsigmoid hardswish hardsigmoid lgamma digamma reciprocal
+            __rtruediv__ __rdiv__ softsign logit xlogy polar glu hypot""",
+        # x·(1 + f(x))/2 and x − f(x): f is good to a few units of 1, not of 1 + f
+        "activation": "gelu tanhshrink",
+        # sums: the rounding error grows with the number of terms and their magnitude
+        "reduction": """sum mean nansum nanmean norm vector_norm var std var_mean std_mean logsumexp
+            prod cumsum cumprod softmax log_softmax softmin rms_norm layer_norm group_norm batch_norm
+            instance_norm local_response_norm normalize cross_entropy nll_loss mse_loss l1_loss
+            smooth_l1_loss huber_loss kl_div binary_cross_entropy binary_cross_entropy_with_logits
+            cosine_similarity pairwise_distance avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d
+            adaptive_avg_pool2d adaptive_avg_pool3d trace dist cdist frobenius_norm embedding_bag
+            addcmul addcdiv lerp""",
+        # products summed over an inner dimension of length K
+        "matmul": """linear matmul mm bmm __matmul__ __rmatmul__ addmm baddbmm addbmm addmv mv dot
+            vdot inner einsum bilinear tensordot chain_matmul conv1d conv2d conv3d conv_transpose1d
+            conv_transpose2d conv_transpose3d""",
+        # softmax(q·kᵀ·s)·v, with the projections of a multi-head attention
+        "attention": """scaled_dot_product_attention multi_head_attention_forward
+            _scaled_dot_product_attention_math _scaled_dot_product_flash_attention_for_cpu""",
+    }.items() for name in names.split()
 }
-_TRANSCENDENTAL = {
-    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh",
-    "sinh", "cosh", "asin", "acos", "atan", "atan2", "sigmoid", "silu", "gelu", "mish", "softplus",
-    "elu", "selu", "celu", "erf", "erfc", "erfinv", "pow", "__pow__", "__rpow__", "float_power",
-    "rsqrt", "sqrt", "logsigmoid", "hardswish", "lgamma", "digamma", "reciprocal", "__rtruediv__",
-    "softsign", "tanhshrink", "logit", "xlogy", "polar",
-}
-_MATMUL = {"linear", "matmul", "mm", "bmm", "__matmul__", "__rmatmul__", "addmm", "baddbmm",
-           "addbmm", "addmv", "mv", "dot", "vdot", "inner", "einsum", "bilinear", "tensordot",
-           "scaled_dot_product_attention"}
-_REDUCE = {"sum", "mean", "nansum", "nanmean", "norm", "vector_norm", "var", "std", "var_mean",
-           "std_mean", "logsumexp", "prod", "cumsum", "cumprod", "softmax", "log_softmax",
-           "rms_norm", "layer_norm", "group_norm", "batch_norm", "instance_norm", "normalize",
-           "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
-           "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cosine_similarity",
-           "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "avg_pool1d",
-           "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "trace",
-           "dist", "cdist", "frobenius_norm"}
+#: the default rule for a name :data:`OPS` lacks, first match wins: a name that says what it is
+#: gets that class; any other is graded as a reduction over its last dimension (an unknown op may
+#: reduce while keeping its shape, as ``normalize`` and ``cumsum`` do; never elementwise)
+_NAME_RULES = ((re.compile(r"attention|attn"), "attention"), (re.compile(r"conv|matmul|linear|mm$"), "matmul"),
+               (re.compile(r"gelu"), "activation"))
+#: where a call's dropout probability is, for the APIs that draw dropout inside (position, name)
+_DROPOUT_P = {"scaled_dot_product_attention": (4, "dropout_p"), "multi_head_attention_forward": (10, "dropout_p")}
+#: the terms each output element of these sums: ``addcmul``: x + v·a·b
+_FIXED_K = {"addcmul": 2, "addcdiv": 2, "lerp": 3}
 #: reductions whose terms are products or sums of the inputs: the magnitude of the terms is the
 #: same call on the inputs' absolute values (the bound of the rounding error of a sum)
 ABS_REPLAYABLE = {"linear", "matmul", "mm", "bmm", "__matmul__", "__rmatmul__", "mv", "dot",
                   "inner", "einsum", "sum", "mean", "nansum", "nanmean", "cumsum", "conv1d",
                   "conv2d", "conv3d", "addmm", "baddbmm", "addmv", "avg_pool1d", "avg_pool2d",
-                  "trace"}
+                  "trace", "addcmul", "addcdiv"}
 
 
 def _aten(attr: str) -> Any:
@@ -111,8 +133,13 @@ def is_inplace(attr: str) -> bool:
     return attr == "__setitem__" or (attr.endswith("_") and not attr.endswith("__"))
 
 
-def skip_reason(api: str, kwargs_names: Any = ()) -> str | None:
-    """Why a call of ``api`` is not replayed (None: it is)."""
+def skip_reason(api: str, kwargs: Any = (), args: Any = ()) -> str | None:
+    """Why a call of ``api`` is not replayed (None: it is). ``kwargs``: the call's keyword
+    arguments (or only their names); ``args``: its positional ones, where known.
+
+    >>> skip_reason("Functional.scaled_dot_product_attention", {"dropout_p": 0.1})
+    'random: scaled_dot_product_attention drops attention weights at random (dropout_p=0.1)'
+    """
     family, attr = family_and_attr(api)
     if family == "Distributed":
         return "communication: a collective needs the other ranks"
@@ -123,11 +150,25 @@ def skip_reason(api: str, kwargs_names: Any = ()) -> str | None:
         return f"random: {attr} draws new random numbers on every call"
     if is_inplace(attr):
         return "in-place: the call overwrites its input"
-    if "out" in kwargs_names:
+    p = _dropout_p(attr, kwargs, args)
+    if p:
+        return f"random: {attr} drops attention weights at random (dropout_p={p:g})"
+    if "out" in kwargs:
         return "in-place: the call writes into its out= tensor"
     if attr in _UNINITIALISED:
         return f"not replayable: {attr} returns uninitialised memory"
     return None
+
+
+def _dropout_p(attr: str, kwargs: Any, args: Any) -> float:
+    """The dropout probability a call of ``attr`` applied (0 where it has none or is not training)."""
+    where = _DROPOUT_P.get(attr)
+    if where is None or not isinstance(kwargs, dict):
+        return 0.0
+    pos, name = where
+    p = kwargs.get(name, args[pos] if len(args) > pos else 0.0)
+    training = kwargs.get("training", args[13] if attr == "multi_head_attention_forward" and len(args) > 13 else True)
+    return float(p) if isinstance(p, (int, float)) and training is not False else 0.0
 
 
 def resolve(api: str) -> Callable | None:
@@ -145,18 +186,28 @@ def resolve(api: str) -> Callable | None:
 
 
 def op_class(api: str) -> str:
-    """``exact``, ``elementwise``, ``transcendental``, ``matmul`` or ``reduction``."""
+    """``exact``, ``elementwise``, ``transcendental``, ``activation``, ``reduction``, ``matmul`` or
+    ``attention``: the name's entry in :data:`OPS`, else the first of :data:`_NAME_RULES` that
+    matches it, else ``reduction``.
+
+    >>> op_class("Functional.multi_head_attention_forward"), op_class("Aten._scaled_mm"), op_class("Torch.frobnicate")
+    ('attention', 'matmul', 'reduction')
+    """
     attr = family_and_attr(api)[1]
     base = attr.rstrip("_") if not attr.startswith("__") else attr
-    if base in _EXACT:
-        return "exact"
-    if base in _MATMUL:
-        return "matmul"
-    if base in _REDUCE:
-        return "reduction"
-    if base in _TRANSCENDENTAL:
-        return "transcendental"
-    return "elementwise"
+    cls = OPS.get(base)
+    if cls is not None:
+        return cls
+    for pattern, rule in _NAME_RULES:
+        if pattern.search(base):
+            return rule
+    return "reduction"
+
+
+def listed(api: str) -> bool:
+    """Whether :data:`OPS` names ``api`` (else its class is the default rule's guess)."""
+    attr = family_and_attr(api)[1]
+    return (attr.rstrip("_") if not attr.startswith("__") else attr) in OPS
 
 
 def reduction_length(api: str, args: list, kwargs: dict, out: torch.Tensor | None) -> int:
@@ -178,9 +229,17 @@ def reduction_length(api: str, args: list, kwargs: dict, out: torch.Tensor | Non
         return max(int(first.shape[-2]) if first.dim() > 1 else int(first.numel()), 1)
     if attr in ("addmm", "baddbmm", "addbmm", "addmv") and len(tensors) >= 2:
         return max(int(tensors[1].shape[-1]), 1)
+    if attr in _FIXED_K:
+        return _FIXED_K[attr]
     if attr == "scaled_dot_product_attention":
         k = tensors[1] if len(tensors) > 1 else first
         return int(first.shape[-1]) + int(k.shape[-2])
+    if attr == "multi_head_attention_forward":
+        # in-projection (E), q·k per head (E/heads), softmax and p·v over the keys (S), out-projection (E)
+        e, key = int(first.shape[-1]), tensors[1] if len(tensors) > 1 else first
+        heads = kwargs.get("num_heads", args[4] if len(args) > 4 else 1)
+        heads = heads if isinstance(heads, int) and heads > 0 else 1
+        return 2 * e + max(e // heads, 1) + int(key.shape[0])
     if attr in ("softmax", "log_softmax", "cumsum", "cumprod"):
         dim = kwargs.get("dim", args[1] if len(args) > 1 and isinstance(args[1], int) else -1)
         try:
@@ -195,7 +254,10 @@ def reduction_length(api: str, args: list, kwargs: dict, out: torch.Tensor | Non
     if attr.startswith("conv") and len(tensors) >= 2:
         w = tensors[1]
         return max(int(w[0].numel()), 1)
-    if op_class(api) in ("reduction", "matmul"):
+    cls = op_class(api)
+    if cls in ("reduction", "matmul", "attention"):
         n_out = int(out.numel()) if out is not None and out.numel() else 1
-        return max(int(first.numel()) // n_out, 1)
+        k = max(int(first.numel()) // n_out, 1)
+        # an unlisted op may reduce along its last dimension and keep its shape
+        return k if listed(api) else max(k, int(first.shape[-1]) if first.dim() else 1)
     return 1

@@ -158,7 +158,7 @@ class _Accumulator:
         mag = np.abs(g)
         gold2 = _dot(g, g)
         scale = mag if t is None else np.maximum(mag, t)
-        if std.k > 1:
+        if std.k > 1 or t is not None:
             self.terms = True
             if t is None:
                 scale = np.maximum(scale, math.sqrt(gold2 / g.size))

@@ -13,7 +13,8 @@ loaded, or live tensors in an online check) and its measured outputs:
    runs with autocast off and gradients off;
 4. for a matmul-like or summing call, the magnitude of the terms, the scale of the
    accumulation error (:mod:`probe.checker.standards`): for a matrix product the product of the row
-   and column norms, else the same call on the inputs' absolute values;
+   and column norms, else the same call on the inputs' absolute values; for an activation the
+   input's magnitude; for an attention a bound on its largest logit (:func:`_logit_bound`);
 5. :func:`probe.checker.grade.grade` grades each measured output against the golden.
 
 >>> import torch
@@ -28,6 +29,7 @@ loaded, or live tensors in an online check) and its measured outputs:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +84,7 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
                missing: str | None = None) -> dict[str, Any]:
     """Replay one call of ``api`` and grade ``measured`` (its recorded outputs); see the
     module docstring. Returns a result row."""
-    reason = skip_reason(api, kwargs.keys() if isinstance(kwargs, dict) else ())
+    reason = skip_reason(api, kwargs if isinstance(kwargs, dict) else {}, args)
     if reason is not None:
         return row_for(api, "skipped", reason)
     if missing is not None:
@@ -96,7 +98,6 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
         return row_for(api, "skipped", "not graded: the call returned no tensor")
     first = outs[0]
     k = reduction_length(api, args, kwargs, first)
-    std = standard(api, str(first.dtype), k)
     in_dtype = _most_precise_input(args, kwargs)
     attr = family_and_attr(api)[1]
     opmath = torch.float64 if first.dtype == torch.float64 else torch.float32
@@ -104,12 +105,17 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
     if attr in ("__getitem__", "__setitem__") and len(g_args) > 1 and isinstance(g_args[1], list):
         g_args = [g_args[0], _index(g_args[1], first), *g_args[2:]]
     try:
+        std = standard(api, str(first.dtype), k,
+                       _logit_bound(attr, g_args, g_kwargs) if op_class(api) == "attention" else 0.0)
         gold_out = flat_tensors(_run(fn, g_args, g_kwargs, gold))
         terms = None
         if attr.rstrip("_") in ABS_REPLAYABLE and std.op in ("matmul", "reduction"):
             bound = _product_bound(attr, g_args, g_kwargs)
             terms = [bound] if bound is not None else \
                 flat_tensors(_run(fn, _absolute(g_args), _absolute(g_kwargs), gold))
+        elif std.op == "activation":
+            x = next((t for t in flat_tensors(g_args) if t.is_floating_point()), None)
+            terms = [x.abs().broadcast_to(o.shape) for o in gold_out] if x is not None else None
     except Exception as e:  # noqa: BLE001 - any failure of the replay is a skip with its reason
         msg = str(e).splitlines()[0] if str(e) else ""
         return row_for(api, "skipped", f"not replayable on {gold.name}: {type(e).__name__}: {msg[:160]}",
@@ -200,6 +206,56 @@ def _product_bound(attr: str, args: list, kwargs: dict) -> torch.Tensor | None:
     return None
 
 
+def _logit_bound(attr: str, args: list, kwargs: dict) -> float:
+    """A bound on an attention's largest logit ``|q·k·s|`` (Cauchy-Schwarz: the largest query
+    norm times the largest key norm times the scale), plus the largest finite additive mask.
+    For ``multi_head_attention_forward`` the queries and keys are its in-projections. 0 where
+    the call's arguments are not as expected."""
+    a = _bind(attr, args, kwargs)
+    q, k = a.get("query"), a.get("key")
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or not q.is_floating_point():
+        return 0.0
+    with torch.no_grad():
+        if attr == "multi_head_attention_forward":
+            e, heads = int(q.shape[-1]), a.get("num_heads")
+            w = a.get("in_proj_weight")
+            w_q, w_k = (w[:e], w[e:2 * e]) if isinstance(w, torch.Tensor) else (a.get("q_proj_weight"), a.get("k_proj_weight"))
+            b = a.get("in_proj_bias")
+            b_q, b_k = (b[:e], b[e:2 * e]) if isinstance(b, torch.Tensor) else (None, None)
+            if not isinstance(w_q, torch.Tensor) or not isinstance(w_k, torch.Tensor) or not isinstance(heads, int):
+                return 0.0
+            static_k = a.get("static_k")
+            q = torch.nn.functional.linear(q, w_q, b_q)
+            k = static_k if isinstance(static_k, torch.Tensor) else torch.nn.functional.linear(k, w_k, b_k)
+            scale = 1.0 / math.sqrt(max(e // max(heads, 1), 1))
+        else:
+            scale = a.get("scale")
+            scale = float(scale) if isinstance(scale, (int, float)) else 1.0 / math.sqrt(max(int(q.shape[-1]), 1))
+        norms = [float(torch.linalg.vector_norm(t, dim=-1).max()) if t.numel() else 0.0 for t in (q, k)]
+        bound = norms[0] * norms[1] * abs(scale)
+        mask = a.get("attn_mask")
+        if isinstance(mask, torch.Tensor) and mask.is_floating_point() and mask.numel():
+            finite = mask[mask.isfinite()]
+            bound += float(finite.abs().max()) if finite.numel() else 0.0
+    return bound if math.isfinite(bound) else 0.0
+
+
+#: the parameter names of the calls whose arguments :func:`_logit_bound` reads, in order
+_PARAMS = {
+    "scaled_dot_product_attention": ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"),
+    "multi_head_attention_forward": (
+        "query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
+        "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias", "training",
+        "key_padding_mask", "need_weights", "attn_mask", "use_separate_proj_weight", "q_proj_weight",
+        "k_proj_weight", "v_proj_weight", "static_k", "static_v"),
+}
+
+
+def _bind(attr: str, args: list, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by name (:data:`_PARAMS`)."""
+    return {**dict(zip(_PARAMS.get(attr, ()), args)), **(kwargs if isinstance(kwargs, dict) else {})}
+
+
 def _absolute(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return x.abs() if x.is_floating_point() else x
@@ -208,6 +264,6 @@ def _absolute(x: Any) -> Any:
     if isinstance(x, tuple):
         return tuple(_absolute(v) for v in x)
     if isinstance(x, dict):
-        return {k: (abs(v) if k in ("alpha", "beta") and isinstance(v, (int, float)) else _absolute(v))
+        return {k: (abs(v) if k in ("alpha", "beta", "value") and isinstance(v, (int, float)) else _absolute(v))
                 for k, v in x.items()}
     return x

@@ -2,8 +2,11 @@
 
 - **first divergence**: in forward execution (completion) order, the first matched node whose
   outputs (or parameters) diverge while its inputs do not, or whose error grows at least
-  ``GROWTH``-fold from inputs to outputs; errors first, then warnings; when the forward pass
-  is clean, the same in backward order.
+  ``GROWTH``-fold from inputs to outputs, or that reads a diverged leaf input (``leaf_verdict``:
+  made by no earlier call, a parameter or the data; at API level a weight is an input); errors
+  first, then warnings; when the forward pass is clean, the same in backward order. When no
+  node qualifies yet some diverge (graded on their inputs alone), the first of those: the
+  headline never says "none" beside a divergence.
 - **first NaN/Inf**: the first node whose outputs hold NaN/±Inf that none of its inputs hold,
   in either run (forward, then backward). Non-finite values that both runs hold identically at
   the same node (an attention mask's −inf) are not a finding.
@@ -13,7 +16,7 @@ Both are ``None`` or ``{"a": <name in A>, "b": <name in B>, "direction": ..., "r
 And per node (:func:`with_impact`), so that a divergence passed on is told from one made: a
 node pair whose own verdict (:mod:`probe.compare.verdict`) is not ``pass`` is an **origin** when its
 inputs agree (for ``nan``: hold no one-sided NaN/Inf), its parameters differ, or its error
-grows ``GROWTH``-fold from inputs to outputs; otherwise it is **affected**, and names the first
+grows ``GROWTH``-fold from inputs to outputs, or it reads a diverged leaf input; otherwise it is **affected**, and names the first
 origin before it in execution order (of a ``nan`` node: the first ``nan`` origin). When the
 forward pass has an origin, the backward pass has none of its own: its gradients are computed
 from the diverged activations, so every backward node that diverges is affected by it.
@@ -60,6 +63,7 @@ def with_impact(con: Any, nodes: pa.Table) -> pa.Table:
     select coalesce({_DIRECT} and {_BAD} and case when verdict = 'nan'
              then coalesce(in_verdict, 'pass') <> 'nan'
              else coalesce(in_verdict, 'pass') = 'pass' or coalesce(param_verdict, 'pass') <> 'pass'
+                  or leaf_verdict is not null
                   or coalesce(out_err, 0) >= {GROWTH} * coalesce(in_err, 0) end, false) as raw,
       coalesce(direction = 'forward', false) as fwd, coalesce({_DIRECT} and {_BAD}, false) as bad,
       coalesce(verdict = 'nan', false) as nan
@@ -91,14 +95,21 @@ def _first_divergence(con: Any) -> dict[str, Any] | None:
             row = con.execute(f"""
             select node_a, node_b, direction, reason from nodes
             where direction = '{direction}' and match_method not in ('unmatched', 'ancestor')
-              and (out_verdict in {levels} or param_verdict in {levels})
+              and (out_verdict in {levels} or param_verdict in {levels} or leaf_verdict in {levels})
               and (coalesce(in_verdict, 'pass') = 'pass'
                    or coalesce(out_err, 0) >= {GROWTH} * coalesce(in_err, 0)
-                   or param_verdict in {levels})
+                   or param_verdict in {levels} or leaf_verdict in {levels})
             order by ord, node_a nulls last, node_b nulls last limit 1""").fetchall()
             if row:
                 return _finding(row[0])
-    return None
+    # no origin found, yet nodes diverge (graded on their inputs alone, ...): the first of them,
+    # so that the headline never says "none" beside an error
+    row = con.execute(f"""
+    select node_a, node_b, direction, reason from nodes
+    where {_DIRECT} and verdict in ('warning', 'error', 'nan')
+    order by case when verdict = 'warning' then 1 else 0 end, direction <> 'forward', ord,
+      node_a nulls last, node_b nulls last limit 1""").fetchall()
+    return _finding(row[0]) if row else None
 
 
 def _first_nan(con: Any) -> dict[str, Any] | None:

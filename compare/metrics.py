@@ -103,8 +103,11 @@ def _bfloat16_safetensors(path: str) -> np.ndarray | None:
     return bfloat16_values(raw, len(raw) // 2).reshape(shape)
 
 
-def add_tensor_metrics(rows: pa.Table, progress: bool = False) -> pa.Table:
-    """Fill the tensor-mode metric columns of ``rows`` where both tensor files are readable."""
+def add_tensor_metrics(rows: pa.Table, progress: bool = False, settled: Any = None) -> pa.Table:
+    """Fill the tensor-mode metric columns of ``rows`` where both tensor files are readable;
+    ``settled`` (a boolean column, optional): rows whose verdict the statistics settle (not
+    compared, or rounding noise: :mod:`probe.compare.verdict`): their metrics are filled, their
+    verdicts kept."""
     fa = rows.column("file_a").to_pylist()
     fb = rows.column("file_b").to_pylist()
     todo = [i for i, (x, y) in enumerate(zip(fa, fb)) if x and y]
@@ -124,10 +127,10 @@ def add_tensor_metrics(rows: pa.Table, progress: bool = False) -> pa.Table:
             cols[k][i] = v
     for k in _METRICS:
         rows = rows.set_column(rows.schema.get_field_index(k), k, pa.array(cols[k], type=pa.float64()))
-    return _regrade(rows, todo)
+    return _regrade(rows, todo, settled)
 
 
-def _regrade(rows: pa.Table, todo: list[int]) -> pa.Table:
+def _regrade(rows: pa.Table, todo: list[int], settled: Any = None) -> pa.Table:
     """Grade rows with element-wise metrics on them: the largest element error over the
     tensor's magnitude, on the ladder of :mod:`probe.compare.verdict` with the statistics'
     dtype tolerances (the worse of the two gradings). Vectorised over the rows ``todo``; only
@@ -144,6 +147,8 @@ def _regrade(rows: pa.Table, todo: list[int]) -> pa.Table:
         return pc.fill_null(sub.column(k), float("nan")).to_numpy().astype(np.float64)
     mae = floats("max_abs_err")
     graded = ~np.isnan(mae) & ~pc.fill_null(pc.equal(sub.column("verdict"), "unmatched"), False).to_numpy()
+    if settled is not None:
+        graded &= ~pc.fill_null(settled.take(at), False).to_numpy(zero_copy_only=False)
     stats = np.stack([floats(k) for k in ("max_a", "min_a", "max_b", "min_b")])
     mag = np.where(np.isfinite(stats), np.abs(stats), 0.0).max(axis=0, initial=0.0)
     err = mae / np.maximum(mag, 1e-30)

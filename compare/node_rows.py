@@ -96,7 +96,25 @@ def _nodes(con: Any) -> pa.Table:
     # each matched pair's worst tensors (1) and the pairs with them: parts of the query that
     # reads them (as tables of their own, writing their columns cost 100k entries 0.07 s more)
     return con.sql(f"""
-    with pair_nodes as (
+    with leaf_in as (
+      -- the diverged forward inputs that no earlier call made (a leaf: a parameter, the data):
+      -- on neither side does an earlier output hold the same statistics
+      select grp_a, grp_b, direction, {worst_sql("true")} as leaf_verdict,
+        arg_max(name_a, {{'e': coalesce(err, -1), 'r': -row_id}}) as leaf_name,
+        arg_max(reason, {{'e': coalesce(err, -1), 'r': -row_id}}) as leaf_reason
+      from rows i
+      where i.direction = 'forward' and i.slot in ('input', 'kwarg') and i.verdict in ('warning', 'error', 'nan')
+        and i.grp_a is not null and i.grp_b is not null
+        and not exists (select 1 from rows o where o.direction = 'forward' and o.slot = 'output' and o.ord < i.ord
+                          and o.max_a is not distinct from i.max_a and o.min_a is not distinct from i.min_a
+                          and o.mean_a is not distinct from i.mean_a and o.norm_a is not distinct from i.norm_a
+                          and o.shape_a is not distinct from i.shape_a)
+        and not exists (select 1 from rows o where o.direction = 'forward' and o.slot = 'output' and o.ord < i.ord
+                          and o.max_b is not distinct from i.max_b and o.min_b is not distinct from i.min_b
+                          and o.mean_b is not distinct from i.mean_b and o.norm_b is not distinct from i.norm_b
+                          and o.shape_b is not distinct from i.shape_b)
+      group by all
+    ), pair_nodes as (
       select grp_a, grp_b, direction,
       max(err) filter (where slot in ('input', 'kwarg')) as in_err,
       max(err) filter (where slot = 'output') as out_err,
@@ -107,6 +125,8 @@ def _nodes(con: Any) -> pa.Table:
       -- the worst row's (the first of equals); a struct key, which DuckDB compares as it
       -- would the list [err, -row_id] in 60% of the time (100k entries: 0.12 -> 0.07 s)
       arg_max(reason, {{'e': coalesce(err, -1), 'r': -row_id}}) filter (where slot = 'output') as out_reason,
+      arg_max(name_a, {{'e': coalesce(err, -1), 'r': -row_id}}) filter (where slot in ('input', 'kwarg')) as worst_in,
+      arg_max(reason, {{'e': coalesce(err, -1), 'r': -row_id}}) filter (where slot in ('input', 'kwarg')) as in_reason,
       arg_max(name_a, {{'e': coalesce(err, -1), 'r': -row_id}}) filter (where slot in ('parameter', 'parameter_grad')) as worst_param,
       -- NaN/Inf in each side's entry: every tensor of it is a row of its group (matched or not)
       bool_or(nonfinite_a) filter (where slot in ('input', 'kwarg')) as nf_in_a,
@@ -116,8 +136,10 @@ def _nodes(con: Any) -> pa.Table:
     from rows where grp_a is not null and grp_b is not null group by grp_a, grp_b, direction
     ), n as (
       select e.*, pn.in_err, pn.out_err, pn.param_err, pn.in_verdict, pn.out_verdict, pn.param_verdict,
-        pn.out_reason, pn.worst_param, pn.nf_in_a, pn.nf_out_a, pn.nf_in_b, pn.nf_out_b
+        pn.out_reason, pn.worst_param, pn.worst_in, pn.in_reason, pn.nf_in_a, pn.nf_out_a, pn.nf_in_b, pn.nf_out_b,
+        li.leaf_verdict, li.leaf_name, li.leaf_reason
       from node_pairs e left join pair_nodes pn on pn.grp_a = e.grp_a and pn.grp_b = e.grp_b and pn.direction = e.direction
+      left join leaf_in li on li.grp_a = e.grp_a and li.grp_b = e.grp_b and li.direction = e.direction
       where e.node_a is not null or e.node_b is not null
     ), m as (
       select n.*,
@@ -132,9 +154,14 @@ def _nodes(con: Any) -> pa.Table:
       case when precision_score >= 0.6 then 'high' when precision_score >= 0.3 then 'medium' else 'low' end as precision_band,
       nf_in_a as nonfinite_in_a, nf_out_a as nonfinite_out_a, nf_in_b as nonfinite_in_b, nf_out_b as nonfinite_out_b,
       verdict,
+      leaf_verdict,
       case when verdict = 'pass' then mreason || '; outputs agree'
-           when coalesce(param_verdict, 'pass') <> 'pass' then mreason || '; parameter ' || coalesce(worst_param, '?') || ' differs; ' || coalesce(out_reason, '')
-           else mreason || '; output ' || coalesce(out_reason, '') end as reason
+           when coalesce(param_verdict, 'pass') <> 'pass' then mreason || '; parameter ' || coalesce(worst_param, '?') || ' differs'
+                || case when coalesce(out_verdict, 'pass') <> 'pass' then '; output ' || coalesce(out_reason, '') else '' end
+           when leaf_verdict is not null then mreason || '; input ' || leaf_name
+                || ' differs, made by no earlier call (a leaf: a parameter or the data): ' || coalesce(leaf_reason, '')
+           when coalesce(out_verdict, 'pass') <> 'pass' then mreason || '; output ' || coalesce(out_reason, '')
+           else mreason || '; input ' || coalesce(worst_in, '?') || ' ' || coalesce(in_reason, '') end as reason
     from m
     union all
     select case when c.side = 'a' then (case c.direction when 'forward' then ga.fwd else coalesce(ga.bwd, ga.pgrad) end)
@@ -146,7 +173,7 @@ def _nodes(con: Any) -> pa.Table:
       case when c.side = 'b' then (case c.direction when 'forward' then gb.ord_f else gb.ord_b + 1000000000 end) end,
       coalesce(case c.direction when 'forward' then coalesce(ga.ord_f, gb.ord_f) else coalesce(ga.ord_b, gb.ord_b) + 1000000000 end, 0),
       null, null, null, null, null, null, null, null, null, null, null, null,
-      coalesce(an.verdict, 'pass'),
+      coalesce(an.verdict, 'pass'), null,
       printf('no counterpart in %s (fused/unfused structure); compared at the nearest common ancestor %s <-> %s',
              case c.side when 'a' then 'B' else 'A' end, pa.fwd, pb.fwd)
     from cov c
@@ -169,7 +196,7 @@ def _nodes(con: Any) -> pa.Table:
       coalesce((select {worst_sql("true")}
                 from m where m.direction = d.direction
                   and (case k.side when 'a' then m.grp_a else m.grp_b end) in
-                      (select c.grp from both_g c where c.sd = k.side and c.parent = k.grp)), 'pass'),
+                      (select c.grp from both_g c where c.sd = k.side and c.parent = k.grp)), 'pass'), null,
       printf('a container level only in %s (no counterpart, its children are matched)',
              case k.side when 'a' then 'A' else 'B' end)
     from containers k
@@ -181,7 +208,7 @@ def _nodes(con: Any) -> pa.Table:
       g.parent_node, null, d.direction, 'unmatched',
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end, null,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
-      null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in B'
+      null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', null, 'no counterpart in B'
     from a_g g join a_st st on st.grp = g.grp and st.state = 'unmatched'
     cross join (values ('forward'), ('backward')) d(direction)
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null
@@ -190,7 +217,7 @@ def _nodes(con: Any) -> pa.Table:
       null, g.parent_node, d.direction, 'unmatched', null,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
       case d.direction when 'forward' then g.ord_f else g.ord_b + 1000000000 end,
-      null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', 'no counterpart in A'
+      null, null, null, null, null, null, null, null, null, null, null, null, 'unmatched', null, 'no counterpart in A'
     from b_g g join b_st st on st.grp = g.grp and st.state = 'unmatched'
     cross join (values ('forward'), ('backward')) d(direction)
     where (case d.direction when 'forward' then g.fwd else coalesce(g.bwd, g.pgrad) end) is not null

@@ -281,7 +281,8 @@ def _finish(con: Any, sides: tuple, mapping: str | None, bar: Any, out: Any = No
         names_a = names_b = None
         rows = full.drop_columns(list(HELPER_COLUMNS))
         if da.task == "tensor" or db.task == "tensor":
-            rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False))
+            rows = add_tensor_metrics(rows, progress=bar is not None and getattr(bar, "enabled", False),
+                                      settled=full.column("settled"))
             for k in ("err", "verdict", "reason"):
                 full = full.set_column(full.schema.get_field_index(k), k, rows.column(k))
         if writer is not None:

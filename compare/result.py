@@ -38,7 +38,9 @@ outputs, parameters), ``in_verdict``, ``out_verdict``, ``param_verdict``, ``prec
 (error growth input→output in [0, 1]: clip(out_err) − clip(in_err), floored at 0),
 ``precision_band`` (msprobe's bands: ``low`` < 0.3 ≤ ``medium`` < 0.6 ≤ ``high``),
 ``nonfinite_in_a``, ``nonfinite_out_a``, ``nonfinite_in_b``, ``nonfinite_out_b``,
-``verdict`` (the node verdict, :mod:`probe.compare.verdict`), ``reason``, ``origin`` (a divergence
+``verdict`` (the node verdict, :mod:`probe.compare.verdict`), ``leaf_verdict`` (the worst of its
+diverged forward inputs that no earlier call made: a parameter, the data; null when none),
+``reason``, ``origin`` (a divergence
 starts here), ``affected_by_a``, ``affected_by_b`` (an affected node: the origin its divergence
 comes from; :func:`probe.compare.localise.with_impact`). For ``ancestor`` rows the other side's name
 is the nearest matched ancestor's entry and the verdict is that pair's.

@@ -34,12 +34,12 @@ import pyarrow as pa
 from probe.compare.match import Matches
 from probe.compare.normalise import Side
 from probe.compare.tables import registered
-from probe.compare.verdict import CONTEXT_FLOOR, tensor_verdict_sql, tolerance_sql
+from probe.compare.verdict import CONTEXT_FLOOR, NOISE_ULPS, eps_sql, tensor_verdict_sql, tolerance_sql
 
 __all__ = ["tensor_rows", "tensor_names", "with_names", "HELPER_COLUMNS", "PARTITION_ROWS"]
 
 #: Columns of the rows query that later queries use but the result does not show.
-HELPER_COLUMNS = ("grp_a", "grp_b", "ctx", "tol_pass", "tol_warn", "uninit")
+HELPER_COLUMNS = ("grp_a", "grp_b", "ctx", "tol_pass", "tol_warn", "uninit", "settled")
 
 #: Rows of both sides together from which the rows query, when DuckDB runs it on one thread,
 #: runs as two halves on two threads instead.
@@ -66,7 +66,7 @@ def tensor_rows(con: Any, a: Side, b: Side, matches: Matches, parts: int = 1) ->
                         _int_key(pc.coalesce(ta.column("seq").take(rid_a), tb.column("seq").take(rid_b)))])
     rows = _gather(pairing.take(pa.array(order)), ta, tb, matches.pairs)
     with registered(con, pair_t=rows):
-        ctx = con.sql(f"select grp_a, grp_b, direction, max({_MAG_SQL}) as ctx "
+        ctx = con.sql(f"select grp_a, grp_b, direction, max({_MAG_SQL}) as ctx, max({_NORM_SQL}) as ctx_norm "
                       "from pair_t group by all").to_arrow_table()
     n = rows.num_rows
 
@@ -103,7 +103,7 @@ COLUMNS = (
     ("max_abs_err", None), ("max_rel_err", None), ("rmse", None), ("one_thousandth", None),
     ("one_ten_thousandth", None), ("nonfinite_a", "g"), ("nonfinite_b", "g"), ("uninit", "g"),
     ("hash_match", "c"), ("file_a", "g"), ("file_b", "g"), ("ctx", "c"), ("tol_pass", "c"),
-    ("tol_warn", "c"), (("ord", "seq_any"), "g"), ("pos_a", "g"), ("pos_b", "g"), ("verdict", "c"),
+    ("tol_warn", "c"), ("settled", "c"), (("ord", "seq_any"), "g"), ("pos_a", "g"), ("pos_b", "g"), ("verdict", "c"),
     ("reason", "c"),
 )
 def _assemble(rows: Any, graded: Any) -> Any:
@@ -254,6 +254,13 @@ _PAIRING_SQL = """
 _MAG_SQL = """greatest(abs(case when isfinite(max_a) then max_a end), abs(case when isfinite(min_a) then min_a end),
                  abs(case when isfinite(max_b) then max_b end), abs(case when isfinite(min_b) then min_b end))"""
 
+#: A tensor pair's L2 norm: the larger finite norm of either side.
+_NORM_SQL = """greatest(abs(case when isfinite(norm_a) then norm_a end), abs(case when isfinite(norm_b) then norm_b end))"""
+#: Whether one side of a pair holds a tensor of which nothing was read: no statistic, hash or
+#: file (uninitialised memory, freed memory, a dtype without statistics).
+_BARE_SQL = ("(name_slot_{s} and max_{s} is null and min_{s} is null and mean_{s} is null and norm_{s} is null "
+             "and hash_{s} is null and file_{s} is null)")
+
 
 def _grade_sql() -> str:
     """Step 3 over ``pair_t`` (the gathered rows) and ``row_ctx`` (the largest magnitude per
@@ -261,12 +268,19 @@ def _grade_sql() -> str:
     are the gathered ones, put beside them in Arrow, :data:`COLUMNS`)."""
     pass_a, warn_a = tolerance_sql("r.dtype_a")
     pass_b, warn_b = tolerance_sql("r.dtype_b")
+    bare_a, bare_b = _BARE_SQL.format(s="a"), _BARE_SQL.format(s="b")
     return f"""
-    with c as (
-      select *, {_MAG_SQL} as mag
+    with c0 as (
+      select *, {_MAG_SQL} as mag,
+        name_slot_a and name_slot_b and not uninit and ({bare_a} or {bare_b}) as bare
       from pair_t
+    ), c as (
+      select * replace (uninit or bare as uninit) from c0
     ), r as (
       select c.*, ctx.ctx,
+        greatest(coalesce(ctx.ctx, 0), coalesce(ctx.ctx_norm, 0)) as noise_mag,
+        greatest({eps_sql("c.dtype_a")}, {eps_sql("c.dtype_b")})
+          * greatest(coalesce(ctx.ctx, 0), coalesce(ctx.ctx_norm, 0)) as noise_ref,
         max_b - max_a as max_diff, min_b - min_a as min_diff, mean_b - mean_a as mean_diff,
         norm_b - norm_a as norm_diff,
         abs(max_b - max_a) / nullif(abs(max_a), 0) as max_rel,
@@ -286,14 +300,19 @@ def _grade_sql() -> str:
                          and min_a is not distinct from min_b then 0.0 else 'inf'::double end
              else coalesce(greatest(abs(max_b - max_a) / sref, abs(min_b - min_a) / sref,
                                     abs(mean_b - mean_a) / sref, abs(norm_b - norm_a) / nref), 0.0) end as err,
-        greatest({pass_a}, {pass_b}) as tol_pass, greatest({warn_a}, {warn_b}) as tol_warn
+        greatest({pass_a}, {pass_b}) as tol_pass, greatest({warn_a}, {warn_b}) as tol_warn,
+        coalesce(not nonfinite_a and not nonfinite_b and mag is not null and noise_ref > 0
+                 and mag <= {NOISE_ULPS} * noise_ref, false) as noise
       from r
     )
     select row_id, max_diff, min_diff, mean_diff, norm_diff, max_rel, min_rel, mean_rel, norm_rel, err,
       case when hash_a is not null and hash_b is not null then hash_a = hash_b end as hash_match,
-      ctx, tol_pass, tol_warn,
+      ctx, tol_pass, tol_warn, name_slot_a and name_slot_b and (uninit or noise) as settled,
       {tensor_verdict_sql("name_slot_a", "name_slot_b")} as verdict,
       case when not name_slot_a or not name_slot_b then match_reason
+           when bare then printf('no statistics in %s (memory not read: uninitialised, freed, or a dtype '
+                                 'without statistics): not compared',
+                                 case when {bare_a} and {bare_b} then 'either run' when {bare_a} then 'A' else 'B' end)
            when uninit then 'uninitialised memory (an empty tensor): not compared'
            when nonfinite_a and not nonfinite_b then 'NaN/Inf only in A'
            when nonfinite_b and not nonfinite_a then 'NaN/Inf only in B'
@@ -301,6 +320,10 @@ def _grade_sql() -> str:
                 printf('shapes differ: %s vs %s', shape_a::varchar, shape_b::varchar)
            when hash_a is not null and hash_a = hash_b then 'identical (md5)'
            when nonfinite_a and nonfinite_b and err = 0 then 'NaN/Inf identical in both'
+           when noise and err > tol_pass then
+                printf('rounding noise: |values| <= %.2e in both, within %g eps(%s) of the magnitude around it '
+                       '(%.2e; zero in exact arithmetic)', mag, {NOISE_ULPS}, coalesce(dtype_a, dtype_b, '?'),
+                       noise_mag)
            when err <= tol_pass then null     -- 'agrees within the <dtype> tolerance': with_names
            else printf('%s differs: error %.2e > %.0e (%s)%s',
                 case greatest(abs(coalesce(max_diff, 0)) / sref, abs(coalesce(min_diff, 0)) / sref,

@@ -30,7 +30,11 @@ difference is divided by a *scale*:
 
 and every scale is floored at ``CONTEXT_FLOOR`` × the largest magnitude of any tensor at the
 same node and direction, so rounding noise in a tensor that is tiny next to its neighbours
-is not a divergence. ``err`` is the largest of the four; the verdict compares it with the
+is not a divergence. Before the ladder, two rules settle a pair (docs/compare.md, "Verdict
+rules"): a pair whose values on both sides are within ``NOISE_ULPS`` × eps(dtype) × the
+magnitude around it (largest |value| or L2 norm at the node and direction) is rounding noise
+of a zero and passes; a pair one side of which holds nothing read (uninitialised or freed
+memory: no statistics, hash or file) is not compared. ``err`` is the largest of the four; the verdict compares it with the
 tolerance of the looser of the two dtypes (:data:`TOLERANCES`). Two float32 runs of one network
 in two frameworks differ by ~1e-6, well inside float32's 1e-4.
 
@@ -52,7 +56,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["TOLERANCES", "CONTEXT_FLOOR", "VERDICTS", "GRADED", "VERDICT_RANK", "COUNTED", "LADDER",
+__all__ = ["TOLERANCES", "CONTEXT_FLOOR", "EPS", "NOISE_ULPS", "eps_sql", "VERDICTS", "GRADED", "VERDICT_RANK", "COUNTED", "LADDER",
            "tolerance", "tolerances", "tolerance_sql", "ladder_sql", "grade", "severity", "worst",
            "at_least", "rank_sql", "worst_sql", "worst_of_sql", "tensor_verdict_sql", "node_verdict_sql",
            "counts", "format_counts"]
@@ -70,6 +74,18 @@ _DEFAULT = (1e-4, 1e-3)
 _EXACT = (0.0, 0.0)
 #: Scales are floored at this share of the largest magnitude at the same node and direction.
 CONTEXT_FLOOR = 1e-2
+#: Machine epsilon of each floating dtype (the rounding unit the noise floor is counted in).
+EPS: dict[str, float] = {
+    "float64": 2.220446049250313e-16, "double": 2.220446049250313e-16, "complex128": 2.220446049250313e-16,
+    "float32": 1.1920928955078125e-07, "float": 1.1920928955078125e-07, "complex64": 1.1920928955078125e-07,
+    "tensorfloat32": 9.765625e-04, "float16": 9.765625e-04, "half": 9.765625e-04, "bfloat16": 7.8125e-03,
+    "float8_e4m3fn": 0.125, "float8_e5m2": 0.25, "hifloat8": 0.25,
+}
+#: The noise floor, in rounding units: a pair whose values on both sides are at most this many
+#: epsilons of its dtype times the magnitude around it (the largest |value| or L2 norm of any
+#: tensor at the same node and direction: the op's inputs, its other outputs) is rounding noise
+#: of a value that is zero in exact arithmetic, and passes.
+NOISE_ULPS = 8.0
 #: Every verdict, worst first (the order counts are listed in).
 VERDICTS = ("nan", "error", "warning", "pass", "unmatched")
 #: The verdicts of a graded pair, mildest first.
@@ -178,6 +194,17 @@ def tolerance_sql(col: str) -> tuple[str, str]:
     return case(0), case(1)
 
 
+def eps_sql(col: str) -> str:
+    """SQL: the machine epsilon (:data:`EPS`) of a normalised dtype column; 0 for integers, bools
+    and unknown names (no rounding: no noise floor).
+
+    >>> eps_sql("d").startswith("(case d when 'float64' then 2.22")
+    True
+    """
+    whens = " ".join(f"when '{d}' then {e!r}" for d, e in EPS.items())
+    return f"(case {col} {whens} else 0.0 end)"
+
+
 def worst(verdicts: Iterable[str | None]) -> str:
     """The worst graded verdict of ``verdicts`` (``pass`` when there is none)."""
     return max((v for v in verdicts if v in GRADED), key=VERDICT_RANK.__getitem__, default="pass")
@@ -215,13 +242,15 @@ def worst_of_sql(*exprs: str) -> str:
 def tensor_verdict_sql(present_a: str, present_b: str) -> str:
     """SQL: the tensor verdict of a row (see the module docstring). ``present_a``/``present_b``:
     whether each side has the tensor; the row's other columns read: ``uninit`` (an empty
-    tensor's uninitialised memory: not compared), ``nonfinite_a``/``_b``, ``numel_a``/``_b``,
-    ``hash_a``/``_b``, ``err``, ``tol_pass``, ``tol_warn``."""
+    tensor's uninitialised memory, or a side without statistics: not compared),
+    ``nonfinite_a``/``_b``, ``numel_a``/``_b``, ``hash_a``/``_b``, ``noise`` (both sides within
+    the noise floor, :data:`NOISE_ULPS`), ``err``, ``tol_pass``, ``tol_warn``."""
     return f"""(case when not {present_a} or not {present_b} then 'unmatched'
            when uninit then 'pass'
            when nonfinite_a is distinct from nonfinite_b then 'nan'
            when numel_a is not null and numel_b is not null and numel_a <> numel_b then 'error'
            when hash_a is not null and hash_a = hash_b then 'pass'
+           when noise then 'pass'
            else {ladder_sql("err", "tol_pass", "tol_warn")} end)"""
 
 

@@ -34,7 +34,7 @@ def make_batch(cfg: ModelConfig, step: int, rank: int, world_size: int, seed: in
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     k = torch.randint(0, N_RULES, (batch,), generator=gen)
     a, c = a_k[k], c_k[k]
-    seq = torch.empty((batch, t), dtype=torch.long)
+    seq = torch.zeros((batch, t), dtype=torch.long)     # never uninitialised memory: a dump reads it
     seq[:, 0] = torch.randint(0, v, (batch,), generator=gen)
     for i in range(1, t):
         seq[:, i] = (a * seq[:, i - 1] + c) % v

@@ -4,9 +4,10 @@ expand to show a node, and the chains a UI highlights.
 Every function takes a :class:`probe.visualizer.diff.DiffGraph` and returns ``(side, node)`` pairs or
 node names, in execution order where there are several.
 
-- :func:`first_divergence`: the compare summary's, else the first node whose precision band is
-  ``error`` with no ``error`` inside it;
-- :func:`first_nan`: the summary's, else the innermost first node holding NaN/Inf;
+- :func:`first_divergence`: the compare summary's (none when it found none), else (a diff
+  without a compare) the first node whose precision band is ``error`` with no ``error`` inside it;
+- :func:`first_nan`: the summary's (none when it found none), else the first node graded ``nan``
+  (NaN/Inf on one side only), else, for one dump alone, the innermost first node holding NaN/Inf;
 - :func:`filter_nodes` and :func:`search`: the filter list and the search hits;
 - :func:`reveal`: the ancestors to expand on both sides so that a node and its counterpart show;
 - :func:`root_path`: the chain from the top of the hierarchy down to a node;
@@ -48,7 +49,7 @@ def first_divergence(diff: DiffGraph) -> tuple[str, str] | None:
     if not diff.paired:
         return None
     named = _summary_node(diff, "first_divergence")
-    if named:
+    if named or _summary_says_none(diff, "first_divergence"):
         return named
     for side, n in diff.in_order():
         if side == "a" and diff.band(side, n) == B.ERROR and diff.worst_below(side, n) != B.ERROR:
@@ -62,7 +63,7 @@ def first_nan(diff: DiffGraph) -> tuple[str, str] | None:
     holding one; in a pair, first one whose verdict is ``nan`` (NaN/Inf on one side only: an
     attention mask's -inf on both sides is no fault), on the side that holds it."""
     named = _summary_node(diff, "first_nan")
-    if named:
+    if named or _summary_says_none(diff, "first_nan"):
         return named
     if diff.paired:
         for side, n in diff.in_order():
@@ -72,12 +73,18 @@ def first_nan(diff: DiffGraph) -> tuple[str, str] | None:
                 if diff.nonfinite(side, n) or not twin:
                     return side, n
                 return other_side(side), twin
-    for side in SIDES if diff.paired else ("a",):
-        g = diff.graph(side)
-        for n in g.walk():
-            if g.nonfinite(n) and not any(g.nonfinite(k) for k in g.children(n)):
-                return side, n
+        return None             # in a pair, NaN/Inf held alike on both sides is no origin
+    g = diff.graph("a")
+    for n in g.walk():
+        if g.nonfinite(n) and not any(g.nonfinite(k) for k in g.children(n)):
+            return "a", n
     return None
+
+
+def _summary_says_none(diff: DiffGraph, key: str) -> bool:
+    """Whether the compare summary the diff carries found no such node (its answer is the one
+    the CLI and summary.json give: the page shows the same)."""
+    return diff.paired and key in diff.summary and diff.summary[key] is None
 
 
 def _summary_node(diff: DiffGraph, key: str) -> tuple[str, str] | None:

@@ -34,7 +34,11 @@ a short idle pause (``--pause``), so that the minutes-long swings of a shared VM
 our runs took 0.52-0.78 s at 20k entries here) hit every side alike; medians are compared, and
 the spread is printed.
 
+``--nonfinite`` adds, at each size, a pair whose B holds ``NaN``/``Infinity``/``-Infinity``
+literals and whose names hold escapes (the native scanner reads both; the targets are the same).
+
     python benchmarks/bench_compare.py --entries 20000 100000
+    python benchmarks/bench_compare.py --entries 100000 --nonfinite --repeat 3
     python benchmarks/bench_compare.py --entries 1000000 --repeat 1 --msprobe-repeat 1 --msprobe-timeout 600
 """
 
@@ -65,20 +69,27 @@ def _tensor(r: random.Random, shape: list[int], scale: float, noise: float, rng_
             "Min": jitter(mn), "Mean": jitter(mean), "Norm": jitter(norm), "requires_grad": True}
 
 
-def make_dump(path: Path, n: int, side: str, seed: int = 0, bad_layer: int = 7) -> None:
+def make_dump(path: Path, n: int, side: str, seed: int = 0, bad_layer: int = 7,
+              nonfinite: bool = False) -> None:
     """Write a synthetic msprobe dump.json with ``n`` entries (and its construct.json); side
-    ``b`` has layer ``bad_layer``'s output and weight scaled by 1.5."""
+    ``b`` has layer ``bad_layer``'s output and weight scaled by 1.5. ``nonfinite``: side ``b``'s
+    every 50th layer's forward output holds ``Infinity``, ``NaN`` and ``-Infinity`` (bare JSON
+    literals, as msprobe writes them), and every 100th layer of both sides has a non-ASCII
+    name (``\u00e9`` escapes in the file, as json.dump writes them)."""
     r, rb = random.Random(seed), random.Random(seed + (1 if side == "b" else 0))
     noise = 2e-7 if side == "b" else 0.0
     data, construct = {}, {}
     k = 0
     while len(data) < n:
-        name = f"Module.layers.{k}.proj.Linear"
+        name = f"Module.layers.{k}.proj{'é' if nonfinite and k % 100 == 3 else ''}.Linear"
         bad = side == "b" and k == bad_layer
         sc = 1.5 if bad else 1.0
+        out = _tensor(r, [4, 64, 256], sc, noise, rb)
+        if nonfinite and side == "b" and k % 50 == 11:
+            out.update(Max=float("inf"), Min=float("nan"), Mean=float("-inf"))
         data[f"{name}.forward.0"] = {
             "input_args": [_tensor(r, [4, 64, 256], 1.0, noise, rb)], "input_kwargs": {},
-            "output": [_tensor(r, [4, 64, 256], sc, noise, rb)],
+            "output": [out],
             "parameters": {"weight": _tensor(r, [256, 256], sc, noise, rb),
                            "bias": _tensor(r, [256], 1.0, noise, rb)}}
         data[f"{name}.backward.0"] = {"input": [_tensor(r, [4, 64, 256], 1.0, noise, rb)],
@@ -243,6 +254,10 @@ def main() -> int:
                     help="Seconds after which msprobe's run is stopped and reported as not finished.")
     ap.add_argument("--msprobe-max-mb", type=float, default=12000,
                     help="Memory at which msprobe's run is stopped (the machine is shared).")
+    ap.add_argument("--nonfinite", action="store_true",
+                    help="After each size's finite pair, a second pair whose B holds NaN/Infinity "
+                         "literals (and both sides escaped non-ASCII names): the dumps msprobe "
+                         "writes for a run that overflows.")
     ap.add_argument("--work", default=None, help="Folder for the generated dumps (default: a temp dir).")
     ap.add_argument("--repeat", type=int, default=5,
                     help="Runs of the parse and of our compare, interleaved; medians are compared.")
@@ -261,12 +276,14 @@ def main() -> int:
               "(pip install mindstudio-probe into .venv-bench)")
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_compare_"))
     ok = True
-    for n in args.entries:
-        a = work / f"n{n}" / "a" / "step0" / "rank0" / "dump.json"
-        b = work / f"n{n}" / "b" / "step0" / "rank0" / "dump.json"
+    runs = [(n, nf) for n in args.entries for nf in ((False, True) if args.nonfinite else (False,))]
+    for n, nonfinite in runs:
+        kind = f"n{n}" + ("_nonfinite" if nonfinite else "")
+        a = work / kind / "a" / "step0" / "rank0" / "dump.json"
+        b = work / kind / "b" / "step0" / "rank0" / "dump.json"
         if not a.exists():
-            make_dump(a, n, "a")
-            make_dump(b, n, "b")
+            make_dump(a, n, "a", nonfinite=nonfinite)
+            make_dump(b, n, "b", nonfinite=nonfinite)
         size = a.stat().st_size / 2**20
         inputs_mb = (a.stat().st_size + b.stat().st_size) / 2**20
         # json.load holds ~12x a file in Python objects: not of 800 MB files on a shared machine
@@ -285,10 +302,10 @@ def main() -> int:
                             json.load(f)
                     parses.append((time.perf_counter() - t, _cpu() - c))
                 time.sleep(args.pause)
-                ours_runs.append(time_ours(a, b, work / f"n{n}" / "ours_out"))
+                ours_runs.append(time_ours(a, b, work / kind / "ours_out"))
             if ms_ok and i < args.msprobe_repeat:
                 time.sleep(args.pause)
-                ms = time_msprobe(args.msprobe_python, a, b, work / f"n{n}" / "msprobe_out",
+                ms = time_msprobe(args.msprobe_python, a, b, work / kind / "msprobe_out",
                                   args.msprobe_timeout, args.msprobe_max_mb)
                 if ms is None:
                     ms_ok = False
@@ -302,10 +319,10 @@ def main() -> int:
         # (the B dump's reader is a fork of the compare: the resident sizes' sum counts the
         # pages they share twice)
         time.sleep(args.pause)
-        peak = time_ours(a, b, work / f"n{n}" / "ours_out", pss=True)[3]
+        peak = time_ours(a, b, work / kind / "ours_out", pss=True)[3]
         found = ours_runs[-1][2]
         spread = f"min {min(r[0] for r in ours_runs):.2f}s, max {max(r[0] for r in ours_runs):.2f}s"
-        print(f"{n} entries ({size:.0f} MiB of JSON each, {inputs_mb:.0f} MiB both), median of "
+        print(f"{n} entries{' (B with NaN/Infinity literals)' if nonfinite else ''} ({size:.0f} MiB of JSON each, {inputs_mb:.0f} MiB both), median of "
               f"{len(ours_runs)}: ours {ours:.2f}s ({spread}; rows, verdicts, first divergence: {found}); "
               f"load {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
         if parses:

@@ -40,7 +40,7 @@ except ImportError:  # the standard library parser is the fallback
     _orjson = None
 
 __all__ = ["STAT_TYPE", "SLOTS", "loads", "position_names", "parse_node_name",
-           "step_rank", "find_dump_files", "find_dump"]
+           "step_rank", "find_dump_files", "ranked_dump_files", "find_dump"]
 
 #: The fields of one tensor of an entry, as msprobe writes them, and the ``tensor_id`` our dumps
 #: add (the data's id in the step; msprobe's tools ignore it, and its own dumps have none).
@@ -59,6 +59,8 @@ SLOTS: dict[str, str] = {"input_args": "input", "input_kwargs": "kwarg", "output
 
 _STEP_RE = re.compile(r"^step(\d+)$")
 _RANK_RE = re.compile(r"^(?:rank|proc)(\d+)$")
+#: ``proc<pid>``: msprobe's folder of a process outside any distributed group
+_PROC_RE = re.compile(r"^proc(\d+)$")
 
 
 _HIGH = rb"\\u[dD][89abAB][0-9a-fA-F]{2}"
@@ -170,6 +172,43 @@ def find_dump_files(root: str | os.PathLike) -> list[Path]:
         step, rank = step_rank(p)
         return (step if step is not None else -1, rank if rank is not None else -1, str(p))
     return sorted(found, key=key)
+
+
+def ranked_dump_files(root: str | os.PathLike) -> dict[tuple[int | None, int | None], Path]:
+    """Every ``dump.json`` under ``root`` keyed by its (step, rank), in that order.
+
+    The layouts msprobe writes: ``step{N}/rank{R}/`` (a distributed group), ``step{N}/proc{PID}/``
+    (none: msprobe 26.2 names the folder after the process id, and dump.json records no rank:
+    its members are task, level, framework, dump_data_dir and data), a plain ``rank{R}/`` or
+    ``proc{PID}/`` (no step folder: step None), and a dump.json by itself ((None, None)). A
+    ``proc{PID}`` folder is given a rank as msprobe's own tools (``dump2db``) give it one: the
+    run's processes in PID order, numbered after its highest ``rank{R}`` (from 0 when it has
+    none), each process the same number in every step, so that two runs' processes, whose PIDs
+    differ, pair up rank by rank.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> for f in ("step0/proc912", "step0/proc77", "step1/proc912", "step1/proc77"):
+    ...     (d / f).mkdir(parents=True); _ = (d / f / "dump.json").write_text("{}")
+    >>> {k: str(v.relative_to(d).parent) for k, v in ranked_dump_files(d).items()}
+    {(0, 0): 'step0/proc77', (0, 1): 'step0/proc912', (1, 0): 'step1/proc77', (1, 1): 'step1/proc912'}
+    """
+    root = Path(root)
+    found = []                                  # (file, step, rank, pid), rank None for a proc
+    for f in find_dump_files(root):
+        rel = f.relative_to(root) if f != root else Path(f.name)
+        step, rank = step_rank(rel)
+        pid = next((int(m.group(1)) for m in map(_PROC_RE.match, rel.parts) if m), None)
+        found.append((f, step, None if pid is not None else rank, pid))
+    top = max((r for _, _, r, _ in found if r is not None), default=-1)
+    number = {pid: top + 1 + i for i, pid in enumerate(sorted({p for *_, p in found if p is not None}))}
+    keyed: dict[tuple[int | None, int | None], Path] = {}
+    for f, step, rank, pid in found:
+        keyed.setdefault((step, number[pid] if pid is not None else rank), f)
+
+    def order(k: tuple) -> tuple:
+        return tuple(-1 if v is None else v for v in k)
+    return dict(sorted(keyed.items(), key=lambda kv: order(kv[0])))
 
 
 def find_dump(path: str | os.PathLike, step: int | None = None, rank: int | None = None) -> Path:

@@ -6,9 +6,12 @@
  * "parameters" are objects, each holding tensor-statistics objects or null (members read:
  * type, dtype, shape, Max, Min, Mean, Norm, md5, data_name, requires_grad and the tensor_id our
  * dumps add; others are skipped), and a "*.parameters_grad*" ENTRY maps each parameter to an
- * array of one tensor object. Anything
- * else (nested outputs, non-tensor arguments, strings with escapes, odd value types, truncated
- * or malformed text) makes it return a negative code, and the caller reads the file the general
+ * array of one tensor object. Numbers may be the NaN, Infinity and -Infinity literals Python's
+ * json module writes; names and string values may hold escapes (json.dump writes every
+ * non-ASCII character of a name as a \u escape), decoded as a JSON parser decodes them. Anything
+ * else (nested outputs, non-tensor arguments, escapes in the layout's own member names or a
+ * half surrogate pair, odd value types, truncated or malformed text) makes it return a negative
+ * code, and the caller reads the file the general
  * way (orjson and a Python walk), which also words the error for malformed input.
  *
  * Every read is bounds-checked against the buffer's end, every write against the capacities the
@@ -70,23 +73,97 @@ static inline int64_t skip_ws(const scan_t *s, int64_t i) {
     return i;
 }
 
-/* A string at i (the opening quote): sets [*a, *b) to its raw bytes and returns the index after
-   the closing quote; E_ESCAPE when it holds a backslash (the caller falls back). */
-static int64_t string_span(const scan_t *s, int64_t i, int64_t *a, int64_t *b) {
+/* A string at i (the opening quote): sets [*a, *b) to its raw bytes (escapes as written) and
+   returns the index after the closing quote. *esc = 1 when it holds a backslash; with esc NULL
+   such a string is E_ESCAPE (the caller falls back). */
+static int64_t string_span(const scan_t *s, int64_t i, int64_t *a, int64_t *b, int *esc) {
     if (i >= s->len || s->buf[i] != '"') return E_SYNTAX;
-    const char *start = s->buf + i + 1;
-    const char *q = memchr(start, '"', (size_t)(s->len - i - 1));
+    const char *start = s->buf + i + 1, *end = s->buf + s->len;
+    const char *q = memchr(start, '"', (size_t)(end - start));
     if (q == NULL) return E_SYNTAX;
-    if (memchr(start, '\\', (size_t)(q - start)) != NULL) return E_ESCAPE;
+    const char *p = memchr(start, '\\', (size_t)(q - start));
+    if (p != NULL) {
+        if (esc == NULL) return E_ESCAPE;
+        while (p < end && *p != '"') p += *p == '\\' ? 2 : 1;   /* an escaped quote is no end */
+        if (p >= end) return E_SYNTAX;
+        q = p;
+    }
+    if (esc != NULL) *esc = p != NULL;
     *a = i + 1;
     *b = q - s->buf;
     return *b + 1;
 }
 
+static int hex4(const char *p, uint32_t *v) {
+    uint32_t x = 0;
+    for (int k = 0; k < 4; k++) {
+        char c = p[k];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return 0;
+        x = x * 16 + (uint32_t)d;
+    }
+    *v = x;
+    return 1;
+}
+
+/* The n raw bytes of a string with escapes, decoded as a JSON parser decodes them, into out
+   (never longer than n); returns the length, or E_SYNTAX for a bad escape and E_ESCAPE for half
+   a surrogate pair (not a character: the general path says so). */
+static int64_t unescape(const char *p, int64_t n, char *out) {
+    int64_t o = 0;
+    for (int64_t k = 0; k < n;) {
+        if (p[k] != '\\') { out[o++] = p[k++]; continue; }
+        if (k + 1 >= n) return E_SYNTAX;
+        char e = p[k + 1];
+        k += 2;
+        uint32_t u;
+        switch (e) {
+        case '"': out[o++] = '"'; continue;
+        case '\\': out[o++] = '\\'; continue;
+        case '/': out[o++] = '/'; continue;
+        case 'b': out[o++] = '\b'; continue;
+        case 'f': out[o++] = '\f'; continue;
+        case 'n': out[o++] = '\n'; continue;
+        case 'r': out[o++] = '\r'; continue;
+        case 't': out[o++] = '\t'; continue;
+        case 'u': break;
+        default: return E_SYNTAX;
+        }
+        if (k + 4 > n || !hex4(p + k, &u)) return E_SYNTAX;
+        k += 4;
+        if (u >= 0xDC00 && u <= 0xDFFF) return E_ESCAPE;
+        if (u >= 0xD800 && u <= 0xDBFF) {
+            uint32_t lo;
+            if (k + 6 > n || p[k] != '\\' || p[k + 1] != 'u' || !hex4(p + k + 2, &lo)
+                || lo < 0xDC00 || lo > 0xDFFF) return E_ESCAPE;
+            k += 6;
+            u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        if (u < 0x80) {
+            out[o++] = (char)u;
+        } else if (u < 0x800) {
+            out[o++] = (char)(0xC0 | (u >> 6));
+            out[o++] = (char)(0x80 | (u & 0x3F));
+        } else if (u < 0x10000) {
+            out[o++] = (char)(0xE0 | (u >> 12));
+            out[o++] = (char)(0x80 | ((u >> 6) & 0x3F));
+            out[o++] = (char)(0x80 | (u & 0x3F));
+        } else {
+            out[o++] = (char)(0xF0 | (u >> 18));
+            out[o++] = (char)(0x80 | ((u >> 12) & 0x3F));
+            out[o++] = (char)(0x80 | ((u >> 6) & 0x3F));
+            out[o++] = (char)(0x80 | (u & 0x3F));
+        }
+    }
+    return o;
+}
+
 /* A member name at i (after skipping whitespace) and its colon: sets [*a, *b) to the name and
-   returns the index of the member's value. */
-static int64_t member_key(const scan_t *s, int64_t i, int64_t *a, int64_t *b) {
-    i = string_span(s, skip_ws(s, i), a, b);
+   returns the index of the member's value. esc: as string_span's (NULL: the layout's own
+   member names, which are read literally). */
+static int64_t member_key(const scan_t *s, int64_t i, int64_t *a, int64_t *b, int *esc) {
+    i = string_span(s, skip_ws(s, i), a, b, esc);
     if (i < 0) return i;
     i = skip_ws(s, i);
     if (i >= s->len || s->buf[i] != ':') return E_SYNTAX;
@@ -245,9 +322,15 @@ static int64_t number(const scan_t *s, int64_t i, double *out, int *ok) {
     return j;
 }
 
-static int str_put(strcol_t *c, int64_t row, const char *p, int64_t n) {
+/* n bytes of a string (raw, or with escapes: esc = 1, decoded) into column c at row. */
+static int str_put(strcol_t *c, int64_t row, const char *p, int64_t n, int esc) {
     if (c->data_len + n > c->data_cap || c->data_len + n > INT32_MAX) return E_CAPACITY;
-    memcpy(c->data + c->data_len, p, (size_t)n);
+    if (esc) {
+        n = unescape(p, n, c->data + c->data_len);
+        if (n < 0) return (int)n;
+    } else {
+        memcpy(c->data + c->data_len, p, (size_t)n);
+    }
     c->data_len += n;
     c->offsets[row + 1] = (int32_t)c->data_len;
     c->valid[row] = 1;
@@ -263,9 +346,10 @@ static inline void str_null(strcol_t *c, int64_t row) {
 static int64_t str_member(scan_t *s, int64_t i, strcol_t *c, int64_t row) {
     if (lit(s, i, "null", 4)) { str_null(c, row); return i + 4; }
     int64_t a, b;
-    int64_t j = string_span(s, i, &a, &b);
+    int esc;
+    int64_t j = string_span(s, i, &a, &b, &esc);
     if (j < 0) return j == E_SYNTAX ? E_LAYOUT : j;
-    int r = str_put(c, row, s->buf + a, b - a);
+    int r = str_put(c, row, s->buf + a, b - a, esc);
     return r < 0 ? r : j;
 }
 
@@ -273,7 +357,7 @@ static int64_t str_member(scan_t *s, int64_t i, strcol_t *c, int64_t row) {
 
 /* A tensor-statistics object at i (or null: no row). Appends one tensor row. */
 static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
-                      const char *key, int64_t key_len) {
+                      const char *key, int64_t key_len, int key_esc) {
     if (lit(s, i, "null", 4)) return i + 4;
     if (i >= s->len || s->buf[i] != '{') return E_LAYOUT;
     if (s->n_t >= s->t_cap) return E_CAPACITY;
@@ -282,7 +366,7 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
     s->slot[r] = (int8_t)slot;
     s->pos[r] = pos;
     if (key != NULL) {
-        int e = str_put(&s->keys, r, key, key_len);
+        int e = str_put(&s->keys, r, key, key_len, key_esc);
         if (e < 0) return e;
     } else {
         str_null(&s->keys, r);
@@ -301,7 +385,7 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
     if (i < s->len && s->buf[i] == '}') { s->n_t++; return i + 1; }
     for (;;) {
         int64_t ka, kb;
-        i = member_key(s, i, &ka, &kb);
+        i = member_key(s, i, &ka, &kb, NULL);
         if (i < 0) return i;
         int stat = -1;
         if (KEY_IS("Max")) stat = 0;
@@ -385,7 +469,7 @@ static int64_t tensor_array(scan_t *s, int64_t i, int64_t seq, int slot) {
     i = skip_ws(s, i + 1);
     if (i < s->len && s->buf[i] == ']') return i + 1;
     for (int32_t k = 0;; k++) {
-        i = tensor(s, skip_ws(s, i), seq, slot, k, NULL, 0);
+        i = tensor(s, skip_ws(s, i), seq, slot, k, NULL, 0, 0);
         if (i < 0) return i;
         i = skip_ws(s, i);
         if (i < s->len && s->buf[i] == ',') { i++; continue; }
@@ -403,19 +487,20 @@ static int64_t tensor_object(scan_t *s, int64_t i, int64_t seq, int slot, int gr
     if (i < s->len && s->buf[i] == '}') return i + 1;
     for (;;) {
         int64_t ka, kb;
-        i = member_key(s, i, &ka, &kb);
+        int esc;
+        i = member_key(s, i, &ka, &kb, &esc);
         if (i < 0) return i;
         if (grad) {
             if (i >= s->len || s->buf[i] != '[') return E_LAYOUT;
             i = skip_ws(s, i + 1);
             if (lit(s, i, "null", 4)) return E_LAYOUT;
-            i = tensor(s, i, seq, slot, -1, s->buf + ka, kb - ka);
+            i = tensor(s, i, seq, slot, -1, s->buf + ka, kb - ka, esc);
             if (i < 0) return i;
             i = skip_ws(s, i);
             if (i >= s->len || s->buf[i] != ']') return E_LAYOUT;
             i++;
         } else {
-            i = tensor(s, i, seq, slot, -1, s->buf + ka, kb - ka);
+            i = tensor(s, i, seq, slot, -1, s->buf + ka, kb - ka, esc);
             if (i < 0) return i;
         }
         i = skip_ws(s, i);
@@ -441,7 +526,7 @@ static int64_t entry(scan_t *s, int64_t i, int64_t seq, int grad) {
     unsigned seen = 0;
     for (;;) {
         int64_t ka, kb;
-        i = member_key(s, i, &ka, &kb);
+        i = member_key(s, i, &ka, &kb, NULL);
         if (i < 0) return i;
         int slot = KEY_IS("input_args") ? 0 : KEY_IS("input_kwargs") ? 1 : KEY_IS("output") ? 2
                  : KEY_IS("parameters") ? 3 : KEY_IS("input") ? 4 : -1;
@@ -492,7 +577,7 @@ int64_t probe_scan_msprobe(scan_t *s) {
     if (i < s->len && s->buf[i] == '}') { s->err_pos = i; return E_LAYOUT; }
     for (;;) {
         int64_t ka, kb;
-        i = member_key(s, i, &ka, &kb);
+        i = member_key(s, i, &ka, &kb, NULL);
         if (i < 0) { s->err_pos = -1; return i; }
         if (KEY_IS("data")) {
             if (seen_data) { s->err_pos = i; return E_LAYOUT; }
@@ -504,12 +589,15 @@ int64_t probe_scan_msprobe(scan_t *s) {
             } else {
                 for (;;) {
                     int64_t na, nb;
-                    i = member_key(s, i, &na, &nb);
+                    int esc;
+                    i = member_key(s, i, &na, &nb, &esc);
                     if (i < 0) { s->err_pos = -1; return i; }
                     if (s->n_ent >= s->ent_cap) return E_CAPACITY;
-                    int e = str_put(&s->names, s->n_ent, s->buf + na, nb - na);
+                    int e = str_put(&s->names, s->n_ent, s->buf + na, nb - na, esc);
                     if (e < 0) return e;
-                    i = entry(s, i, s->n_ent, has(s->buf + na, nb - na, ".parameters_grad"));
+                    const char *name = s->names.data + s->names.offsets[s->n_ent];
+                    i = entry(s, i, s->n_ent, has(name, s->names.offsets[s->n_ent + 1]
+                                                        - s->names.offsets[s->n_ent], ".parameters_grad"));
                     if (i < 0) { s->err_pos = i; return i; }
                     s->n_ent++;
                     release_read(s, i, &released);

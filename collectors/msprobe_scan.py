@@ -2,10 +2,13 @@
 
 :func:`scan_dump` runs ``msprobe_scan.c`` (built once per machine, see :mod:`probe.ground.native`) over
 the file's bytes: one pass that writes the entry names, the tensors' statistics, dtypes, shapes
-and argument positions into Arrow buffers, with no Python object per value. It returns None for
-anything outside the common layout (nested outputs, non-tensor arguments, escaped strings, odd
-value types) and for malformed text, and the reader then takes the general path (orjson and a
-Python walk), which words the error for a malformed file. Without a C compiler it always returns
+and argument positions into Arrow buffers, with no Python object per value. It reads the
+``NaN``, ``Infinity`` and ``-Infinity`` literals msprobe writes, and names and strings with
+escapes (``json.dump`` writes every non-ASCII character as a ``\\u`` escape). It returns None for
+anything outside the common layout (nested outputs, non-tensor arguments, escapes in the
+layout's own member names, half a surrogate pair, odd value types) and for malformed text, and
+the reader then takes the general path (orjson and a Python walk), which words the error for a
+malformed file. Without a C compiler it always returns
 None. The result is the table the reader's general path builds: the same columns, rows in the
 same order.
 

@@ -79,10 +79,11 @@ def _kind(t: Any) -> int | None:
     return None
 
 
-def write_csv(table: Any, path: Any, workers: int = 1) -> bool:
+def write_csv(table: Any, path: Any, workers: int = 1, append: bool = False) -> bool:
     """Write ``table`` to ``path`` as ``pyarrow.csv.write_csv`` would; False (nothing written)
     when a column's type or the machine has no native path. ``workers`` > 1: batches formatted
-    on that many threads (ctypes lets go of the GIL), written in order."""
+    on that many threads (ctypes lets go of the GIL), written in order. ``append``: add the rows
+    at the end of ``path``, without the header (a table written a slice at a time)."""
     kinds = [_kind(f.type) for f in table.schema]
     fn = _formatter()
     if not fn or None in kinds:
@@ -91,8 +92,9 @@ def write_csv(table: Any, path: Any, workers: int = 1) -> bool:
 
     header = ",".join('"' + name.replace('"', '""') + '"' for name in table.column_names)
     batches = iter(table.to_batches(max_chunksize=BATCH_ROWS))
-    with open(path, "wb") as f:
-        f.write(header.encode() + b"\n")
+    with open(path, "ab" if append else "wb") as f:
+        if not append:
+            f.write(header.encode() + b"\n")
         if workers <= 1:
             buf: list = [None]                      # one buffer, reused batch after batch
             for batch in batches:

@@ -2,9 +2,11 @@
 
 ``probe compare RUN_A RUN_B`` on two run (or step) folders that hold several dumps:
 
-1. **pairs**: each run's dump.json files (:func:`probe.collectors.msprobe_layout.find_dump_files`)
-   keyed by their (step, rank) folders; the keys both runs hold are compared, the others
-   listed as missing on one side;
+1. **pairs**: each run's dump.json files keyed by their (step, rank) folders
+   (:func:`probe.collectors.msprobe_layout.ranked_dump_files`: ``step{N}/rank{R}``, msprobe
+   26.2's ``step{N}/proc{PID}`` with its processes numbered in PID order, a plain ``rank{R}``);
+   the keys both runs hold are compared, every step of each, the others listed as missing on
+   one side;
 2. **compare**: each pair by :func:`probe.compare.api.compare` on one core (``parallel=False``,
    the same result as comparing it alone) into ``OUT/step{S}/rank{R}/``, one pair per worker
    at a time: a local pool of processes, one per core, or, given a Dask distributed
@@ -38,18 +40,14 @@ def rank_pairs(a: str | os.PathLike, b: str | os.PathLike) -> tuple[list[dict], 
     """The (step, rank) pairs of dumps two folders both hold, in (step, rank) order, each
     ``{"step", "rank", "a", "b"}``; and the keys only A, only B holds. Empty when either is
     not a folder holding more than one dump between them (a single compare, not per rank)."""
-    from probe.collectors.msprobe_layout import find_dump_files, step_rank
+    from probe.collectors.msprobe_layout import ranked_dump_files
 
     pa, pb = Path(a), Path(b)
     if not (pa.is_dir() and pb.is_dir()):
         return [], [], []
-    fa, fb = find_dump_files(pa), find_dump_files(pb)
-    if len(fa) < 2 and len(fb) < 2:
+    ka, kb = ranked_dump_files(pa), ranked_dump_files(pb)
+    if len(ka) < 2 and len(kb) < 2:
         return [], [], []
-
-    def keyed(files: list[Path], root: Path) -> dict:
-        return {step_rank(f.relative_to(root)): f for f in files}
-    ka, kb = keyed(fa, pa), keyed(fb, pb)
 
     def order(k: tuple) -> tuple:
         return tuple(-1 if v is None else v for v in k)
@@ -73,7 +71,8 @@ def compare_pair(a: str, b: str, out: str, mapping: str | None = None) -> dict:
     return {"verdicts": s["verdicts"], "counts": counts, "worst": r.worst_verdict,
             "matched": s["matched"], "unmatched_a": s["unmatched_a"], "unmatched_b": s["unmatched_b"],
             "first_divergence": _placed(r.nodes, s["first_divergence"]),
-            "first_nan": _placed(r.nodes, s["first_nan"]), "elapsed_s": s["elapsed_s"]}
+            "first_nan": _placed(r.nodes, s["first_nan"]), "elapsed_s": s["elapsed_s"],
+            "dtypes": sorted(s["tolerance"]["dtypes"]) if s.get("tolerance") else []}
 
 
 def _placed(nodes: Any, finding: dict | None) -> dict | None:
@@ -129,6 +128,8 @@ def compare_runs(a: str | os.PathLike, b: str | os.PathLike, out: str | os.PathL
     return the run summary written to ``out/summary.json``. ``workers``: local processes (one
     per core when None); ``cluster``: a Dask scheduler address (``tcp://host:8786``) to use
     instead; ``report``: called with each pair's entry as it finishes."""
+    from probe.compare.report import tolerance_rule
+
     pairs, only_a, only_b = rank_pairs(a, b)
     if not pairs:
         raise ProbeError(f"{a} and {b}: no (step, rank) dump both hold; give runs with the same "
@@ -156,6 +157,7 @@ def compare_runs(a: str | os.PathLike, b: str | os.PathLike, out: str | os.PathL
                "first_divergence": _earliest(pairs, "first_divergence"),
                "first_nan": _earliest(pairs, "first_nan"),
                "worst": _worst(p.get("worst") for p in pairs),
+               "tolerance": tolerance_rule(sorted({d for p in pairs for d in p.get("dtypes", [])})),
                "ranks": pairs, "workers": cluster or max(1, workers or os.cpu_count() or 1),
                "elapsed_s": round(time.perf_counter() - t0, 3)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
@@ -209,6 +211,8 @@ def format_runs(s: dict) -> str:
     lines = [f"compare {s['a']}  vs  {s['b']}: {s['compared']} of {s['pairs']} (step, rank) pairs",
              "tensors: " + (", ".join(f"{v} {s['verdicts'][v]}" for v in VERDICTS if s["verdicts"].get(v))
                             or "none")]
+    if s.get("tolerance"):
+        lines.append(s["tolerance"]["rule"])
     for side in ("only_a", "only_b"):
         if s[side]:
             lines.append(f"only in {side[-1].upper()}: {', '.join(s[side][:8])}"

@@ -25,7 +25,8 @@ import pyarrow as pa
 from probe.compare.load import Dump
 from probe.ground.errors import ProbeError
 
-__all__ = ["build_summary", "write_result", "write_summary", "format_summary", "ResultWriter"]
+__all__ = ["build_summary", "tolerance_rule", "write_result", "write_summary", "format_summary",
+           "ResultWriter"]
 
 _WORST_N = 5
 
@@ -48,6 +49,9 @@ def _summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
     def counts(sql: str) -> dict[str, int]:
         return {k: int(v) for k, v in con.execute(sql).fetchall() if k is not None}
 
+    dtypes = [d for (d,) in con.execute(
+        "select distinct d from (select dtype_a d from rows union select dtype_b from rows) "
+        "where d is not null order by d").fetchall()]
     worst = con.execute(f"""
         select name_a, name_b, verdict, err, reason from rows
         where verdict in ('nan', 'error', 'warning') order by err desc nulls last, ord, row_id limit {_WORST_N}""").fetchall()
@@ -74,12 +78,32 @@ def _summary(con: Any, da: Any, db: Any) -> dict[str, Any]:
         "inputs": {"a": {"path": da.source, **fingerprint(da.source)},
                    "b": {"path": db.source, **fingerprint(db.source)}},
         "worst": [{"a": a, "b": b, "verdict": v, "err": e, "reason": r} for a, b, v, e, r in worst],
+        "tolerance": tolerance_rule(dtypes),
         "notes": notes,
     }
 
 
+def tolerance_rule(dtypes: list[str]) -> dict[str, Any]:
+    """What pass, warning and error mean for each of ``dtypes`` (those the compare met), from
+    :data:`probe.compare.verdict.TOLERANCES`: ``{"rule": <one line>, "dtypes": {dtype:
+    {"pass": p, "warning": w}}}``.
+
+    >>> print(tolerance_rule(["bfloat16", "float32"])["rule"])
+    tolerance on err (each statistic's difference over its scale): bfloat16 pass <= 0.02, warning <= 0.08, error above; float32 pass <= 0.0001, warning <= 0.001, error above; nan: NaN/Inf on one side only
+    """
+    from probe.compare.verdict import tolerance
+
+    bounds = {d: tolerance(d) for d in dtypes}
+    parts = [f"{d} exact (pass only when equal, error otherwise)" if p == w == 0 else
+             f"{d} pass <= {p:g}, warning <= {w:g}, error above" for d, (p, w) in bounds.items()]
+    return {"rule": "tolerance on err (each statistic's difference over its scale): "
+                    + "; ".join(parts + ["nan: NaN/Inf on one side only"]),
+            "dtypes": {d: {"pass": p, "warning": w} for d, (p, w) in bounds.items()}}
+
+
 def write_result(result: Any, out: Path) -> Path:
-    """Write compare.csv, compare.parquet, nodes.parquet and summary.json; return ``out``."""
+    """Write compare.csv, compare_msprobe.csv, compare.parquet, nodes.parquet and summary.json;
+    return ``out``."""
     writer = ResultWriter(out)
     writer.rows(result.rows)
     writer.nodes(result.nodes)
@@ -108,8 +132,11 @@ class ResultWriter:
         self._jobs: list[Any] = []
 
     def rows(self, rows: Any) -> None:
+        from probe.compare.msprobe_csv import write_msprobe_csv
+
         self._jobs += [self._pool.submit(_write_parquet, rows, self.out / "compare.parquet"),
-                       self._pool.submit(_write_csv, rows, self.out / "compare.csv")]
+                       self._pool.submit(_write_csv, rows, self.out / "compare.csv"),
+                       self._pool.submit(write_msprobe_csv, rows, self.out / "compare_msprobe.csv")]
 
     def nodes(self, nodes: Any) -> None:
         self._jobs.append(self._pool.submit(_write_parquet, nodes, self.out / "nodes.parquet"))
@@ -246,6 +273,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [f"compare {s.get('a')}  vs  {s.get('b')}",
              f"matched {s['matched']} nodes ({methods or 'none'})",
              format_counts(s["counts"])]
+    if s.get("tolerance"):
+        lines.append(s["tolerance"]["rule"])
     for key, label in (("first_divergence", "first divergence"), ("first_nan", "first NaN/Inf")):
         f = s.get(key)
         if f:

@@ -11,8 +11,8 @@ import click
 @click.option("--mapping", type=click.Path(), default=None,
               help="msprobe mapping file (layer_mapping.yaml, cell/API/data mapping YAML).")
 @click.option("--out", "out_dir", type=click.Path(), default=None,
-              help="Folder for compare.csv, compare.parquet, nodes.parquet, summary.json "
-                   "[default: ./compare_out].")
+              help="Folder for compare.csv, compare_msprobe.csv (msprobe's column names and "
+                   "order), compare.parquet, nodes.parquet, summary.json [default: ./compare_out].")
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
               help="Exit 1 when any tensor is graded this bad or worse (nan is worse than "
                    "error; for CI).")
@@ -24,8 +24,11 @@ import click
 @click.option("--cluster", default=None, metavar="ADDRESS",
               help="Runs of several ranks: compare the rank pairs on this Dask distributed "
                    "scheduler's workers (tcp://host:8786; they must see the same paths).")
+@click.option("--xlsx", is_flag=True, default=False,
+              help="Also write compare.xlsx (msprobe's columns, as compare_msprobe.csv; needs "
+                   "openpyxl).")
 def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: str | None,
-            progress: bool | None, workers: int | None, cluster: str | None) -> int:
+            progress: bool | None, workers: int | None, cluster: str | None, xlsx: bool) -> int:
     """Compare dump A against dump B: match every module/API, grade every tensor, localise.
 
     A and B: a dump.json (construct.json and stack.json beside it), a step or rank folder, or a
@@ -49,21 +52,39 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     from probe.compare.verdict import at_least
 
     out = Path(out_dir) if out_dir else Path("compare_out")
+    if xlsx:
+        _need_openpyxl()
     if rank_pairs(a, b)[0]:
-        return _compare_runs(a, b, mapping, out, fail_on, workers, cluster)
+        return _compare_runs(a, b, mapping, out, fail_on, workers, cluster, xlsx)
     from probe.compare.api import compare
     from probe.compare.report import format_summary
 
     if progress is None:
         progress = _size(Path(a)) + _size(Path(b)) > 20 * 1024 * 1024
     result = compare(a, b, mapping=mapping, progress=progress, out=out)
+    if xlsx:
+        from probe.compare.msprobe_csv import write_xlsx
+
+        write_xlsx(result.rows, out / "compare.xlsx")
     click.echo(format_summary(result.summary))
-    click.echo(f"wrote {out}/compare.csv, compare.parquet, nodes.parquet, summary.json")
+    click.echo(f"wrote {out}/compare.csv, compare_msprobe.csv (msprobe's columns), compare.parquet, "
+               f"nodes.parquet, summary.json" + (", compare.xlsx" if xlsx else ""))
     return 1 if fail_on and at_least(result.worst_verdict, fail_on) else 0
 
 
+def _need_openpyxl() -> None:
+    """--xlsx without openpyxl: the one-line error before any work."""
+    from probe.ground.errors import ProbeError
+
+    try:
+        import openpyxl  # noqa: F401
+    except ImportError:
+        raise ProbeError("--xlsx needs openpyxl, which is not installed: pip install openpyxl "
+                         "(or pip install 'probe-toolchain[xlsx]')") from None
+
+
 def _compare_runs(a: str, b: str, mapping: str | None, out: object, fail_on: str | None,
-                  workers: int | None, cluster: str | None) -> int:
+                  workers: int | None, cluster: str | None, xlsx: bool = False) -> int:
     """Two runs of several ranks, pair by pair (:func:`probe.compare.ranks.compare_runs`): a line per
     pair as it finishes, then the run summary."""
     from probe.compare.ranks import compare_runs, format_pair, format_runs
@@ -74,6 +95,16 @@ def _compare_runs(a: str, b: str, mapping: str | None, out: object, fail_on: str
                      report=lambda p: click.echo(format_pair(p)))
     click.echo(format_runs(s))
     click.echo(f"wrote {out}/summary.json and a compare per pair in {out}/step<N>/rank<R>/")
+    if xlsx:
+        from pathlib import Path
+
+        import pyarrow.parquet as pq
+
+        from probe.compare.msprobe_csv import write_xlsx
+
+        for p in s["ranks"]:
+            if "error" not in p:
+                write_xlsx(pq.read_table(f"{p['out']}/compare.parquet"), Path(p["out"]) / "compare.xlsx")
     failed = [p for p in s["ranks"] if "error" in p]
     if failed:
         raise ProbeError(f"{len(failed)} of {s['pairs']} pairs could not be compared; the first, step "

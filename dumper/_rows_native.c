@@ -54,7 +54,8 @@ typedef struct {
 } Rows;
 
 static PyObject *s_dtype, *s_numel, *s_layout, *s_shape, *s_requires_grad, *s_is_contiguous,
-    *s_data_ptr, *s_version, *s_stride, *s_is_cpu, *s_untyped_storage,
+    *s_data_ptr, *s_version, *s_stride, *s_is_cpu, *s_untyped_storage, *s_nbytes,
+    *s_storage_offset, *s_itemsize,
     *k_type, *k_dtype, *k_shape, *k_max, *k_min, *k_mean, *k_norm, *k_requires_grad,
     *k_tensor_id, *k_value, *t_int, *t_float, *t_bool, *s_true, *s_false, *one;
 
@@ -404,10 +405,38 @@ done:
    one handle and one tensor id, as tensor_value's identity does */
 /* the step's identity table (dump_rows' _seen): 1 and the record's handle index and tensor id
    (a new reference) when `key` is there and its owner lives; 0 when not; -1 with an error */
+/* whether `owner` (a storage) still holds the address `key` starts with: 1 yes, 0 no (its
+   memory was freed or resized since, as FSDP and ZeRO-3 do: the address may hold other data
+   now), -1 an error. An owner that is not a storage (the tensor itself) is taken as holding
+   it, as rows.py's _owner_holds does. */
+static int owner_holds(PyObject *owner, PyObject *key) {
+    PyObject *o = PyObject_GetAttr(owner, s_nbytes);
+    if (o == NULL) { PyErr_Clear(); return 1; }
+    int storage = PyCallable_Check(o);      /* a storage's nbytes(); a tensor's is a number */
+    Py_DECREF(o);
+    if (!storage) return 1;
+    unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(key, 0));
+    if (PyErr_Occurred()) { PyErr_Clear(); return 1; }
+    if ((o = call_method0(owner, s_data_ptr)) == NULL) return -1;
+    unsigned long long base = PyLong_AsUnsignedLongLong(o);
+    Py_DECREF(o);
+    if (PyErr_Occurred()) return -1;
+    if ((o = call_method0(owner, s_nbytes)) == NULL) return -1;
+    unsigned long long nbytes = PyLong_AsUnsignedLongLong(o);
+    Py_DECREF(o);
+    if (PyErr_Occurred()) return -1;
+    return base != 0 && base <= ptr && ptr <= base + nbytes;
+}
+
 static int seen_get(Rows *self, PyObject *key, Py_ssize_t *handle_index, PyObject **tensor_id) {
     PyObject *seen = PyDict_GetItemWithError(self->seen, key);     /* borrowed */
     if (seen == NULL) return PyErr_Occurred() ? -1 : 0;
-    if (PyWeakref_GetObject(PyTuple_GET_ITEM(seen, 0)) == Py_None) return 0;
+    PyObject *owner = PyWeakref_GetObject(PyTuple_GET_ITEM(seen, 0));   /* borrowed */
+    if (owner == Py_None) return 0;
+    Py_INCREF(owner);
+    int holds = owner_holds(owner, key);
+    Py_DECREF(owner);
+    if (holds <= 0) return holds;
     if (PyTuple_GET_ITEM(seen, 2) != Py_None) {    /* a digest: not this path's (md5 task) */
         PyErr_SetString(PyExc_RuntimeError, "native rows: a digest in the seen table");
         return -1;
@@ -493,10 +522,62 @@ done:
     return result;
 }
 
+/* whether the bytes of t, a dense tensor of numel elements, lie in memory its storage holds:
+   1 yes (*storage_out: the storage, a new reference), 0 no (a storage freed or resized to
+   0 bytes, as FSDP and ZeRO-3 do with sharded parameters between uses; a meta tensor: no
+   memory), -1 an error. A tensor that fails is handed to the Python path, which says why in
+   its entry (torch_stats.readable): never read here */
+static int storage_ok(PyObject *t, PyObject *dtype, Py_ssize_t numel, long code,
+                      PyObject **storage_out) {
+    PyObject *storage = NULL, *o = NULL;
+    long long nbytes, offset, itemsize, base;
+    *storage_out = NULL;
+    storage = call_method0(t, s_untyped_storage);
+    if (storage == NULL) goto no;
+    o = call_method0(storage, s_nbytes);
+    if (o == NULL) goto no;
+    nbytes = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    if (nbytes == -1 && PyErr_Occurred()) goto no;
+    o = call_method0(storage, s_data_ptr);
+    if (o == NULL) goto no;
+    base = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    if (base == -1 && PyErr_Occurred()) goto no;
+    o = call_method0(t, s_storage_offset);
+    if (o == NULL) goto no;
+    offset = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    if (offset == -1 && PyErr_Occurred()) goto no;
+    if (code == CODE_F32) itemsize = 4;
+    else if (code == CODE_F64) itemsize = 8;
+    else {
+        o = PyObject_GetAttr(dtype, s_itemsize);
+        if (o == NULL) goto no;
+        itemsize = PyLong_AsLongLong(o);
+        Py_DECREF(o);
+        if (itemsize == -1 && PyErr_Occurred()) goto no;
+    }
+    if (base == 0 || offset < 0 || (offset + (long long)numel) * itemsize > nbytes) {
+        Py_DECREF(storage);
+        return 0;
+    }
+    *storage_out = storage;
+    return 1;
+no:
+    Py_XDECREF(storage);
+    if (PyErr_ExceptionMatches(PyExc_RuntimeError) || PyErr_ExceptionMatches(PyExc_NotImplementedError) ||
+        PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();          /* no storage to ask: the Python path says so */
+        return 0;
+    }
+    return -1;
+}
+
 static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     PyObject *dtype = NULL, *numel_obj = NULL, *layout = NULL, *shape = NULL, *shape_list = NULL,
              *rg = NULL, *key = NULL, *ptr = NULL, *handle = NULL, *tensor_id = NULL,
-             *result = NULL;
+             *result = NULL, *storage = NULL;
     PyObject *info, *dtype_name, *kind;
     Py_ssize_t handle_index = -1;
     int dense = 0;
@@ -532,6 +613,11 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
     if (found < 0) goto done;
     if (!found) {
         if (kind != self->opaque_kind) {
+            /* read only bytes that are there; a tensor that is not dense, or whose storage
+               is freed or too short, goes to the Python path (which checks it and says why) */
+            int ok = dense ? storage_ok(t, dtype, numel, code, &storage) : 0;
+            if (ok < 0) goto done;
+            if (!ok) { result = fallback(self->slow_tensor, args); goto done; }
             handle_index = PyList_GET_SIZE(self->handles);
             stats_fn fn = code == CODE_F32 ? self->f32 : code == CODE_F64 ? self->f64 : NULL;
             /* a dense tensor's values are the block [data_ptr, + numel) in some order: read
@@ -563,7 +649,8 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
         if (key != NULL) {
             tensor_id = next_tensor_id(self);
             if (tensor_id == NULL) goto done;
-            PyObject *owner = call_method0(t, s_untyped_storage);
+            PyObject *owner = storage != NULL ? (Py_INCREF(storage), storage)
+                                              : call_method0(t, s_untyped_storage);
             if (owner == NULL) {
                 if (!(PyErr_ExceptionMatches(PyExc_RuntimeError) ||
                       PyErr_ExceptionMatches(PyExc_NotImplementedError) ||
@@ -583,7 +670,7 @@ static PyObject *tensor_value(Rows *self, PyObject *t, PyObject *const *args) {
 done:
     Py_XDECREF(dtype); Py_XDECREF(numel_obj); Py_XDECREF(layout); Py_XDECREF(shape);
     Py_XDECREF(shape_list); Py_XDECREF(rg); Py_XDECREF(key); Py_XDECREF(ptr);
-    Py_XDECREF(handle); Py_XDECREF(tensor_id);
+    Py_XDECREF(handle); Py_XDECREF(tensor_id); Py_XDECREF(storage);
     return result;
 }
 
@@ -678,7 +765,8 @@ PyMODINIT_FUNC PyInit__rows_native(void) {
     INTERN(s_shape, "shape") INTERN(s_requires_grad, "requires_grad")
     INTERN(s_is_contiguous, "is_contiguous") INTERN(s_data_ptr, "data_ptr")
     INTERN(s_version, "_version") INTERN(s_stride, "stride") INTERN(s_is_cpu, "is_cpu")
-    INTERN(s_untyped_storage, "untyped_storage")
+    INTERN(s_untyped_storage, "untyped_storage") INTERN(s_nbytes, "nbytes")
+    INTERN(s_storage_offset, "storage_offset") INTERN(s_itemsize, "itemsize")
     INTERN(k_type, "type") INTERN(k_dtype, "dtype") INTERN(k_shape, "shape") INTERN(k_max, "Max")
     INTERN(k_min, "Min") INTERN(k_mean, "Mean") INTERN(k_norm, "Norm")
     INTERN(k_requires_grad, "requires_grad") INTERN(k_tensor_id, "tensor_id")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 import time
@@ -45,6 +46,8 @@ from probe.collectors import msprobe_writer
 from probe.collectors.records import TENSOR
 from probe.engine_adapter.base import FLOAT, INTEGER, OPAQUE, StatsBackend
 from probe.ground.native import native_enabled
+
+log = logging.getLogger(__name__)
 
 #: columns the writer sets for a whole step
 STEP_COLUMNS = ("run", "rank", "step", "host_ts_ns")
@@ -242,17 +245,27 @@ class RowBuilder:
         stats = self.stats
         type_name, dtype, shape, numel, requires_grad, stat_kind, key = stats.inspect(t)
         shape = list(shape)
+        data, note = stats.readable(t)
+        read_numel = numel
+        if data is not t:           # freed memory (not read), or a shard of the tensor
+            if data is None:
+                stat_kind, key = OPAQUE, None
+            else:
+                _, _, _, read_numel, _, local_kind, key = stats.inspect(data)
+                stat_kind = local_kind if stat_kind != OPAQUE else OPAQUE
+            _warn_once(note, node)
+            t = data
         handles = self.handles
         handle_index = -1
         digest = file_name = tensor_id = None
         seen = self._seen.get(key) if key is not None else None
-        if seen is not None and seen[0]() is not None:
+        if seen is not None and _owner_holds(seen[0](), key):
             _, handle_index, digest, tensor_id = seen
         else:
             if stat_kind != OPAQUE:
                 handle_index = len(handles)
                 handles.append(stats.reduce(t, stat_kind))
-            if self._want_hash:
+            if self._want_hash and t is not None:
                 digest = stats.digest(t)
             if key is not None:
                 if self._tensor_ids:
@@ -264,7 +277,7 @@ class RowBuilder:
         h = handles[handle_index] if handle_index >= 0 else None
         if type(h) is list:
             filled = True
-            mx, mn, mean, norm = _entry_statistics(h, numel, stat_kind)
+            mx, mn, mean, norm = _entry_statistics(h, read_numel, stat_kind)
         else:
             mx = mn = mean = norm = None
             filled = False
@@ -274,16 +287,58 @@ class RowBuilder:
             entry["requires_grad"] = requires_grad
         if digest is not None:
             entry["md5"] = digest
-        if self._save is not None:
+        if self._save is not None and t is not None:
             file_name = self._save(t, tensor_file_name(node, slot, index))
             entry["data_name"] = file_name
         if tensor_id is not None:
             entry["tensor_id"] = tensor_id
+        if note is not None:
+            entry["note"] = note
         rows = self.rows
-        self.leaves.append(_new_leaf(Leaf, (entry, handle_index, len(rows), numel, stat_kind, filled)))
+        self.leaves.append(_new_leaf(Leaf, (entry, handle_index, len(rows), read_numel, stat_kind, filled)))
         rows.append([seq, node, kind, direction, slot, index, dtype, shape, numel,
                      digest, file_name, requires_grad, None, tensor_id])
         return entry
+
+
+def _owner_holds(owner: Any, key: tuple) -> bool:
+    """Whether ``owner`` (a key's :meth:`~probe.engine_adapter.base.StatsBackend.owner`, None
+    when gone) still holds the address ``key`` starts with: a storage freed or resized since (as
+    FSDP and ZeRO-3 do with sharded parameters) may have left it to other data, which a new
+    tensor with an equal key then holds. An owner that is not a storage is taken as holding it.
+
+    >>> import torch
+    >>> t = torch.ones(4)
+    >>> s = t.untyped_storage()
+    >>> _owner_holds(s, (t.data_ptr(),)), _owner_holds(None, (t.data_ptr(),))
+    (True, False)
+    >>> _ = s.resize_(0)
+    >>> _owner_holds(s, (t.data_ptr() or 64,))
+    False
+    """
+    if owner is None:
+        return False
+    nbytes = getattr(owner, "nbytes", None)   # a storage's method (a tensor's is a number)
+    if not callable(nbytes) or not isinstance(key[0], int):
+        return True
+    base = owner.data_ptr()
+    return base != 0 and base <= key[0] <= base + nbytes()
+
+
+#: the kinds of tensors not read (or read in part) already warned about (once a process each)
+_WARNED: set[str] = set()
+
+
+def _warn_once(note: str | None, node: str) -> None:
+    """Log, once per kind (the note's text up to its first colon), that a tensor of ``node``
+    was not read whole; the entry's ``"note"`` says so each time."""
+    if note is None:
+        return
+    kind = note.split(":", 1)[0]
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        log.warning("dump: %s (first at %s); such entries carry a \"note\" and null or "
+                    "per-shard statistics", note, node)
 
 
 def _native_rows(builder: RowBuilder) -> Any:

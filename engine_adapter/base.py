@@ -87,6 +87,12 @@ class StatsBackend(ABC):
         """
         return t
 
+    def readable(self, t: Any) -> tuple[Any, str | None]:
+        """``(data, note)``: what holds ``t``'s values and is safe to read (``t`` itself, a
+        shard of it, or None when nothing is: freed or sharded-away memory) and what the dump
+        entry should say about it (None: nothing). Asked before anything reads ``t``."""
+        return t, None
+
     @abstractmethod
     def reduce(self, t: Any, kind: str) -> Any:
         """Start the statistics of ``t`` on its device; returns a handle for :meth:`gather`."""

@@ -274,8 +274,10 @@ def watch_config(out: str) -> ConfigRecorder | None:
     # they go with the recorder's other handles once the first batches are recorded
     state: dict[str, Any] = {"root": None, "inputs": False}
 
+    # (both return at once while torch.compile traces a module: a global hook is traced into
+    # every compiled module's graph, and reading the root module there broke Dynamo's tracking)
     def first_forward(module: Any, args: tuple) -> None:
-        if state["root"] is None:
+        if not torch.compiler.is_compiling() and state["root"] is None:
             state["root"] = module
             try:
                 rec.add_model(module)
@@ -283,6 +285,8 @@ def watch_config(out: str) -> ConfigRecorder | None:
                 rec._fail("the model", e)
 
     def first_inputs(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if module is state["root"] and not state["inputs"]:
             state["inputs"] = True
             rec._on_forward(module, args, kwargs)

@@ -14,9 +14,13 @@
 - APIs (``api``/``mix`` levels): thin wrappers of the public ``torch``,
   ``torch.nn.functional`` and ``Tensor`` functions (see :mod:`probe.engine_adapter.torch_api`).
 - Steps: ``torch.optim`` global optimizer step post-hook.
-- Compiled models (``torch.compile``): hooks are attached to the original modules and wrapped
-  in ``torch._dynamo.disable``; module boundaries are kept, each hooked boundary is a graph
-  break, and :meth:`TorchAdapter.notes` says so.
+- Compiled models (``torch.compile``): every hook starts with a check that Dynamo folds to a
+  constant, so the hooks are not traced and the compiled graphs stay whole (a graph break per
+  module boundary made the compiled kernels round differently): calls inside compiled code are
+  not recorded, parameter gradients and eager calls are; :meth:`TorchAdapter.notes` says so.
+- Activation checkpointing: a forward run inside the backward pass (the recomputation) is not a
+  new call: it is not recorded, and its backward is the original call's (``backward.<n>`` of
+  ``forward.<n>`` under reentrant and non-reentrant checkpointing alike).
 
 >>> import torch
 >>> from probe.engine_adapter.torch_adapter import TorchAdapter
@@ -29,13 +33,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
 
 from probe.engine_adapter.base import EngineAdapter, HookSink, StatsBackend
 from probe.engine_adapter.guard import ReentryGuard
-from probe.engine_adapter.torch_api import watch_gradient, wrap_inputs
+from probe.engine_adapter.torch_api import capture_edges, flat_tensors, start_mark, watch_gradient
+from probe.engine_adapter.torch_sharding import ModelLayout
 from probe.engine_adapter.torch_stats import TorchStats
 from probe.ground.frameworks import framework as framework_spec
 
@@ -43,6 +49,25 @@ from probe.ground.frameworks import framework as framework_spec
 #: inside dump code, tensor subclasses (``nn.Parameter``) skip their Python ``__torch_function__``:
 #: reading a parameter's dtype or shape costs nanoseconds instead of microseconds
 _plain_tensors = torch._C.DisableTorchFunctionSubclass
+
+
+#: the id of the backward pass this thread runs in, -1 outside one
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+#: how many dispatch modes are active (a fake or tracing mode: torch.compile's AOT tracing)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+
+
+def _in_backward() -> bool:
+    """Whether this code runs inside a backward pass (a forward there is activation
+    checkpointing's recomputation)."""
+    return _graph_task_id() != -1
+
+
+def _tracing() -> bool:
+    """Whether this call is being traced, not run: Dynamo (``torch.compile``; the check is
+    folded to a constant in its graph, so a hook that starts with it adds nothing there) or a
+    dispatch mode such as AOT autograd's fake tensors (nothing real to record)."""
+    return torch.compiler.is_compiling() or _dispatch_modes() > 0
 
 
 def _is_compiled(module: torch.nn.Module) -> bool:
@@ -55,15 +80,15 @@ def _compiled_in_place(module: torch.nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
-def _clean_path(path: str) -> str:
-    return ".".join(p for p in path.split(".") if p != "_orig_mod")
-
-
 class TorchAdapter(EngineAdapter):
     """The PyTorch engine adapter."""
 
     framework = framework_spec("torch").msprobe_name
     module_prefix = framework_spec("torch").module_prefix
+    #: record the module calls inside compiled code, each hooked module boundary a graph break
+    #: (the compiled kernels then round differently: the training's last bits move); False:
+    #: the compiled graphs stay whole and their inner calls are not recorded
+    keep_compiled_boundaries = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,6 +107,7 @@ class TorchAdapter(EngineAdapter):
         self._native: Any = None        # the C++ backward capture; False: not used
         self._hooks: Any = None         # the library's hooks that call Python; False: none
         self._recording = False         # the last recording() state (a capture made later starts so)
+        self._step_token = object()     # new at each step (the recomputation's names are the step's)
 
     def make_stats(self) -> StatsBackend:
         return TorchStats()
@@ -93,23 +119,29 @@ class TorchAdapter(EngineAdapter):
         native = self._native_capture(sink, model) if backward else None
         hooked: list[str] = []
         seen: set[int] = set()
+        layout = ModelLayout(model)     # wrappers' names and sharded parameters
         for raw_path, module in model.named_modules(remove_duplicate=False):
             self._known.add(id(module))
-            path = _clean_path(raw_path)
-            if not path or _is_compiled(module) or id(module) in seen:
+            path = layout.path(raw_path)
+            if not path or _is_compiled(module) or layout.is_wrapper(module) or id(module) in seen:
                 continue
             seen.add(id(module))
-            base = f"{self.module_prefix}.{prefix}{path}.{type(module).__name__}"
+            base = f"{self.module_prefix}.{prefix}{path}.{layout.class_name(module)}"
             if include is not None and not include(base):
                 continue
-            self._hook_module(module, base, sink, backward, compiled, native)
+            self._hook_module(module, base, sink, backward, compiled, native, layout)
             hooked.append(path)
         if compiled and not self._compiled_seen:
             self._compiled_seen = True
             self._notes.append(
                 f"compiled model (torch.compile): {len(hooked)} module boundaries kept through "
                 "compilation; every hooked module boundary is a graph break, the code between "
-                "boundaries stays compiled (torch._dynamo.disable on the dump hooks)")
+                "boundaries stays compiled (torch._dynamo.disable on the dump hooks)"
+                if self.keep_compiled_boundaries else
+                "compiled model (torch.compile): the calls inside compiled code are not recorded "
+                "(the hooks are left out of the compiled graphs, which stay whole: the training's "
+                "numbers are the same as without the dump); modules run eagerly and every "
+                "parameter's gradient are")
         return hooked
 
     def _py_hooks(self, sink: HookSink) -> Any:
@@ -141,58 +173,116 @@ class TorchAdapter(EngineAdapter):
         return self._native or None
 
     def _hook_module(self, module: torch.nn.Module, base: str, sink: HookSink, backward: bool,
-                     compiled: bool, native: Any = None) -> None:
+                     compiled: bool, native: Any = None, layout: ModelLayout | None = None) -> None:
         key = id(module)
         guard = self.guard
         hooks = self._py_hooks(sink) if backward and native is None else None
         open_calls: list[tuple[str | None, _ModuleBackward | None]] = []
-        own_params = [(n, p) for n, p in module.named_parameters(recurse=False)]
+        layout = layout if layout is not None else ModelLayout(module)
+        own_params = layout.params(module)
+        watch_live = None               # set below: hooks the gradients of parameters as run
+        #: this step's recorded calls, for a recomputation (activation checkpointing) to
+        #: take its original call's name: [step token, name, ...]
+        done: list[Any] = [None]
+        adapter = self
 
         def pre(mod, args, kwargs):
-            if not sink.active:
+            if _tracing() or not sink.active:
                 open_calls.append((None, None))
                 return None
             if native is not None and native.pending():
                 native.drain()          # the last backward's gradients first (accumulation)
             with guard, _plain_tensors():
-                name = sink.module_forward_pre(base, key, args, kwargs)
+                if _in_backward():
+                    # a forward run by the backward pass: activation checkpointing's
+                    # recomputation. Not a new call: not recorded; its backward (reentrant
+                    # checkpointing backpropagates through this graph) is the original's
+                    name = done.pop() if done[0] is adapter._step_token and len(done) > 1 else None
+                    recomputed = True
+                else:
+                    name = sink.module_forward_pre(base, key, args, kwargs)
+                    recomputed = False
+                    if name is not None:
+                        if done[0] is not adapter._step_token:
+                            done[:] = [adapter._step_token]
+                        done.append(name)
                 if name is None or not backward or not torch.is_grad_enabled():
-                    open_calls.append((name, None))
+                    open_calls.append((None if recomputed else name, None))
                     return None
                 call = _ModuleBackward(sink, guard, name, key, native, hooks)
-                try:
-                    args, kwargs, call.captured = wrap_inputs(call, args, kwargs, native, hooks)
-                except Exception as e:  # noqa: BLE001 - never break the user's call
-                    # (a sparse input that requires grad: autograd cannot give a Python
-                    # Function's output as a view of it); the entry comes from the outputs
-                    sink.report_error(f"the backward capture of {name}'s inputs", e)
-                    call.captured = False
+                call.recomputed = recomputed
+                call.start = start_mark()
+                call.inputs = flat_tensors((args, kwargs))
                 open_calls.append((name, call))
-                return (args, kwargs) if call.captured else None
+                return None
 
         def post(mod, args, kwargs, output):
             name, call = open_calls.pop() if open_calls else (None, None)
             if name is None or not sink.active:
                 return None
             with guard, _plain_tensors():
-                sink.module_forward(name, key, output, own_params)
+                params = layout.live(mod, own_params)
+                if call is None or not call.recomputed:
+                    sink.module_forward(name, key, output, params)
+                if call is not None and watch_live is not None:
+                    watch_live(params)
                 if call is not None:
-                    call.watch_outputs(output)
+                    try:
+                        call.watch(output)
+                    except Exception as e:  # noqa: BLE001 - never break the user's call
+                        sink.report_error(f"the backward capture of {name}", e)
             return None
 
-        if compiled:
+        # (no torch._dynamo.disable for a compiled model by default: each hooked boundary would
+        # be a graph break, and the kernels compiled around the breaks round differently; the
+        # hooks start with _tracing(), a constant while Dynamo traces, and are not in the
+        # compiled graph. keep_compiled_boundaries: the breaks, and the calls recorded)
+        if compiled and self.keep_compiled_boundaries:
             disable = torch._dynamo.disable
             pre, post = disable(pre), disable(post)
         self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        self._handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        # in a sharded model, before the wrapper's own forward hook frees the parameters
+        self._handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True,
+                                                          prepend=layout.sharded))
         if not backward:
             return
         trainable = [(n, p) for n, p in own_params if p.requires_grad]
+        later: dict[str, Callable[[Any], Any]] = {}
         for pname, param in trainable:
             hook = self._param_hook(sink, base, key, pname, len(trainable),
                                     hooks.prepare if hooks is not None else None)
+            if not layout.hook_at_attach(param):
+                later[pname] = native.first(hook) if native is not None else hook
+                continue
             self._handles.append(native.watch_param(param, hook) if native is not None
                                  else param.register_hook(hook))
+        if later:
+            watch_live = self._live_grads(later)
+
+    def _live_grads(self, hooks: dict[str, Callable[[Any], Any]]) -> Callable[[list], None]:
+        """``watch(params)``: hook the gradients of a module's parameters as it runs (name ->
+        hook in ``hooks``), in a sharded model: FSDP2's unsharded parameter (one tensor kept
+        across steps: hooked once, the hook removed with the dump's) or FSDP1's views of the
+        flat parameter (new each forward: hooked each time, gone with the graph)."""
+        watched: dict[str, Any] = {}
+
+        def watch(params: list) -> None:
+            for pname, t in params:
+                hook = hooks.get(pname)
+                try:
+                    if hook is None or not t.requires_grad:
+                        continue
+                    if t.is_leaf:
+                        ref = watched.get(pname)
+                        if ref is not None and ref() is t:
+                            continue
+                        watched[pname] = weakref.ref(t)
+                        self._handles.append(t.register_hook(hook))
+                    else:
+                        t.register_hook(hook)
+                except RuntimeError:    # a tensor autograd takes no hook on: no gradient entry
+                    continue
+        return watch
 
     def _param_hook(self, sink: HookSink, base: str, key: int, pname: str, expected: int,
                     prepare: Callable[[Any], Any] | None = None):
@@ -250,6 +340,10 @@ class TorchAdapter(EngineAdapter):
         known = self._known
 
         def hook(module, args):
+            # (first: under torch.compile this global hook is traced into every compiled
+            # module's graph; the check is a constant there and the hook adds nothing)
+            if _tracing():
+                return None
             if id(module) not in known:
                 known.update(id(m) for m in module.modules())
                 on_model(module)
@@ -258,6 +352,7 @@ class TorchAdapter(EngineAdapter):
 
     def recording(self, active: bool) -> None:
         self._recording = active
+        self._step_token = object()
         if self._native:
             self._native.begin_step(active)
         if self._hooks:
@@ -321,15 +416,19 @@ class TorchAdapter(EngineAdapter):
 class _ModuleBackward:
     """The backward of one module call, without ``register_full_backward_hook``'s machinery.
 
-    The module's differentiable inputs pass through one identity autograd node (its backward
-    sees the gradients of the inputs, msprobe's backward ``output``) and each output's autograd
-    node gets a pre-hook (the gradients of the outputs, msprobe's backward ``input``). The entry is
+    Each output's autograd node gets a pre-hook (the gradients of the outputs, msprobe's
+    backward ``input``; the outputs are found through tuples, lists, dicts, ``ModelOutput``
+    and dataclasses) and each node the call made that takes one of its differentiable inputs a
+    post-hook (the gradients of the inputs, msprobe's backward ``output``:
+    :func:`~probe.engine_adapter.torch_api.capture_edges`). No node is added to the graph: an
+    identity node in front of the inputs (``register_full_backward_hook``'s) changes the order
+    autograd adds an input's gradients up in, and the training in the last bits. The entry is
     emitted when the input gradients arrive, or, for a module whose inputs need no gradient
     (an embedding), when the last output gradient arrives.
     """
 
     __slots__ = ("sink", "guard", "name", "key", "native", "hooks", "captured", "grad_outputs",
-                 "watched", "waiting")
+                 "watched", "waiting", "recomputed", "start", "inputs")
 
     def __init__(self, sink: HookSink, guard: ReentryGuard, name: str, key: int,
                  native: Any = None, hooks: Any = None) -> None:
@@ -340,9 +439,24 @@ class _ModuleBackward:
         self.grad_outputs: list[Any] = []
         self.watched = 0
         self.waiting = 0
+        self.recomputed = False
+        self.start: int | None = None
+        self.inputs: list[Any] = []
 
-    def watch_outputs(self, output: Any) -> None:
-        outs = output if isinstance(output, (tuple, list)) else (output,)
+    def watch(self, output: Any) -> None:
+        """The call returned ``output``: hook its outputs' and its inputs' gradients."""
+        outs = flat_tensors(output)
+        self.watch_outputs(outs)
+        inputs, self.inputs = [t for t in self.inputs if t.requires_grad], []
+        if inputs:
+            outs = [o for o in outs if o.requires_grad]
+            if self.native is not None:     # the same hooks in C++, their gradients queued
+                self.captured = self.native.capture_edges(inputs, outs, self.start, self)
+            else:
+                self.captured = capture_edges(self, inputs, outs, self.start,
+                                              prepare=getattr(self.hooks, "prepare", None))
+
+    def watch_outputs(self, outs: list) -> None:
         self.grad_outputs = [None] * len(outs)
         in_cpp = self.native if self.native is not None else self.hooks
         if in_cpp is not None:

@@ -32,6 +32,10 @@ import torch
 
 #: inside dump code, tensor subclasses (``nn.Parameter``) skip their Python ``__torch_function__``
 _plain_tensors = torch._C.DisableTorchFunctionSubclass
+_is_compiling = torch.compiler.is_compiling
+#: how many dispatch modes are active; the id of the backward pass this thread runs, -1 outside
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 _OPERATOR_DUNDERS = {
     f"__{n}__" for n in (
@@ -201,6 +205,170 @@ def _alias_each(call: Any, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, .
     return tuple(out)
 
 
+def flat_tensors(x: Any, out: list | None = None, depth: int = 0) -> list:
+    """The tensors of ``x``, in order, through lists, tuples (namedtuples too), dicts
+    (``transformers``' ``ModelOutput`` is one) and dataclasses; other objects (a ``Cache``) are
+    not looked into.
+
+    >>> import collections, dataclasses
+    >>> @dataclasses.dataclass
+    ... class Out:
+    ...     a: Any
+    ...     b: Any = None
+    >>> t = torch.ones(1)
+    >>> len(flat_tensors([t, {"x": t, "y": (t, 1)}, Out(t, collections.OrderedDict(z=t))]))
+    5
+    """
+    if out is None:
+        out = []
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif depth > 8 or x is None or isinstance(x, (str, bytes, int, float)):
+        pass
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            flat_tensors(v, out, depth + 1)
+    elif isinstance(x, dict):
+        for v in x.values():
+            flat_tensors(v, out, depth + 1)
+    elif hasattr(type(x), "__dataclass_fields__") and not isinstance(x, type):
+        for f in type(x).__dataclass_fields__:
+            flat_tensors(getattr(x, f, None), out, depth + 1)
+    return out
+
+
+#: the current autograd sequence number of this thread (nodes made from now on have it or more)
+_sequence_nr = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
+
+def start_mark() -> int | None:
+    """The autograd sequence number now: :func:`capture_edges` finds the nodes a call made
+    (None where torch has no such counter: every reachable node counts)."""
+    return _sequence_nr() if _sequence_nr is not None else None
+
+
+class _EdgeGather(_Gather):
+    """The gradients of a call's inputs read where they leave the call: a post-hook on each
+    node the call made that takes an input (its *consumer*), with no node added to the graph.
+
+    An identity node in front of the inputs (:func:`_alias`, ``register_full_backward_hook``'s)
+    adds up the call's gradient contributions to an input before autograd adds them to the
+    ones from outside the call: ``a + (b + c)`` instead of autograd's ``(a + b) + c``, which
+    moves the gradients (and the training) in the last bits. Here autograd's own sums are not
+    touched; an input with several contributions inside the call gets their sum (in the order
+    they came) made apart, for the dump alone."""
+
+    __slots__ = ("expected", "parts", "prepare")
+
+    def __init__(self, call: Any, count: int, expected: int,
+                 prepare: Callable[[Any], Any] | None = None) -> None:
+        super().__init__(call, count)
+        self.expected = expected
+        self.prepare = prepare
+        self.waiting = expected
+        self.parts: list[list] = [[] for _ in range(count)]
+
+    def edge_hook(self, edges: list[tuple[int, int]], prepare: Callable[[Any], Any] | None,
+                  single: set[int]):
+        """The post-hook of one consumer node: ``edges`` are ``(index of the node's next
+        edge, input)``; ``single``: the inputs with one contribution (handed over prepared)."""
+        def on_grads(grad_inputs, grad_outputs):  # noqa: ANN001 - autograd's node hook
+            for i, j in edges:
+                g = grad_inputs[i] if i < len(grad_inputs) else None
+                if prepare is not None and j in single and g is not None:
+                    g = prepare(g)
+                self.on_part(j, g)
+        return on_grads
+
+    def on_part(self, j: int, grad: Any) -> None:
+        if self.waiting == self.expected:
+            _PARTIAL[self] = None
+        if grad is not None:
+            self.parts[j].append(grad)
+        self.waiting -= 1
+        if self.waiting == 0:
+            self.finish()
+
+    def finish(self) -> None:
+        _PARTIAL.pop(self, None)
+        grads = []
+        for parts in self.parts:
+            if not parts:
+                grads.append(None)
+            elif len(parts) == 1:
+                grads.append(parts[0])
+            else:
+                with torch.no_grad(), _plain_tensors():
+                    total = parts[0]
+                    for p in parts[1:]:
+                        total = total + p
+                grads.append(total if self.prepare is None else self.prepare(total))
+        self.parts = [[] for _ in self.parts]
+        self.waiting = self.expected
+        self.call.finish(tuple(grads))
+
+
+def capture_edges(call: Any, inputs: list, outputs: list, start: int | None,
+                  prepare: Callable[[Any], Any] | None = None,
+                  wrap: Callable[[Callable], Callable] | None = None) -> bool:
+    """Hook the nodes a call made (sequence number ``start`` or more, reached from its
+    ``outputs``' nodes) where they take one of its ``inputs`` (tensors requiring grad):
+    ``call.finish(grads)``, one gradient (or None) per input, once all have run, or with those
+    that came at the end of the step (:func:`finish_partial_backward`). Nothing is added to
+    the graph and no gradient is changed (see :class:`_EdgeGather`). ``wrap``: applied to
+    each hook (the C++ capture's ``first``: its queue replayed before). Whether any was hooked."""
+    if not inputs or not outputs:
+        return False
+    targets: dict[tuple[int, int], int] = {}
+    leaves: dict[int, int] = {}     # a leaf's node (AccumulateGrad) is found by its variable
+    for j, t in enumerate(inputs):
+        node = t.grad_fn
+        if node is None:
+            leaves.setdefault(id(t), j)
+        else:
+            targets.setdefault((id(node), t.output_nr), j)
+    if not targets and not leaves:
+        return False
+    floor = -1 if start is None else start
+    stack = []
+    for o in outputs:
+        node = o.grad_fn
+        if node is not None and node._sequence_nr() >= floor:
+            stack.append(node)
+    seen: set[int] = set()
+    found: list[tuple[Any, list[tuple[int, int]]]] = []
+    counts = [0] * len(inputs)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        hits = None
+        for i, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            j = targets.get((id(nxt), nr))
+            if j is None and leaves and not nxt.next_functions:
+                j = leaves.get(id(getattr(nxt, "variable", None)))
+            if j is not None:
+                if hits is None:
+                    hits = []
+                hits.append((i, j))
+                counts[j] += 1
+            elif id(nxt) not in seen and nxt._sequence_nr() >= floor and nxt.next_functions:
+                stack.append(nxt)
+        if hits is not None:
+            found.append((node, hits))
+    if not found:
+        return False
+    gather = _EdgeGather(call, len(inputs), sum(counts), prepare)
+    single = {j for j, c in enumerate(counts) if c == 1}
+    for node, hits in found:
+        hook = gather.edge_hook(hits, prepare, single)
+        node.register_hook(wrap(hook) if wrap is not None else hook)
+    return True
+
+
 class _Finisher:
     """A call for :class:`_Capture` whose ``finish`` is ``fn``."""
 
@@ -295,6 +463,21 @@ def wrap_inputs(call: Any, args: tuple, kwargs: dict, native: Any = None,
     return tuple(new_args), new_kwargs, True
 
 
+def _grad_inputs(args: tuple, kwargs: dict) -> list:
+    """The tensors requiring grad of an API call's arguments (in lists and tuples too)."""
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(b for b in a if isinstance(b, torch.Tensor) and b.requires_grad)
+    for v in kwargs.values():
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            found.append(v)
+    return found
+
+
 def watch_gradient(t: torch.Tensor, hook: Any) -> None:
     """Call ``hook(grad)`` with the gradient of ``t`` when backward computes it.
 
@@ -321,35 +504,150 @@ def _hook_outputs(call: _Call, output: Any, hooks: Any = None) -> None:
             watch_gradient(o, call.output_hook(i))
 
 
+#: APIs that return uninitialised memory (their outputs are tracked by :class:`UninitialisedMemory`).
+UNINITIALISED_APIS = frozenset(f"{owner}.{name}" for owner in ("Torch", "Tensor")
+                               for name in ("empty", "empty_like", "new_empty", "empty_strided"))
+#: Calls on a tracked tensor (as ``self``) that neither read its values nor write it whole: an
+#: in-place partial write, or a view of it. Any other call that takes it reads it (or writes
+#: it whole): from then on it counts as initialised.
+KEEPS_UNINITIALISED = frozenset(f"Tensor.{name}" for name in (
+    "__setitem__", "index_put_", "index_copy_", "index_fill_", "masked_fill_", "masked_scatter_",
+    "scatter_", "put_", "__getitem__", "view", "narrow", "select", "unbind", "split", "chunk"))
+
+
+class UninitialisedTensor(torch.Tensor):
+    """A stand-in with the shape and dtype of a tensor whose memory is not to be read (no
+    storage: the dump describes it and reads no statistics, hash or file from it)."""
+
+    @staticmethod
+    def __new__(cls, t: torch.Tensor) -> "UninitialisedTensor":
+        return torch.Tensor._make_wrapper_subclass(cls, t.shape, dtype=t.dtype, device=t.device)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        raise RuntimeError("probe: uninitialised memory is not read")
+
+
+class UninitialisedMemory:
+    """The tensors returned by ``torch.empty`` and its kind whose values no call has read yet,
+    held weakly by identity, and the dump's view of them: an entry recorded while a tensor is
+    uninitialised describes it with its shape and dtype but no statistics, hash or file, and
+    the sink's ``api_uninitialised(token, inputs, outputs)`` (when it has one) marks those
+    entries. A tensor stays uninitialised through in-place partial writes and views of it
+    (:data:`KEEPS_UNINITIALISED`: ``seq[:, i] = ...``, ``seq[:, i - 1]``); the first other call
+    that takes it reads it, is recorded as reading uninitialised memory, and ends the tracking.
+
+    >>> u = UninitialisedMemory()
+    >>> t = torch.empty(3)
+    >>> u.update("Torch.empty", (), {}, t); t in u
+    True
+    >>> u.update("Tensor.__setitem__", (t, 0, 1.0), {}, None); t in u
+    True
+    >>> u.update("Tensor.sum", (t,), {}, t.sum()); t in u, u.live
+    (False, False)
+    """
+
+    def __init__(self) -> None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self._tensors = WeakIdKeyDictionary()
+        self.live = False               # whether any tensor is tracked (the wrapper's fast test)
+
+    def __contains__(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t in self._tensors
+
+    def clear(self) -> None:
+        self._tensors.clear()
+        self.live = False
+
+    def update(self, api: str, args: tuple, kwargs: dict, output: Any) -> None:
+        """After a call: track what an empty-like API returned, forget what the call read."""
+        tensors = self._tensors
+        if tensors:
+            keep = args[0] if args and api in KEEPS_UNINITIALISED else None
+            for x in (*args, *kwargs.values()):
+                if x is not keep and isinstance(x, torch.Tensor) and x in tensors:
+                    del tensors[x]
+        if api in UNINITIALISED_APIS and isinstance(output, torch.Tensor) and output.numel():
+            tensors[output] = True
+        self.live = bool(tensors)
+
+    def api_call(self, sink: Any, api: str, args: tuple, kwargs: dict) -> Any:
+        """``sink.api_call`` with the tracked inputs described as :class:`UninitialisedTensor`, then marked."""
+        inputs = [i for i, x in enumerate(args) if x in self] + [k for k, x in kwargs.items() if x in self]
+        if not inputs:
+            return sink.api_call(api, args, kwargs)
+        token = sink.api_call(api, tuple(UninitialisedTensor(x) if x in self else x for x in args),
+                              {k: UninitialisedTensor(x) if x in self else x for k, x in kwargs.items()})
+        _mark(sink, token, inputs, [])
+        return token
+
+    def api_return(self, sink: Any, token: Any, api: str, args: tuple, kwargs: dict, output: Any) -> None:
+        """``sink.api_return`` after :meth:`update`, the outputs still uninitialised marked."""
+        self.update(api, args, kwargs, output)
+        outs = output if isinstance(output, (tuple, list)) else (output,)
+        unread = [i for i, x in enumerate(outs) if x in self]
+        if not unread:
+            sink.api_return(token, output)
+            return
+        shown = [UninitialisedTensor(x) if i in unread else x for i, x in enumerate(outs)]
+        sink.api_return(token, shown if isinstance(output, (tuple, list)) else shown[0])
+        _mark(sink, token, [], unread)
+
+
+def _mark(sink: Any, token: Any, inputs: list, outputs: list) -> None:
+    mark = getattr(sink, "api_uninitialised", None)
+    if token is not None and mark is not None:
+        mark(token, inputs, outputs)
+
+
+#: The uninitialised memory of the API calls recorded in this process.
+UNINITIALISED = UninitialisedMemory()
+
+
 def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, backward: bool,
                  hooks: Any = None) -> Any:
     """The wrapper that records one API (see the module docstring); ``hooks``: the library's
     hooks (:func:`probe.engine_adapter.torch_grads.hooks`), None for the Python ones."""
 
+    empty = api in UNINITIALISED_APIS
+
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        if guard.depth or not sink.active:
+        # (torch.compile: Dynamo folds is_compiling() to True and traces the original alone;
+        # a dispatch mode (AOT autograd's fake tensors) or a backward pass (activation
+        # checkpointing's recomputation, not a new call) is not recorded either)
+        if (_is_compiling() or guard.depth or not sink.active or _dispatch_modes()
+                or _graph_task_id() != -1):
             return orig(*args, **kwargs)
         with guard:
             with _plain_tensors():
-                token = sink.api_call(api, args, kwargs)
+                token = (sink.api_call(api, args, kwargs) if not UNINITIALISED.live
+                         else UNINITIALISED.api_call(sink, api, args, kwargs))
             if token is None:
                 return orig(*args, **kwargs)
-            call = None
+            inputs = None
             if backward and not inplace and "out" not in kwargs and torch.is_grad_enabled():
-                call = _Call(sink, guard, token)
-                try:
-                    args, kwargs, captured = wrap_inputs(call, args, kwargs, None, hooks)
-                except Exception as e:  # noqa: BLE001 - never break the user's call
-                    sink.report_error(f"the backward capture of {api}", e)
-                    captured = False
-                if not captured:
-                    call = None
+                inputs = _grad_inputs(args, kwargs)
+                start = start_mark()
             output = orig(*args, **kwargs)
             with _plain_tensors():
-                sink.api_return(token, output)
-                if call is not None:
-                    _hook_outputs(call, output, hooks)
+                if UNINITIALISED.live or empty:
+                    UNINITIALISED.api_return(sink, token, api, args, kwargs, output)
+                else:
+                    sink.api_return(token, output)
+                if inputs:
+                    # the inputs' gradients where the call's nodes take them (no node added:
+                    # capture_edges), the outputs' from pre-hooks on their nodes
+                    call = _Call(sink, guard, token)
+                    try:
+                        outs = output if isinstance(output, (tuple, list)) else (output,)
+                        if capture_edges(call, inputs, [o for o in outs if isinstance(o, torch.Tensor)
+                                                        and o.requires_grad], start,
+                                         prepare=hooks.prepare if hooks is not None else None):
+                            _hook_outputs(call, output, hooks)
+                    except Exception as e:  # noqa: BLE001 - never break the user's call
+                        sink.report_error(f"the backward capture of {api}", e)
             return output
 
     wrapper.__probe_original__ = orig
@@ -407,6 +705,7 @@ class ApiMode:
 
     def __exit__(self, *exc: object) -> None:
         patched, self._patched = self._patched, []
+        UNINITIALISED.clear()
         for owner, attr, orig in reversed(patched):
             setattr(owner, attr, orig)
 

@@ -37,6 +37,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -116,9 +117,26 @@ void call_python(PyObject *fn) {
 /* a gradient read here: a CPU floating tensor with elements (float32/float64 as they lie,
    another float type through a float32 copy, a tensor that is not dense through a contiguous
    copy: what torch_stats._reduce_host reads) */
+/* whether g's bytes lie in memory its storage holds: not a tensor subclass with its own
+   dispatch (a DTensor: no memory of its own), not a storage freed or resized below g's extent
+   (FSDP and ZeRO-3 free sharded parameters' storage so). A gradient that fails is handed to
+   Python as it is, whose statistics path checks it again and says why it is not read
+   (torch_stats.readable). */
+bool in_storage(const at::Tensor &g) {
+    if (g.unsafeGetTensorImpl()->is_python_dispatch() || !g.has_storage()) return false;
+    const c10::Storage &storage = g.storage();
+    if (storage.data() == nullptr) return false;
+    int64_t extent = g.storage_offset() + 1;
+    auto sz = g.sizes();
+    auto st = g.strides();
+    for (size_t i = 0; i < sz.size(); ++i) extent += (sz[i] - 1) * st[i];
+    return extent * static_cast<int64_t>(g.element_size()) <= static_cast<int64_t>(storage.nbytes());
+}
+
 bool readable(const at::Tensor &g) {
     return S.f32 != nullptr && S.f64 != nullptr && S.prepared_type != nullptr && g.is_cpu() &&
-           g.layout() == at::kStrided && g.numel() > 0 && at::isFloatingType(g.scalar_type());
+           g.layout() == at::kStrided && g.numel() > 0 && at::isFloatingType(g.scalar_type()) &&
+           in_storage(g);
 }
 
 void read_statistics(const at::Tensor &g, double *out) {
@@ -217,6 +235,48 @@ struct InputHook : FunctionPostHook {
     explicit InputHook(int64_t id) : id(id) {}
     variable_list operator()(const variable_list &outputs, const variable_list &) override {
         if (!outputs.empty()) record(CALL, id, outputs[0]);
+        return outputs;
+    }
+};
+
+/* the gradients of a call's inputs where the nodes the call made take them (no node added:
+   torch_api.capture_edges): input j's contributions are added up here, in the order they come,
+   and queued as event first + j once all `expected[j]` are in */
+struct EdgeSum {
+    std::mutex lock;
+    int64_t first;
+    std::vector<int> expected, waiting;
+    std::vector<at::Tensor> total;
+    EdgeSum(int64_t first, std::vector<int> counts)
+        : first(first), expected(counts), waiting(counts), total(counts.size()) {}
+    void add(size_t j, const at::Tensor &g) {
+        at::Tensor done;
+        {
+            std::lock_guard<std::mutex> hold(lock);
+            if (g.defined()) {
+                if (!total[j].defined()) {
+                    total[j] = g;
+                } else {
+                    at::NoGradGuard no_grad;
+                    total[j] = total[j] + g;
+                }
+            }
+            if (--waiting[j] > 0) return;
+            done = std::move(total[j]);
+            total[j] = at::Tensor();
+            waiting[j] = expected[j];          /* ready for another backward (a retained graph) */
+        }
+        record(CALL, first + static_cast<int64_t>(j), done);
+    }
+};
+
+struct EdgeHook : FunctionPostHook {
+    std::shared_ptr<EdgeSum> sum;
+    std::vector<std::pair<size_t, size_t>> edges;     /* (next edge of the node, input) */
+    EdgeHook(std::shared_ptr<EdgeSum> sum, std::vector<std::pair<size_t, size_t>> edges)
+        : sum(std::move(sum)), edges(std::move(edges)) {}
+    variable_list operator()(const variable_list &outputs, const variable_list &) override {
+        for (auto &[i, j] : edges) sum->add(j, i < outputs.size() ? outputs[i] : at::Tensor());
         return outputs;
     }
 };
@@ -570,6 +630,103 @@ PyObject *prepare(PyObject *, PyObject *t) {
     return keyed_prepared(*v, stats);
 }
 
+/* capture_edges(inputs, outputs, start, first_id): the nodes made since autograd sequence
+   number `start` that are reached from the outputs' nodes and take one of `inputs` get a
+   post-hook (EdgeHook): input j's gradient is queued as event first_id + j. A list of the j
+   that are taken by such a node. */
+PyObject *capture_edges(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(4)
+    long long start, first;
+    if (!int_arg(args[2], &start) || !int_arg(args[3], &first)) return nullptr;
+    using torch::autograd::Node;
+    using NodePtr = std::decay_t<decltype(std::declval<const at::Tensor &>().grad_fn())>;
+    std::map<std::pair<const Node *, uint32_t>, size_t> targets;
+    std::vector<NodePtr> keep;
+    PyObject *ins = PySequence_Fast(args[0], "a sequence of tensors");
+    if (ins == nullptr) return nullptr;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ins);
+    std::vector<std::pair<NodePtr, std::vector<std::pair<size_t, size_t>>>> found;
+    std::vector<int> counts(static_cast<size_t>(n), 0);
+    try {
+        for (Py_ssize_t j = 0; j < n; j++) {
+            const at::Tensor *v = tensor_of(PySequence_Fast_GET_ITEM(ins, j));
+            if (v == nullptr) { Py_DECREF(ins); return nullptr; }
+            if (!v->requires_grad()) continue;
+            auto edge = torch::autograd::impl::gradient_edge(*v);
+            if (!edge.function) continue;
+            targets.emplace(std::make_pair(edge.function.get(), edge.input_nr), static_cast<size_t>(j));
+            keep.push_back(edge.function);
+        }
+        PyObject *outs = PySequence_Fast(args[1], "a sequence of tensors");
+        if (outs == nullptr) { Py_DECREF(ins); return nullptr; }
+        std::vector<NodePtr> stack;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(outs); i++) {
+            PyObject *o = PySequence_Fast_GET_ITEM(outs, i);
+            if (!THPVariable_Check(o)) continue;
+            const auto &node = THPVariable_Unpack(o).grad_fn();
+            if (node && node->sequence_nr() >= static_cast<uint64_t>(start)) stack.push_back(node);
+        }
+        Py_DECREF(outs);
+        std::set<const Node *> seen;
+        while (!stack.empty()) {
+            NodePtr node = std::move(stack.back());
+            stack.pop_back();
+            if (!seen.insert(node.get()).second) continue;
+            std::vector<std::pair<size_t, size_t>> hits;
+            const auto &next = node->next_edges();
+            for (size_t i = 0; i < next.size(); i++) {
+                const auto &e = next[i];
+                if (!e.function) continue;
+                auto it = targets.find(std::make_pair(e.function.get(), e.input_nr));
+                if (it != targets.end()) {
+                    hits.emplace_back(i, it->second);
+                    counts[it->second]++;
+                } else if (!seen.count(e.function.get()) && e.function->num_outputs() > 0 &&
+                           e.function->sequence_nr() >= static_cast<uint64_t>(start)) {
+                    stack.push_back(e.function);
+                }
+            }
+            if (!hits.empty()) found.emplace_back(std::move(node), std::move(hits));
+        }
+        auto sum = std::make_shared<EdgeSum>(first, counts);
+        for (auto &[node, hits] : found) node->add_post_hook(std::make_unique<EdgeHook>(sum, std::move(hits)));
+    } catch (const std::exception &e) {
+        Py_DECREF(ins);
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+    Py_DECREF(ins);
+    PyObject *taken = PyList_New(0);
+    if (taken == nullptr) return nullptr;
+    for (size_t j = 0; j < counts.size(); j++) {
+        if (counts[j] == 0) continue;
+        PyObject *k = PyLong_FromSize_t(j);
+        if (k == nullptr || PyList_Append(taken, k) < 0) { Py_XDECREF(k); Py_DECREF(taken); return nullptr; }
+        Py_DECREF(k);
+    }
+    return taken;
+}
+
+/* grouped(t): t read as a replayed event is (a PreparedGrad with its group: the same data as
+   a queued gradient is the same group) when it is readable, else t itself; nothing when the
+   step is not recorded. For a gradient a Python hook got beside the queued ones (a module
+   input's, from the nodes that take it: torch_api.capture_edges) */
+PyObject *grouped(PyObject *, PyObject *t) {
+    const at::Tensor *v = tensor_of(t);
+    if (v == nullptr) return nullptr;
+    if (!readable(*v)) { Py_INCREF(t); return t; }
+    Event e;
+    e.kind = CALL;
+    e.id = 0;
+    e.state = PREPARED;
+    e.dtype = v->scalar_type();
+    e.sizes = v->sizes().vec();
+    e.numel = v->numel();
+    e.requires_grad = v->requires_grad();
+    e.group = read_once(*v, e.stats);
+    return value_of(e);
+}
+
 /* watch_param(p, id): hook parameter p (a leaf) for its gradient, on its AccumulateGrad node
    (kept alive here, as DDP keeps it, so every graph uses this node). Not a hook on the tensor:
    a tensor's first Python hook (Tensor.register_hook, setting its _backward_hooks) clears
@@ -653,6 +810,8 @@ PyMethodDef methods[] = {
     {"capture_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture_calling)), METH_FASTCALL, nullptr},
     {"watch_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_calling)), METH_FASTCALL, nullptr},
     {"prepare", prepare, METH_O, nullptr},
+    {"grouped", grouped, METH_O, nullptr},
+    {"capture_edges", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture_edges)), METH_FASTCALL, nullptr},
     {"take", take, METH_O, nullptr},
     {"pending", pending, METH_NOARGS, nullptr},
     {"new_step", new_step, METH_NOARGS, nullptr},

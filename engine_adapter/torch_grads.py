@@ -177,6 +177,8 @@ class NativeGrads:
         self._lib = lib
         #: events queued, not replayed yet
         self.pending: Callable[[], int] = lib.pending
+        #: a gradient a Python hook got, read as a queued one is (its group shared with them)
+        self.grouped: Callable[[Any], Any] = lib.grouped
         #: id -> (fn, index) of the calls of this step, replayed as fn(index, grad) (forgotten at
         #: :meth:`end_step`)
         self._calls: dict[int, tuple[Callable[[int, Any], Any], int]] = {}
@@ -198,6 +200,26 @@ class NativeGrads:
         for j in range(n):
             calls[first + j] = (fn, j)
         return views
+
+    def capture_edges(self, inputs: list, outputs: list, start: int | None, call: Any) -> bool:
+        """The gradients of a call's ``inputs`` where the nodes it made (sequence number
+        ``start`` or more, reached from its ``outputs``) take them, added up per input in
+        C++ and replayed as ``call.input_grad(0, grad)`` (one input) or ``call.finish(grads)``
+        (:func:`probe.engine_adapter.torch_api.capture_edges`' work, queued); whether any was."""
+        from probe.engine_adapter.torch_api import _Gather
+
+        first = _reserve(len(inputs))
+        taken = self._lib.capture_edges(inputs, outputs, start or 0, first)
+        if not taken:
+            return False
+        calls = self._calls
+        if len(taken) == 1:
+            calls[first + taken[0]] = (call.input_grad, 0)
+        else:
+            gather = _Gather(call, len(taken))
+            for k, j in enumerate(taken):
+                calls[first + j] = (gather.on_grad, k)
+        return True
 
     def watch(self, outputs: Any, fn: Callable[[int, Any], Any]) -> tuple[int, list[int]]:
         """``fn(i, grad)`` replayed with the gradient of each output ``i`` that is a tensor

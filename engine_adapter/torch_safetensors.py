@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -35,6 +36,33 @@ _DTYPES: dict[torch.dtype, tuple[str, torch.dtype]] = {
     torch.uint8: ("U8", torch.uint8), torch.bool: ("BOOL", torch.bool),
 }
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+_NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+          torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
+          torch.uint8: "uint8", torch.bool: "bool"}
+
+
+def host_array(x: torch.Tensor) -> Any:
+    """A zero-copy NumPy view of ``x``, a contiguous CPU tensor of a NumPy dtype, valid while
+    ``x`` lives. Not ``x.numpy()``: that marks ``x``'s storage as not resizable for as long as
+    it lives, and FSDP and ZeRO-3, which free a sharded parameter's storage with ``resize_(0)``
+    after the dump read it, then fail ("Trying to resize storage that is not resizable").
+
+    >>> t = torch.arange(4.0)
+    >>> host_array(t).tolist(), t.untyped_storage().resizable()
+    ([0.0, 1.0, 2.0, 3.0], True)
+    """
+    import ctypes
+
+    import numpy as np
+
+    dtype = np.dtype(_NUMPY[x.dtype])
+    n = x.numel()
+    if n == 0:
+        return np.empty(0, dtype=dtype)
+    buffer = (ctypes.c_char * (n * dtype.itemsize)).from_address(x.data_ptr())
+    return np.frombuffer(buffer, dtype=dtype)
 
 
 def writable(t: torch.Tensor) -> bool:
@@ -62,7 +90,7 @@ def write_tensor(t: torch.Tensor, path: str) -> bool:
     try:
         _write_all(fd, len(header).to_bytes(8, "little") + header)
         if nbytes:
-            data = (x.view(view_as) if view_as is not x.dtype else x).reshape(-1).numpy()
+            data = host_array((x.view(view_as) if view_as is not x.dtype else x).reshape(-1))
             _write_all(fd, memoryview(data).cast("B"))
     finally:
         os.close(fd)

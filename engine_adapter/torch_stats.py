@@ -74,6 +74,81 @@ def _identity(t: torch.Tensor, dtype: torch.dtype, numel: int) -> tuple | None:
         return None
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_NO_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def readable(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
+    """``(data, note)``: the tensor whose bytes hold ``t``'s values, safe to read, and what the
+    dump entry should say about it (None: nothing to say); ``data`` is None when nothing can be
+    read, and ``note`` then says why. Every statistics, hash and copy of a tensor goes through
+    this first: FSDP and ZeRO-3 free a sharded parameter's storage between uses (``resize_(0)``,
+    ``Tensor.set_``) while the tensor object keeps its shape, and reading it then reads freed
+    memory (a crash, or another tensor's bytes).
+
+    - a plain tensor: itself, when its storage holds every byte it covers (not freed, not
+      resized below it, not a meta tensor's);
+    - a DTensor: its local part (no collective: reading the whole would need one); a shard is
+      marked as such in the note, a replicated one is the whole tensor;
+    - another tensor subclass with its own dispatch (a wrapper without memory of its own): None.
+
+    >>> t = torch.ones(4)
+    >>> readable(t)[0] is t
+    True
+    >>> _ = t.untyped_storage().resize_(0)
+    >>> readable(t)
+    (None, 'storage freed (resized to 0 bytes, as FSDP and ZeRO-3 do with sharded parameters): not read')
+    >>> readable(torch.empty(2, device="meta"))[1]
+    'meta tensor: no data to read'
+    """
+    cls = type(t)
+    if cls is not torch.Tensor and cls is not torch.nn.Parameter and cls.__torch_dispatch__ != _NO_DISPATCH:
+        return _readable_subclass(t)
+    if t.is_meta:
+        return None, "meta tensor: no data to read"
+    if t.layout is not _STRIDED or t.numel() == 0:
+        return t, None
+    try:
+        storage = t.untyped_storage()
+        nbytes, base = storage.nbytes(), storage.data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, "tensor without storage: not read"
+    if nbytes == 0:
+        return None, ("storage freed (resized to 0 bytes, as FSDP and ZeRO-3 do with sharded "
+                      "parameters): not read")
+    extent = t.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    if base == 0 or extent * t.element_size() > nbytes:
+        return None, f"storage of {nbytes} bytes is smaller than the tensor's extent: not read"
+    return t, None
+
+
+def _readable_subclass(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
+    """:func:`readable` of a tensor subclass with its own ``__torch_dispatch__``."""
+    local = getattr(t, "_local_tensor", None)
+    placements = getattr(t, "placements", None)
+    if not isinstance(local, torch.Tensor) or placements is None:
+        if type(t).__module__.startswith("probe."):     # the dump's own stand-ins: no data
+            return None, None
+        return None, f"tensor subclass {type(t).__name__} without data of its own: not read"
+    data, note = readable(local)
+    if data is None:
+        return None, f"local part of a DTensor: {note}"
+    kinds = {type(p).__name__ for p in placements}
+    if kinds <= {"Replicate"}:
+        return data, None
+    mesh = getattr(t, "device_mesh", None)
+    where = ""
+    try:
+        coordinate = mesh.get_coordinate() if mesh is not None else None
+        if coordinate is not None:
+            where = f" at mesh coordinate {list(coordinate)} of {list(mesh.shape)}"
+    except Exception:  # noqa: BLE001 - the mesh's position is only for the note
+        pass
+    what = "partial (not reduced) values" if "Partial" in kinds else "shard"
+    return data, (f"DTensor {tuple(placements)}: statistics of this rank's {what} "
+                  f"{list(data.shape)}{where}, not of the whole tensor {list(t.shape)}")
+
+
 class TorchStats(StatsBackend):
     """:class:`~probe.engine_adapter.base.StatsBackend` for ``torch.Tensor``."""
 
@@ -127,8 +202,14 @@ class TorchStats(StatsBackend):
         except (RuntimeError, NotImplementedError, TypeError):
             return t
 
+    def readable(self, t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
+        return readable(t)
+
     def reduce(self, t: torch.Tensor, kind: str) -> torch.Tensor | list[float] | None:
         if kind == OPAQUE:
+            return None
+        t = readable(t)[0]          # callers read readable() first; this is the last guard
+        if t is None:
             return None
         if t.is_cpu:
             return _reduce_host(t, kind)
@@ -153,14 +234,18 @@ class TorchStats(StatsBackend):
                     out[i] = v
         return out
 
-    def digest(self, t: torch.Tensor) -> str:
-        x = t.detach()
+    def digest(self, t: torch.Tensor) -> str | None:
+        data = readable(t)[0]
+        if data is None:
+            return None
+        x = data.detach()
         if not x.is_cpu:
             x = x.cpu()
         x = x.contiguous()
         if x.dtype in (torch.bfloat16,) or not _numpy_ok(x.dtype):
             x = x.view(torch.int16) if x.element_size() == 2 else x.view(torch.uint8)
-        arr = x.numpy()
+        from probe.engine_adapter.torch_safetensors import host_array
+        arr = host_array(x)
         return f"{zlib.crc32(memoryview(arr).cast('B')) & 0xFFFFFFFF:08x}"
 
     def save(self, tensors: dict[str, Any], path: str) -> None:
@@ -314,7 +399,8 @@ def _reduce_host(x: torch.Tensor, kind: str) -> list[float]:
             f32, f64, out, out_ptr = kernel[:4]
             (f32 if x.dtype == torch.float32 else f64)(x.data_ptr(), x.numel(), out_ptr)
             return out.tolist()
-    a = x.detach().numpy().reshape(-1)
+    from probe.engine_adapter.torch_safetensors import host_array
+    a = host_array(x.detach())
     if kind == INTEGER:
         return [float(a.max()), float(a.min())]
     return array_stats(a, float(x.sum()))

@@ -326,9 +326,14 @@ def test_probe_module_exposes_start_step_stop_lazily(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step*")) == ["step0", "step1"]
 
 
-def test_compiled_blocks_keep_every_module_boundary_and_say_so(tmp_path):
+def test_compiled_blocks_keep_every_module_boundary_and_say_so(tmp_path, monkeypatch):
     import torch.nn.functional as F
     from torch._dynamo.utils import counters
+
+    from probe.engine_adapter.torch_adapter import TorchAdapter
+
+    # (the default leaves compiled graphs whole: tests/engine_adapter/test_real_models.py)
+    monkeypatch.setattr(TorchAdapter, "keep_compiled_boundaries", True)
 
     from probe.engine.config import get_preset
     from probe.engine.data import make_batch

@@ -22,6 +22,7 @@ import importlib.util
 import logging
 import os
 import re
+import shutil
 import sys
 from time import perf_counter
 from typing import Any, Iterable
@@ -36,16 +37,42 @@ from probe.ground.frameworks import frameworks
 
 log = logging.getLogger(__name__)
 
+#: The note of an entry that holds uninitialised memory (``torch.empty`` and its kind).
+UNINITIALISED_NOTE = "uninitialised memory (an empty tensor not yet written whole): not read"
+
 #: files of the dump machinery other than the framework adapters, left out of stack.json
 _MACHINERY_FILES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)
                          for p in ("probe" + os.sep, "dumper" + os.sep, "engine_adapter" + os.sep + "base"))
+#: how deep the adapter's hook is below :meth:`DumpRecorder._capture_stack` (under ``_open``,
+#: ``_module_started``/``_api_started`` and ``module_forward_pre``/``api_call``): a hop to the
+#: call site is learnt only when the hook is machinery too
+_HOOK_DEPTH = 4
+#: where a row of :class:`~probe.dumper.rows.RowBuilder` holds its tensor's element count
+_NUMEL = 8
+#: the modules that run a script (``probe dump -- SCRIPT``, ``python -m``), outside it: left out
+#: of stack.json, as are ``<frozen runpy>`` (the name of runpy's frozen code) and the console
+#: scripts beside the interpreter (``bin/probe``, ``bin/torchrun``)
+_LAUNCHERS = ("runpy", "click")
+
+
+def _module_files(names: Iterable[str]) -> list[str]:
+    """The files of the imported modules among ``names`` (a package: its folder); a module not
+    imported has no frames to leave out."""
+    files = []
+    for name in names:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            files.append(os.path.dirname(path) + os.sep if os.path.basename(path) == "__init__.py" else path)
+    return files
 
 
 def _own_files() -> tuple[str, ...]:
-    """Path prefixes of the files left out of stack.json: the dump machinery's and, for every
+    """Path prefixes of the files left out of stack.json: the dump machinery's; for every
     framework of :mod:`probe.ground.frameworks`, its adapter's (``<folder>/torch_`` of
     ``torch_adapter.py``, its ``torch_*.py`` companions with it; an adapter module named
-    otherwise: its one file)."""
+    otherwise: its one file) and its call machinery's (``torch/nn/modules/module.py``, whose
+    ``_call_impl`` runs the hooks); and the launchers' (runpy, click, console scripts), which ran
+    the script."""
     own = list(_MACHINERY_FILES)
     for spec in frameworks():
         try:
@@ -55,7 +82,30 @@ def _own_files() -> tuple[str, ...]:
         if found is not None and found.origin:
             origin = found.origin
             own.append(origin[:-len("adapter.py")] if origin.endswith("_adapter.py") else origin)
+        own += _module_files(spec.call_machinery)
+    import runpy  # noqa: F401 - a standard module, imported to name its file (python -m has it)
+
+    own += _module_files(_LAUNCHERS)
+    own += ["<frozen runpy>", os.path.join(os.path.dirname(sys.executable), "")]
     return tuple(own)
+
+
+def call_stack(frame: Any, own: tuple[str, ...]) -> tuple:
+    """``(file, line, function)`` of ``frame`` and of each frame it runs in, innermost first,
+    but those of files under ``own``: a call's stack as stack.json shows it.
+
+    >>> def train(): return call_stack(sys._getframe(), ())
+    >>> train()[0][2]
+    'train'
+    """
+    frames = []
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if not code.co_filename.startswith(own):
+            frames.append((code.co_filename, f.f_lineno, code.co_name))
+        f = f.f_back
+    return tuple(frames)
 
 
 class DumpRecorder:
@@ -79,7 +129,12 @@ class DumpRecorder:
         self._value = self._values.value
         self._errors_reported: set[str] = set()
         self._include_cache: dict[str, bool] = {}
-        self._stack_cache: dict[str, tuple] = {}
+        # a call site's stack: (its code, its frame's caller's code, the enclosing module call's
+        # stack) for the key made of their ids (the codes held: an id is not reused)
+        self._stack_cache: dict[tuple, tuple] = {}
+        # a kind of call (module, api, comm) -> (how deep below _capture_stack the last frame of
+        # machinery was, that frame's code): the hop to the call site
+        self._hops: dict[str, tuple] = {}
         self._own_files = _own_files()
         self._writer: DumpWriter | None = None
         # which backward hook of a step opens the writer's window: the one that began the last
@@ -120,6 +175,33 @@ class DumpRecorder:
     def steps_written(self) -> list[int]:
         """The steps whose files are written, in order."""
         return self._writer.steps_written if self._writer is not None else []
+
+    def discard_step(self) -> None:
+        """Drop the step in flight: nothing of it is written, and the tensor files it wrote
+        already are removed (its ``dump_tensor_data`` folder, and its step folder if that is
+        left empty)."""
+        self.active = False
+        folder = self._tensor_dir
+        self._reset()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            for empty in (os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
+                try:
+                    os.rmdir(empty)
+                except OSError:      # not empty: another rank's or step's files are there
+                    break
+
+    def step_did_work(self) -> bool:
+        """Whether the step in flight recorded work of the model: a module call, a backward, or
+        an API call on a tensor of more than one element. A training loop's bookkeeping after its
+        last optimizer step (the loss's ``.detach()``, ``.mean()``, ``-=`` for a log line) is
+        none: that step is not written."""
+        if self.open_entries or self.param_grads:
+            return True
+        prefix = self.adapter.module_prefix + "."
+        if any(name.startswith(prefix) or ".backward" in name for name in self.data):
+            return True
+        return any((row[_NUMEL] or 0) > 1 for row in self._values.rows)
 
     def _reset(self) -> None:
         self.data: dict[str, dict] = {}
@@ -235,7 +317,7 @@ class DumpRecorder:
 
     def _open(self, name: str, kind: str, args: tuple, kwargs: dict) -> None:
         """A call starts: its stack, and its inputs recorded as they are now."""
-        self._capture_stack(name)
+        self._capture_stack(name, kind)
         seq, value = self.tree.seq, self._value
         self.open_entries[name] = {
             "input_args": [value(a, seq, name, kind, "forward", "input", POS[i] if i < 64 else str(i))
@@ -243,22 +325,52 @@ class DumpRecorder:
             "input_kwargs": {k: value(v, seq, name, kind, "forward", "kwarg", k) for k, v in kwargs.items()},
         }
 
-    def _capture_stack(self, name: str) -> None:
+    def _capture_stack(self, name: str, kind: str) -> None:
+        """Keep the stack of the call ``name`` that starts: from its call site (the innermost frame
+        that is none of the dump's, the adapter's, the framework's call machinery's) outwards.
+
+        A stack is walked once per call site: the site's code and instruction, its caller's, and
+        the stack of the module call it runs in (which stands for the frames further out) make the
+        key; a call from a site already seen takes its stack from the cache. How many frames of
+        machinery lie between here and the site is learnt per ``kind`` of call (checked by the
+        code of the last one), so a call seen before costs a few frame look-ups and one
+        dictionary look-up, not a walk."""
         if not self.config.stack:
             return
-        cached = self._stack_cache.get(name)
-        if cached is not None:       # the same call of the same module/API: captured once per run
-            self.stacks[name] = cached
-            return
-        frames = []
-        own = self._own_files
-        f = sys._getframe(2)
-        while f is not None:
-            code = f.f_code
-            if not code.co_filename.startswith(own):
-                frames.append((code.co_filename, f.f_lineno, code.co_name))
-            f = f.f_back
-        self.stacks[name] = self._stack_cache[name] = tuple(frames)
+        site = None
+        hop = self._hops.get(kind)
+        if hop is not None:
+            try:
+                last = sys._getframe(hop[0])
+            except ValueError:       # a shallower stack than the one the hop was learnt on
+                last = None
+            if last is not None and last.f_code is hop[1]:
+                site = last.f_back
+        parent = self.stacks.get(self.tree.construct.get(name), ())
+        own, walked = self._own_files, False
+        while True:
+            if site is None:         # walk to the site, and learn the hop from this hook
+                last, site, depth, walked = None, sys._getframe(1), 1, True
+                while site is not None and site.f_code.co_filename.startswith(own):
+                    last, site, depth = site, site.f_back, depth + 1
+                if site is None:
+                    self.stacks[name] = ()
+                    return
+                if last is not None and depth > _HOOK_DEPTH:
+                    self._hops[kind] = (depth - 1, last.f_code)
+            code, caller = site.f_code, site.f_back
+            caller_code = caller.f_code if caller is not None else None
+            key = (id(code), site.f_lasti, id(caller_code), caller.f_lasti if caller is not None else -1,
+                   id(parent))
+            cached = self._stack_cache.get(key)
+            if cached is not None and cached[0] is code and cached[1] is caller_code and cached[2] is parent:
+                self.stacks[name] = cached[3]
+                return
+            if walked or not code.co_filename.startswith(own):
+                break
+            site = None              # the learnt hop ended inside the machinery: walk
+        cached = self._stack_cache[key] = (code, caller_code, parent, call_stack(site, own))
+        self.stacks[name] = cached[3]
 
     # ----------------------------------------------------------------- modules
     def module_forward_pre(self, base: str, module_key: int, args: tuple, kwargs: dict) -> str | None:
@@ -381,6 +493,24 @@ class DumpRecorder:
                                for i, o in enumerate(outs)]
         except Exception as e:  # noqa: BLE001
             self.report_error("an API post-hook", e)
+
+    def api_uninitialised(self, token: Any, inputs: list, outputs: list) -> None:
+        """Mark the entries of ``token``'s call that hold uninitialised memory (positions or
+        keyword names of its inputs, positions of its outputs;
+        :class:`probe.engine_adapter.torch_api.UninitialisedMemory`): ``"uninitialised": true``
+        beside what msprobe reads, no statistics (a compare does not grade them)."""
+        try:
+            name = token[0]
+            entry = self.open_entries.get(name) or self.data.get(name) or {}
+            args, kwargs, outs = entry.get("input_args", []), entry.get("input_kwargs", {}), entry.get("output", [])
+            found = [args[i] if isinstance(i, int) and i < len(args) else kwargs.get(i) for i in inputs]
+            found += [outs[i] for i in outputs if i < len(outs)]
+            for value in found:
+                if isinstance(value, dict):
+                    value["uninitialised"] = True
+                    value["note"] = UNINITIALISED_NOTE
+        except Exception as e:  # noqa: BLE001
+            self.report_error("marking uninitialised memory", e)
 
     def api_backward(self, token: Any, grad_outputs: Any, grad_inputs: Any) -> None:
         """The gradients of the outputs and differentiable inputs of ``token``'s call."""

@@ -160,14 +160,14 @@ class DumpSession:
     def stop(self) -> None:
         """Write the step in flight, remove every hook, close the store. Safe to call twice.
 
-        A step in flight after step 0 in which nothing was recorded is not written: after the
-        last optimizer step (or ``step()``) the next step is open, and nothing ran in it (a
-        4-step script has 4 steps, not a fifth empty one)."""
+        A step in flight after step 0 in which the model did no work is not written: after the
+        last optimizer step (or ``step()``) the next step is open, and nothing ran in it but the
+        training loop's logging, if anything (a 4-step script has 4 steps, not a fifth holding
+        the last loss's ``.item()``); see :meth:`DumpRecorder.step_did_work`."""
         global _current
         rec = self.recorder
-        if (rec is not None and rec.active and rec.step > 0 and not rec.data
-                and not rec.open_entries and not rec.param_grads):
-            rec.active = False
+        if rec is not None and rec.active and rec.step > 0 and not rec.step_did_work():
+            rec.discard_step()
         if rec is not None and rec.active:
             rec.end_step()
         if self.adapter is not None and not self._detached:

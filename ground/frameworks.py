@@ -5,9 +5,10 @@ without importing it: the name ``--framework`` takes and its aliases, msprobe's 
 value in ``dump.json``, the first part of its module entries' names (``Module``, ``Cell``) and the
 module that defines its engine adapter (``ADAPTER``, see :mod:`probe.engine_adapter.base`). The
 readers: the ``--framework`` choice of ``probe dump``, ``get_adapter``, the adapters' own
-``framework``/``module_prefix``, the dump's stack filter (an adapter's files are left out of
-``stack.json``), the module/API split of msprobe names (:mod:`probe.collectors.msprobe_layout`,
-:mod:`probe.collectors.msprobe_nodes`, the compare's normalisation, ``check-api``).
+``framework``/``module_prefix``, the dump's stack filter (an adapter's files and the
+framework's call machinery are left out of ``stack.json``), the module/API split of msprobe
+names (:mod:`probe.collectors.msprobe_layout`, :mod:`probe.collectors.msprobe_nodes`, the
+compare's normalisation, ``check-api``).
 
 PyTorch and MindSpore are built in. Another framework registers at runtime, before a dump is
 opened, with :func:`register_framework`; its adapter is a module that defines ``ADAPTER``.
@@ -49,6 +50,10 @@ class FrameworkSpec:
     adapter_module: str
     #: other names accepted for ``name``: ``pytorch``
     aliases: tuple[str, ...] = ()
+    #: the framework's modules whose frames only pass a call on (``torch.nn.modules.module``:
+    #: ``_call_impl`` and the hooks it runs); ``stack.json`` leaves them out, so that a stack
+    #: starts at the code that made the call
+    call_machinery: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for what, value in (("name", self.name), ("module_prefix", self.module_prefix),
@@ -58,8 +63,10 @@ class FrameworkSpec:
 
 
 _BUILT_IN = (
-    FrameworkSpec("torch", "pytorch", "Module", "probe.engine_adapter.torch_adapter", ("pytorch",)),
-    FrameworkSpec("mindspore", "mindspore", "Cell", "probe.engine_adapter.mindspore_adapter", ("ms",)),
+    FrameworkSpec("torch", "pytorch", "Module", "probe.engine_adapter.torch_adapter", ("pytorch",),
+                  ("torch.nn.modules.module",)),
+    FrameworkSpec("mindspore", "mindspore", "Cell", "probe.engine_adapter.mindspore_adapter", ("ms",),
+                  ("mindspore.nn.cell", "mindspore._check_jit_forbidden_api")),
 )
 
 _specs: dict[str, FrameworkSpec] = {s.name: s for s in _BUILT_IN}

@@ -8,9 +8,10 @@ and change its own settings; here it can do none of that:
    the views over them on a fresh in-memory DuckDB, with absolute paths.
 2. Allow file reads only in the folders that hold those segments (``allowed_directories``), then
    turn external access off (no other file, no network, no ``ATTACH``, no ``INSTALL``/``LOAD`` of
-   extensions from disk), turn off extension auto-install/auto-load and spilling to disk, cap its
-   memory, and lock the configuration so no ``SET``/``PRAGMA`` can undo any of it.
-3. Parse the SQL with DuckDB's own parser and refuse anything but a single ``SELECT`` (``WITH``,
+   extensions from disk), turn off extension auto-install/auto-load and spilling to disk (no
+   temporary directory at all: DuckDB would add its default ``<cwd>/.tmp`` to the readable
+   folders), cap its memory, and lock the configuration so no ``SET``/``PRAGMA`` can undo any of it.
+3. Refuse SQL longer than ``max_sql_chars`` before parsing it; parse the SQL with DuckDB's own parser and refuse anything but a single ``SELECT`` (``WITH``,
    ``DESCRIBE``, ``SUMMARIZE``, ``FROM t`` are selects) or ``EXPLAIN``: no ``COPY``, ``CREATE``,
    ``INSERT``, ``EXPORT``, ``CALL``, ``PRAGMA``, ``SET``, ``LOAD`` or ``ATTACH``.
 4. Run it with a timer thread that interrupts the query after ``timeout_s`` seconds, and fetch at
@@ -39,16 +40,19 @@ ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
 
 @dataclass(frozen=True)
 class Limits:
-    """What one untrusted query may use: rows returned, seconds of run time, DuckDB memory."""
+    """What one untrusted query may use: rows returned, seconds of run time, DuckDB memory, and
+    the length of its text."""
 
     max_rows: int = 2000
     timeout_s: float = 10.0
     memory: str = "1GB"
+    max_sql_chars: int = 100_000
 
     def describe(self) -> str:
         """The limits in words, for the page and the command's help."""
         return (f"one SELECT over this run's views; no other file, network, extension or setting; "
-                f"at most {self.max_rows} rows, {self.timeout_s:g} s and {self.memory} of memory a query")
+                f"at most {self.max_sql_chars} characters of SQL, {self.max_rows} rows, "
+                f"{self.timeout_s:g} s and {self.memory} of memory a query")
 
 
 @dataclass
@@ -70,6 +74,7 @@ def open_sandbox(root: str | os.PathLike, limits: Limits = Limits()) -> tuple[An
     segments, skipped = load_segments(Path(root).resolve())
     con = duckdb.connect(":memory:", config={"memory_limit": limits.memory,
                                              "max_temp_directory_size": "0KiB",
+                                             "temp_directory": "",
                                              "autoinstall_known_extensions": False,
                                              "autoload_known_extensions": False})
     try:
@@ -115,6 +120,9 @@ def run_untrusted(root: str | os.PathLike, sql: str, limits: Limits = Limits()) 
     """
     import duckdb
 
+    if len(sql) > limits.max_sql_chars:
+        raise ProbeError(f"SQL refused: {len(sql)} characters, over the sandbox's limit of "
+                         f"{limits.max_sql_chars}")
     check_statement(sql)
     con, skipped = open_sandbox(root, limits)
     timer = threading.Timer(limits.timeout_s, con.interrupt)

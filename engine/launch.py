@@ -238,6 +238,34 @@ def _die_with(launcher_pid: int) -> None:
     threading.Thread(target=watch, name="probe-launcher-watchdog", daemon=True).start()
 
 
+#: how long ranks wait for each other (rendezvous and each collective)
+RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+
+
+def _rendezvous_store(rank: int, world_size: int, port: int, timeout: timedelta) -> Any:
+    """The ranks' rendezvous store, served by rank 0 on ``MASTER_ADDR:port``.
+
+    torch's own ``env://`` store listens on every interface whatever ``MASTER_ADDR`` says; here
+    rank 0 hands it a socket bound to ``MASTER_ADDR`` (127.0.0.1 unless the run's environment
+    names another address), so a loopback rendezvous is reachable from this machine alone.
+    """
+    import torch.distributed as dist
+
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+        listener.listen(max(world_size, 16))
+    except OSError as e:
+        listener.close()
+        raise ProbeError(f"rendezvous on {host}:{port}: cannot listen ({e.strerror})") from None
+    return dist.TCPStore(host, port, world_size, True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=listener.detach(), use_libuv=True)   # the store owns it now
+
+
 def _worker(rank: int, spec: RunSpec, port: int, launcher_pid: int) -> None:
     import torch.distributed as dist
 
@@ -253,7 +281,8 @@ def _worker(rank: int, spec: RunSpec, port: int, launcher_pid: int) -> None:
     backend = "nccl" if spec.device.startswith("cuda") else "gloo"
     try:
         dist.init_process_group(backend, rank=rank, world_size=spec.nproc,
-                                timeout=timedelta(seconds=120))
+                                store=_rendezvous_store(rank, spec.nproc, port, RENDEZVOUS_TIMEOUT),
+                                timeout=RENDEZVOUS_TIMEOUT)
         from probe.engine.train import run_rank
         run_rank(spec, rank, spec.nproc)
     except ProbeError as e:

@@ -18,6 +18,21 @@ from probe.engine.config import PRESETS
 from probe.ground.errors import EXIT_NONFINITE, ProbeError
 from probe.ground.selection import parse_selection
 
+#: The stated maxima of numeric options (docs/SECURITY.md lists them): a value past one is a
+#: one-line usage error (exit 2) before anything runs.
+MAX_STEPS = 1_000_000_000            # --max-steps, --next
+MAX_SEED = 2**32 - 1                 # --seed (numpy's seeds are 32-bit)
+MAX_SIM_RANKS = 1 << 16              # probe simulate --nproc, --dp, --tp, --pp
+MAX_SEQ_LEN = 1 << 15                # probe simulate --seq-len (tokens; time grows with its square)
+MAX_BATCH = 1 << 20                  # probe simulate --global-batch, --micro-batch (sequences)
+MAX_ROWS = 100_000_000               # --max-rows, --top
+MAX_WAIT_S = 7 * 24 * 3600.0         # --timeout, interval seconds
+PORT = click.IntRange(0, 65535)
+STEPS = click.IntRange(1, MAX_STEPS)
+SEED = click.IntRange(0, MAX_SEED)
+SIM_RANKS = click.IntRange(1, MAX_SIM_RANKS)
+SECONDS = click.FloatRange(0, MAX_WAIT_S, min_open=True)
+
 #: the options of :func:`engine_options` (click parameter names), none of which apply to a SCRIPT
 ENGINE_PARAMS = ("engine", "preset", "nproc", "max_steps", "seed", "faults", "device", "log_every",
                  "quiet", "allow_nan")
@@ -39,11 +54,11 @@ def engine_options(func: Callable) -> Callable:
                      metavar="reference|fused", help="Implementation of the bundled engine."),
         click.option("--preset", default="tiny", show_default=True, metavar="NAME",
                      help=f"Model size preset ({', '.join(PRESETS)})."),
-        click.option("--nproc", default=1, show_default=True, type=int,
-                     help="Number of ranks (processes) to launch with torch.distributed."),
-        click.option("--max-steps", "max_steps", default=None, type=int,
+        click.option("--nproc", default=1, show_default=True, type=click.IntRange(min=1),
+                     help="Number of ranks (processes) to launch with torch.distributed (at most 64)."),
+        click.option("--max-steps", "max_steps", default=None, type=STEPS,
                      help="Number of training steps to run."),
-        click.option("--seed", default=0, show_default=True, type=int, help="Random seed."),
+        click.option("--seed", default=0, show_default=True, type=SEED, help="Random seed."),
         click.option("--fault", "faults", multiple=True, metavar="KIND:TARGET:ARG",
                      help="Plant a fault: scale:<param>:<factor>, grow:<param>:<rate> (the "
                           "weight times 1+rate every step), nan:<module>:<step>, "

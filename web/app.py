@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
+from dash.exceptions import DependencyException
 
 from probe.ground.errors import ProbeError
 from probe.visualizer.diff import DiffGraph
@@ -63,6 +64,7 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
 
     app = Dash(__name__, title="probe", assets_folder=str(ASSETS), suppress_callback_exceptions=True,
                update_title=None)
+    app.server.register_error_handler(DependencyException, _no_such_file)
     app.layout = html.Div([
         dcc.Location(id="url"),
         html.Nav([html.Span("probe", className="brand")]
@@ -92,6 +94,11 @@ def create_app(dump_a: str | os.PathLike | None = None, dump_b: str | os.PathLik
     app.probe_diff = diff            # for tests and the demo's summary
     app.probe_source = source
     return app
+
+
+def _no_such_file(e: Exception) -> tuple[str, int, dict[str, str]]:
+    """A path under ``/_dash-component-suites`` that names no file Dash serves: 404, no traceback."""
+    return "probe web: no such file\n", 404, {"Content-Type": "text/plain; charset=utf-8"}
 
 
 class ServerThread:

@@ -18,6 +18,10 @@ request.
    On loopback only the private pages (``/query``) do; a page's callbacks that act on the
    server call :func:`require` (403 without the token).
 
+Before any of that, a request whose ``Content-Length`` is over :data:`MAX_BODY` gets 413 without
+its body being read; a body streamed without a length (chunked) is read up to that size, and
+refused with 413 past it.
+
 >>> guard = Guard(flask_app, token="s3cret", host="127.0.0.1",            # doctest: +SKIP
 ...               private_paths=("/query",))
 """
@@ -39,6 +43,8 @@ TOKEN_ENV = "PROBE_WEB_TOKEN"
 AUTHORIZED = "probe.authorized"
 WILDCARDS = ("0.0.0.0", "::", "")
 TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~")
+#: the largest request body the dashboard reads (bytes); a Dash callback sends a few kilobytes
+MAX_BODY = 8 * 1024 * 1024
 NEEDS_TOKEN = ("needs the dashboard's token: open the URL that `probe web` printed "
                "(it ends in ?token=...), or send 'Authorization: Bearer TOKEN'")
 
@@ -101,6 +107,25 @@ def _text(start_response: Callable, status: str, line: str, headers: list | None
     return [body]
 
 
+def _read_streamed(environ: dict) -> bool:
+    """A body sent without a length: read it (at most :data:`MAX_BODY` bytes) and hand it on
+    with its length; False when it is longer."""
+    if "chunked" not in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return True
+    import io
+
+    stream, parts, size = environ["wsgi.input"], [], 0
+    while size <= MAX_BODY and (part := stream.read(min(65536, MAX_BODY + 1 - size))):
+        parts.append(part)
+        size += len(part)
+    if size > MAX_BODY:
+        return False
+    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(b"".join(parts)), str(size)
+    environ.pop("HTTP_TRANSFER_ENCODING", None)
+    environ["wsgi.input_terminated"] = False
+    return True
+
+
 class Guard:
     """WSGI middleware in front of the dashboard: Host allow-list, origin check, token (see the
     module docstring); marks each request it lets through as authorised or not for
@@ -126,6 +151,12 @@ class Guard:
         return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
 
     def __call__(self, environ: dict, start_response: Callable) -> Any:
+        length = environ.get("CONTENT_LENGTH") or "0"
+        if not length.isdigit():
+            return _text(start_response, "400 Bad Request", f"probe web: bad Content-Length {length[:40]!r}")
+        if int(length) > MAX_BODY or (not environ.get("CONTENT_LENGTH") and not _read_streamed(environ)):
+            return _text(start_response, "413 Content Too Large",
+                         f"probe web: a request body over the limit of {MAX_BODY} bytes is refused")
         host = environ.get("HTTP_HOST", "")
         if not self._host_ok(host):
             return _text(start_response, "400 Bad Request",

@@ -2,12 +2,16 @@
 
 The service writes the files of one ``UploadTrace`` stream (chunks made by
 :func:`probe.monitor.trace_transfer.upload_chunks`) and records them together once the stream has
-ended, so a reader never sees a rank's trace with some of its files missing. An upload refused
-midway leaves none of its files on disk.
+ended, so a reader never sees a rank's trace with some of its files missing. Each file is written
+under a temporary name beside its own and renamed into place only once the whole stream has
+arrived: an upload refused midway leaves none of its files on disk, and a resent upload that
+fails leaves the one acknowledged before untouched.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -27,6 +31,8 @@ def receive_upload(chunks: Iterator[pb.TraceChunk], context: Any, store: Monitor
 
     total, current, handle, path = 0, None, None, None
     uploads: dict[tuple, list[tuple[str, str | None, int, str]]] = {}
+    parts: dict[Path, Path] = {}          # temporary name -> final name, of the files written
+    token = uuid.uuid4().hex
     events: list[dict[str, Any]] = []
     try:
         for chunk in chunks:
@@ -49,7 +55,9 @@ def receive_upload(chunks: Iterator[pb.TraceChunk], context: Any, store: Monitor
                 current = key
                 path = store.trace_file_path(chunk.job, chunk.trace_id, chunk.rank, chunk.filename)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                handle = open(path, "wb")
+                part = path.with_name(f".{path.name}.{token}.part")
+                parts[part] = path
+                handle = open(part, "wb")
                 size = 0
             handle.write(chunk.data)
             size += len(chunk.data)
@@ -71,6 +79,9 @@ def receive_upload(chunks: Iterator[pb.TraceChunk], context: Any, store: Monitor
         if handle is not None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"the upload ended inside file {current[3]}")
+        for part, final in parts.items():
+            os.replace(part, final)
+        parts.clear()
         for upload, files in uploads.items():
             store.add_trace_files(*upload, files)
         uploads.clear()
@@ -79,10 +90,6 @@ def receive_upload(chunks: Iterator[pb.TraceChunk], context: Any, store: Monitor
     finally:
         if handle is not None:
             handle.close()
-            if path is not None:
-                path.unlink(missing_ok=True)
-        for files in uploads.values():        # refused: nothing of it stays on disk either
-            for _, done, _, _ in files:
-                if done:
-                    Path(done).unlink(missing_ok=True)
+        for part in parts:                    # refused: nothing of it stays on disk
+            part.unlink(missing_ok=True)
     return pb.TraceAck(ok=True, bytes=total, message="stored")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import click
 
+from probe.options import MAX_ROWS
+
 
 @click.command("check-api", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("dump_dir", type=click.Path())
@@ -18,7 +20,8 @@ import click
               help="Folder for check_api.csv, check_api.parquet, summary.json [default: DUMP_DIR/check].")
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
               help="Exit 1 when any call is graded this bad or worse (nan is worse than error).")
-@click.option("--top", default=20, show_default=True, type=int, help="Rows of the table printed.")
+@click.option("--top", default=20, show_default=True, type=click.IntRange(0, MAX_ROWS),
+              help="Rows of the table printed.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [default: on a terminal].")
 def command(dump_dir: str, golden: str, out_dir: str | None, fail_on: str | None, top: int,
             progress: bool | None) -> int:

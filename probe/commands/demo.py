@@ -26,7 +26,8 @@ from pathlib import Path
 import click
 
 from probe.ground.errors import ProbeError
-from probe.options import check_port_free, force_option
+from probe.ground.text import printable
+from probe.options import PORT, SEED, STEPS, check_port_free, force_option
 
 DEFAULT_OUT = os.path.join("runs", "demo")
 #: what the demo writes in --out, and replaces on the next run (nothing else there is touched)
@@ -89,20 +90,23 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 @click.command("demo")
 @click.option("--preset", default="tiny", show_default=True, help="Model size preset of the bundled engine.")
-@click.option("--nproc", default=2, show_default=True, type=int, help="Ranks of the monitored training run.")
-@click.option("--max-steps", "max_steps", default=40, show_default=True, type=int,
+@click.option("--nproc", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Ranks of the monitored training run (at most 64).")
+@click.option("--max-steps", "max_steps", default=40, show_default=True, type=STEPS,
               help="Steps of the monitored training run.")
-@click.option("--slow-rank", default=1, show_default=True, type=int, help="The rank planted slow.")
-@click.option("--slow-factor", default=3.0, show_default=True, type=float, help="How much slower it computes.")
+@click.option("--slow-rank", default=1, show_default=True, type=click.IntRange(min=0),
+              help="The rank planted slow.")
+@click.option("--slow-factor", default=3.0, show_default=True, type=click.FloatRange(1.0, 1000.0),
+              help="How much slower it computes.")
 @click.option("--fault", default="scale:decoder.layers.1.mlp.linear_fc2.weight:3", show_default=True,
               metavar="KIND:TARGET:ARG", help="Fault planted in the fused engine's dump.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Random seed.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Random seed.")
 @click.option("--out", default=DEFAULT_OUT, show_default=True,
               help="Output directory (an earlier demo's output in it is replaced; nothing else).")
 @force_option
 @click.option("--serve/--no-serve", default=True, help="Serve the dashboard at the end.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Dashboard address.")
-@click.option("--port", default=8050, show_default=True, type=int, help="Dashboard port.")
+@click.option("--port", default=8050, show_default=True, type=PORT, help="Dashboard port.")
 def command(preset: str, nproc: int, max_steps: int, slow_rank: int, slow_factor: float, fault: str,
             seed: int, out: str, force: bool, serve: bool, host: str, port: int) -> int:
     """Train, monitor, dump, compare and profile the bundled engine, then serve the dashboard."""
@@ -215,7 +219,7 @@ def _summary(root: Path, result, alerts: list[dict], cmp_dir: Path, prof: Path) 
            else f"ranks {', '.join(map(str, stragglers))}" if stragglers else "none")
     click.echo(f"monitor:  {plural(len(alerts), 'alert')}; straggler: {who}")
     for a in alerts[:5]:
-        click.echo(f"          [{a['kind']}] step {a['step']}: {a['message']}")
+        click.echo(f"          [{a['kind']}] step {a['step']}: {printable(a['message'])}")
     summary = json.loads((cmp_dir / "summary.json").read_text())
     first = summary.get("first_divergence")
     from probe.compare.verdict import format_counts

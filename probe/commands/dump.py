@@ -43,7 +43,8 @@ DEFAULT_OUT = os.path.join("runs", "dump")
                                       "Tensor/distributed calls (L1); mix: both.")
 @click.option("--task", type=click.Choice(["statistics", "tensor", "md5", "check", "overflow"]),
               default="statistics", show_default=True,
-              help="statistics: max/min/mean/norm/NaN/Inf; tensor: full tensors (safetensors); md5: a "
+              help="statistics: max/min/mean/norm/NaN/Inf; tensor: full tensors (msprobe's files; "
+                   "--tensor-format); md5: a "
                    "content hash (CRC32); check: replay each API call on a high-precision golden and "
                    "grade it (no tensor written; --level api or mix); overflow: watch every output for "
                    "NaN/Inf and write only the first overflowing call(s).")
@@ -51,6 +52,11 @@ DEFAULT_OUT = os.path.join("runs", "dump")
               help="overflow: stop after this many overflowing calls.")
 @click.option("--golden", type=click.Choice(["cpu-fp64", "cpu-fp32", "cuda-fp64"]), default="cpu-fp64",
               show_default=True, help="check: where and in what precision the golden runs.")
+@click.option("--tensor-format", "tensor_format", type=click.Choice(["msprobe", "safetensors"]),
+              default="msprobe", show_default=True,
+              help="tensor: msprobe: the files msprobe's dump writes and its compare reads (.pt through "
+                   "torch.save for PyTorch, .npy for MindSpore); safetensors: one .safetensors file "
+                   "per tensor (no pickle).")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="Bundled engine: bf16 runs the forward and loss under bfloat16 autocast.")
 @selection_option("--steps", "--steps", "Steps to dump, e.g. 0,2-4 (default: every step run).")
@@ -66,7 +72,7 @@ DEFAULT_OUT = os.path.join("runs", "dump")
 @fsync_option
 @engine_options
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
-def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
+def command(level: str, task: str, max_hits: int, golden: str, tensor_format: str, dtype: str,
             steps: list[int] | None, ranks: list[int] | None,
             scope: str | None, names: str | None, framework: str, out: str, no_stack: bool,
             force: bool, fsync: str, engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
@@ -81,7 +87,7 @@ def command(level: str, task: str, max_hits: int, golden: str, dtype: str,
             raise ProbeError(f"--scope {scope!r}: not a regular expression ({e})") from None
     options: dict[str, Any] = {"level": level, "task": task, "steps": steps, "ranks": ranks,
                                "scope": scope, "names": names, "stack": not no_stack,
-                               "max_hits": max_hits, "golden": golden}
+                               "max_hits": max_hits, "golden": golden, "tensor_format": tensor_format}
     _check_task(out, level, task, max_hits, golden)
     if script and dtype != "fp32":
         raise ProbeError("--dtype applies to the bundled engine; a SCRIPT sets its own precision")
@@ -165,7 +171,8 @@ def _claim(out: str, force: bool) -> None:
     anything probe cannot prove the dump wrote stops it (``--force`` overrides)."""
     from probe.ground.outdir import claim
 
-    claim(out, "dump", ["store", "step*", "dump_summary.json", "check", "overflow_rank*.json", "config"],
+    claim(out, "dump", ["store", "step[0-9]*", "dump_summary.json", "check", "overflow_rank[0-9]*.json",
+                        "config"],
           force=force)
 
 

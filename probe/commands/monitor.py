@@ -33,8 +33,9 @@ import click
 
 from probe.commands import monitor_dumps
 from probe.commands.monitor_options import addr_option, ca_option, token_option
+from probe.ground.text import printable
 from probe.monitor.alert_kinds import ALERT_KINDS
-from probe.options import check_port_free, selection_option
+from probe.options import PORT, SECONDS, STEPS, check_port_free, selection_option
 
 @click.group("monitor")
 def command() -> None:
@@ -44,7 +45,7 @@ def command() -> None:
 @command.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; anything but loopback needs --token.")
-@click.option("--port", default=50051, show_default=True, type=int, help="Port (0 = any free one).")
+@click.option("--port", default=50051, show_default=True, type=PORT, help="Port (0 = any free one).")
 @click.option("--store", default=None, type=click.Path(dir_okay=False),
               help="DuckDB store file [default: runs/monitor/monitor.duckdb].")
 @click.option("--token", default=None, envvar="PROBE_MONITOR_TOKEN",
@@ -114,7 +115,7 @@ def _log_line(line: str) -> None:
     """One line of the foreground service's log, with the time."""
     import time
 
-    click.echo(f"{time.strftime('%H:%M:%S')} {line}")
+    click.echo(f"{time.strftime('%H:%M:%S')} {printable(line)}")
     sys.stdout.flush()
 
 
@@ -134,6 +135,7 @@ def status(addr: str | None, token: str | None, ca: str | None, job: str | None,
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=str))
         return 0
+    doc = printable(doc)                 # names from the network: no escape reaches the terminal
     svc = doc["service"]
     click.echo(f"monitor {svc['address']}  store {svc['store']}  up {svc['uptime_s']:.0f} s  "
                f"{svc['points_ingested']} points this session")
@@ -190,7 +192,7 @@ def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
         if as_json:
             click.echo(json.dumps(dict(a, evidence=ev), default=str))
         else:
-            click.echo(_alert_line(a))
+            click.echo(_alert_line(printable(a)))
         sys.stdout.flush()
 
     with MonitorClient(addr, token=token, ca=ca) as client:
@@ -219,12 +221,12 @@ def alerts(addr: str | None, token: str | None, ca: str | None, job: str | None,
 @click.option("--job", required=True, help="The job (run name) to trace.")
 @selection_option("--ranks", "ranks", "Ranks to trace, e.g. 0,3 (default: every rank of the job).")
 @click.option("--steps", default=None, metavar="FIRST-LAST", help="Steps to trace, e.g. 120-124.")
-@click.option("--next", "next_steps", default=None, type=int, metavar="N",
+@click.option("--next", "next_steps", default=None, type=STEPS, metavar="N",
               help="Trace the next N steps instead of a fixed range.")
 @click.option("--stop", is_flag=True, help="End the running deep traces of these ranks after the "
                                            "current step instead (they send what they recorded).")
 @click.option("--wait/--no-wait", default=False, help="Wait until every rank has sent its trace.")
-@click.option("--timeout", default=300.0, show_default=True, help="Seconds to --wait.")
+@click.option("--timeout", default=300.0, show_default=True, type=SECONDS, help="Seconds to --wait.")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="With --wait: copy the trace files here (OUT/rank<R>/).")
 def trace(addr: str | None, token: str | None, ca: str | None, job: str, ranks: list[int] | None,
@@ -252,7 +254,7 @@ def trace(addr: str | None, token: str | None, ca: str | None, job: str, ranks: 
             return 0
         table = client.wait_trace(reply["trace_id"], reply["ranks"] + reply["missing"], timeout)
         failed = 0
-        for row in table.to_pylist():
+        for row in printable(table.to_pylist()):
             if row["error"]:
                 failed += 1
                 click.echo(f"  rank {row['rank']}: no trace: {row['error']}")
@@ -283,7 +285,9 @@ def trace_files(addr: str | None, token: str | None, ca: str | None, job: str | 
     for row in rows:
         if as_json:
             click.echo(json.dumps(row, default=str))
-        elif row["error"]:
+            continue
+        row = printable(row)
+        if row["error"]:
             click.echo(f"{row['trace_id']} {row['job']} rank {row['rank']}: no trace: {row['error']}")
         else:
             click.echo(f"{row['trace_id']} {row['job']} rank {row['rank']} steps "
@@ -300,7 +304,7 @@ def trace_files(addr: str | None, token: str | None, ca: str | None, job: str | 
 @ca_option
 @click.option("--job", required=True, help="The job (run name).")
 @selection_option("--ranks", "ranks", "Ranks to change (default: every rank of the job).")
-@click.argument("seconds", type=float)
+@click.argument("seconds", type=SECONDS)
 def interval(addr: str | None, token: str | None, ca: str | None, job: str,
              ranks: list[int] | None, seconds: float) -> int:
     """Change how often the ranks' agents send their metric batches (SECONDS between them)."""

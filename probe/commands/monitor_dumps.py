@@ -10,7 +10,8 @@ import json
 import click
 
 from probe.commands.monitor_options import addr_option, ca_option, token_option
-from probe.options import selection_option
+from probe.ground.text import printable
+from probe.options import SECONDS, STEPS, selection_option
 
 
 @click.command("dump")
@@ -20,7 +21,7 @@ from probe.options import selection_option
 @click.option("--job", required=True, help="The job (run name) to dump.")
 @selection_option("--ranks", "ranks", "Ranks to dump, e.g. 0,3 (default: every rank of the job).")
 @click.option("--steps", default=None, metavar="FIRST-LAST", help="Steps to dump, e.g. 120-124.")
-@click.option("--next", "next_steps", default=None, type=int, metavar="N",
+@click.option("--next", "next_steps", default=None, type=STEPS, metavar="N",
               help="Dump the next N steps instead of a fixed range.")
 @click.option("--scope", default=None, metavar="REGEX",
               help="Keep the entries whose name this regular expression matches (re.search "
@@ -33,7 +34,7 @@ from probe.options import selection_option
 @click.option("--level", type=click.Choice(["module", "mix"]), default="module",
               show_default=True, help="Modules only, or modules and the API calls inside them.")
 @click.option("--wait/--no-wait", default=False, help="Wait until every rank has reported.")
-@click.option("--timeout", default=300.0, show_default=True, help="Seconds to --wait.")
+@click.option("--timeout", default=300.0, show_default=True, type=SECONDS, help="Seconds to --wait.")
 def dump(addr: str | None, token: str | None, ca: str | None, job: str, ranks: list[int] | None,
          steps: str | None, next_steps: int | None, scope: str | None, module: str | None,
          task: str, level: str, wait: bool, timeout: float) -> int:
@@ -69,7 +70,8 @@ def dump(addr: str | None, token: str | None, ca: str | None, job: str, ranks: l
 
 
 def _dump_line(row: dict) -> str:
-    """One rank's part of a targeted dump on one line."""
+    """One rank's part of a targeted dump on one line (its names escaped: they come from the network)."""
+    row = printable(row)
     head = f"{row['dump_id']} {row['job']} rank {row['rank']}"
     if row["state"] == "pending":
         return f"{head}: asked ({row['reason']}), not reported yet"

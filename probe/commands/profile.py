@@ -70,7 +70,7 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--schedule", default=None, callback=_schedule, metavar="W,WU,A[,R]",
               help="torch.profiler-style schedule (wait, warmup, active, repeat) instead of --steps.")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory.")
-@click.option("--peak-tflops", type=float, default=None,
+@click.option("--peak-tflops", type=click.FloatRange(0, 1e9, min_open=True), default=None,
               help="Peak TFLOP/s of one device for MFU/HFU (GPUs: known models are looked up; "
                    "CPUs: give it, or MFU is not reported).")
 @click.option("--no-flops", is_flag=True, help="Do not count FLOPs (no MFU/HFU).")

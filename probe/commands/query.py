@@ -5,18 +5,19 @@ from __future__ import annotations
 import click
 
 from probe.ground.errors import ProbeError
+from probe.options import MAX_ROWS, SECONDS
 
 
 @click.command("query")
 @click.argument("run_dir", type=click.Path())
 @click.argument("sql")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV instead of a table.")
-@click.option("--max-rows", default=200, show_default=True,
+@click.option("--max-rows", default=200, show_default=True, type=click.IntRange(1, MAX_ROWS),
               help="Rows to print in table mode (with --safe: rows to fetch at all).")
 @click.option("--safe", is_flag=True,
               help="The SQL is untrusted: run it in the read-only sandbox (one SELECT over the run's "
                    "views, no other file, network, extension or setting; --max-rows, --timeout).")
-@click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=float,
+@click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=SECONDS,
               help="With --safe: seconds before the query is interrupted.")
 def command(run_dir: str, sql: str, as_csv: bool, max_rows: int, safe: bool, timeout_s: float) -> None:
     """Run SQL over the records of RUN_DIR.

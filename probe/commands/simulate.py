@@ -21,6 +21,7 @@ from __future__ import annotations
 import click
 
 from probe.ground.errors import ProbeError
+from probe.options import MAX_BATCH, MAX_SEQ_LEN, SIM_RANKS, STEPS
 
 DEFAULT_OUT = "runs/simulate"
 
@@ -29,21 +30,25 @@ DEFAULT_OUT = "runs/simulate"
 @click.option("--preset", default="tiny", show_default=True, help="Bundled engine preset (tiny ... 7b).")
 @click.option("--engine", default="reference", show_default=True, metavar="reference|fused",
               help="Implementation of the bundled engine.")
-@click.option("--nproc", type=int, default=None, help="Ranks in all (default: dp x tp x pp, or 1).")
-@click.option("--dp", type=int, default=None, help="Data-parallel ranks (default: nproc / (tp x pp)).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel ranks (bundled engine).")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (bundled engine, 1F1B).")
-@click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage 0-3 over the data-parallel group.")
+@click.option("--nproc", type=SIM_RANKS, default=None, help="Ranks in all (default: dp x tp x pp, or 1).")
+@click.option("--dp", type=SIM_RANKS, default=None, help="Data-parallel ranks (default: nproc / (tp x pp)).")
+@click.option("--tp", type=SIM_RANKS, default=1, show_default=True, help="Tensor-parallel ranks (bundled engine).")
+@click.option("--pp", type=SIM_RANKS, default=1, show_default=True, help="Pipeline stages (bundled engine, 1F1B).")
+@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+              help="ZeRO stage 0-3 over the data-parallel group.")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
               help="Bundled engine's compute dtype (16-bit: autocast, fp32 weights and Adam state, as the engine's).")
 @click.option("--level", type=click.IntRange(0, 3), default=3, show_default=True,
               help="0 ops and modules; 1 + memory; 2 + workspace and allocator; 3 + time.")
 @click.option("--device", default="H100", show_default=True,
               help="Device for the full figures: H100, H200, A100, 910B, or cpu once calibrated.")
-@click.option("--global-batch", type=int, default=None, help="Sequences per step over all ranks.")
-@click.option("--micro-batch", type=int, default=None, help="Sequences per forward/backward of a rank.")
-@click.option("--seq-len", type=int, default=None, help="Tokens per sequence (default: the preset's).")
-@click.option("--max-steps", type=int, default=2, show_default=True,
+@click.option("--global-batch", type=click.IntRange(1, MAX_BATCH), default=None,
+              help="Sequences per step over all ranks.")
+@click.option("--micro-batch", type=click.IntRange(1, MAX_BATCH), default=None,
+              help="Sequences per forward/backward of a rank.")
+@click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=None,
+              help="Tokens per sequence (default: the preset's).")
+@click.option("--max-steps", type=STEPS, default=2, show_default=True,
               help="Optimizer steps a script runs before the simulation stops it.")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, help="Output directory.")
 @click.option("--force", is_flag=True, help="Replace what is in --out even if probe did not write it.")

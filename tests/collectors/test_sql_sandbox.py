@@ -94,3 +94,30 @@ def test_a_corrupt_segment_is_left_out_and_reported(run_dir):
     bad.write_bytes(b"PAR1 torn")
     result = run_untrusted(run_dir, "select count(*) from tensors")
     assert result.rows == [(5,)] and len(result.skipped) == 1 and str(bad) in result.skipped[0]
+
+
+@pytest.mark.parametrize("sql", [
+    "select * from glob('{cwd}/.tmp/*')",
+    "select * from read_csv('{cwd}/.tmp/secret.csv')",
+    "select current_setting('temp_directory') as t, current_setting('allowed_directories') as a",
+])
+def test_duckdbs_temporary_folder_is_not_readable_from_the_sandbox(run_dir, tmp_path, monkeypatch, sql):
+    (tmp_path / ".tmp").mkdir()                     # DuckDB's default temporary folder: <cwd>/.tmp
+    (tmp_path / ".tmp" / "secret.csv").write_text("secret\n42\n")
+    monkeypatch.chdir(tmp_path)
+    if "current_setting" in sql:
+        (temp, allowed), = run_untrusted(run_dir, sql).rows
+        assert temp == "" and all(a.startswith(str(run_dir.resolve() / "store")) for a in allowed), allowed
+        return
+    with pytest.raises(ProbeError, match="SQL refused: Permission Error"):
+        run_untrusted(run_dir, sql.format(cwd=tmp_path))
+
+
+def test_sql_longer_than_the_limit_is_refused_before_it_is_parsed(run_dir):
+    with pytest.raises(ProbeError, match=r"SQL refused: 100010 characters, over the sandbox's limit of 100000"):
+        run_untrusted(run_dir, "select 1" + " " * 100_002)
+    started = time.monotonic()
+    with pytest.raises(ProbeError, match="over the sandbox's limit"):
+        run_untrusted(run_dir, "select " + "1+" * 5_000_000 + "1")
+    assert time.monotonic() - started < 1.0
+    assert run_untrusted(run_dir, "select 1", Limits(max_sql_chars=8)).rows == [(1,)]

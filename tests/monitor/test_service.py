@@ -120,6 +120,21 @@ def test_status_json_has_jobs_ranks_and_alerts_with_evidence(service, stub):
     assert "job j" in text and "straggler" in text
 
 
+def test_names_from_the_network_reach_the_terminal_escaped(service, stub):
+    evil_job, evil_host = "j\x1b[2J\x1b[31m", "h\x1b]0;owned\x07\u202e"
+    stub.Register(pb.RegisterRequest(job=evil_job, rank=0, world_size=1, host=evil_host, pid=7,
+                                      agent_id="a0"))
+    stub.Push(batch(1, [0, 1], job=evil_job, agent="a0"))
+    stub.UploadTrace(_chunks({"rank0.json": b"{}"}, job=evil_job))
+    for args in (("status",), ("alerts",), ("trace-files",)):
+        res = run_probe("monitor", *args, "--addr", service.address)
+        assert res.returncode == 0, res.stderr
+        assert "\x1b" not in res.stdout and "\x07" not in res.stdout and "\u202e" not in res.stdout, res.stdout
+    status = run_probe("monitor", "status", "--addr", service.address).stdout
+    assert "job j\\x1b[2J\\x1b[31m" in status and "h\\x1b]0;owned\\x07\\u202e:7" in status
+    assert "j\\x1b[2J" in run_probe("monitor", "trace-files", "--addr", service.address).stdout
+
+
 def test_status_without_a_service_is_one_clear_line():
     res = run_probe("monitor", "status", "--addr", f"127.0.0.1:{free_port()}")
     assert res.returncode == 2
@@ -314,3 +329,21 @@ def test_a_trace_upload_cut_inside_a_file_is_refused_and_records_nothing(service
     assert MonitorClient(service.address).traces(trace_id="t1").num_rows == 0
     finished = service.store.trace_file_path("j", "t1", 0, "rank0.json")
     assert not finished.exists()          # the file that did arrive whole is not left behind
+
+
+def test_a_failed_reupload_leaves_the_acknowledged_trace_intact(service, stub):
+    files = {"rank0.json": b'{"traceEvents": []}', "second.json": b"[]" * 50}
+    stub.UploadTrace(_chunks(files))                  # acknowledged
+    client = MonitorClient(service.address)
+    before = sorted((r["filename"], r["path"], r["bytes"]) for r in client.wait_trace("t1", [0], timeout=5).to_pylist())
+    changed = {"rank0.json": b'{"traceEvents": [1]}', "second.json": b"{}" * 80}
+    for cut in ("rank0.json", "second.json"):         # the resend aborts inside the first, then the second file
+        with pytest.raises(grpc.RpcError) as e:
+            stub.UploadTrace(_chunks(changed, cut=cut))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert sorted((r["filename"], r["path"], r["bytes"]) for r in client.traces(trace_id="t1").to_pylist()) == before
+        for name, path, _ in before:
+            with open(path, "rb") as f:
+                assert f.read() == files[name]
+    folder = service.store.trace_file_path("j", "t1", 0, "rank0.json").parent
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0.json", "second.json"]   # no part left behind

@@ -88,7 +88,8 @@ def live(tmp_path):
 
 
 def test_the_callback_draws_a_module_per_rank_marks_anomalies_and_sends_only_new_steps(live, tmp_path):
-    source = LiveSource(monitor_addr=live["svc"].address, job="num")
+    # the run folder given (--store): the dump the monitor reports under it may be opened
+    source = LiveSource(monitor_addr=live["svc"].address, job="num", store_dirs=(str(tmp_path / "num"),))
     catalog = Catalog([])
     # at first, the module of the latest anomaly
     options, module, fig, ext, items, cursor = live_numerics.refresh(source, None, "grad_norm", {},

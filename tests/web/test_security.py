@@ -223,3 +223,112 @@ def test_with_tls_the_dashboard_speaks_https_and_its_cookie_is_secure(server, tm
 def test_a_missing_tls_key_is_one_line(tmp_path):
     r = run_probe("web", "--tls-cert", str(tmp_path / "cert.pem"), "--port", "0", timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--tls-key" in r.stderr
+
+
+def press_trace(srv, ranks, steps, cookie=None):
+    """What the live page's "Request trace" button sends, as ``request`` returns."""
+    body = json.dumps({
+        "output": "l-trace-msg.children", "outputs": {"id": "l-trace-msg", "property": "children"},
+        "inputs": [{"id": "l-trace", "property": "n_clicks", "value": 1}],
+        "changedPropIds": ["l-trace.n_clicks"],
+        "state": [{"id": "l-ranks", "property": "value", "value": ranks},
+                  {"id": "l-steps", "property": "value", "value": steps}]})
+    headers = {"Content-Type": "application/json", **({"Cookie": cookie} if cookie else {})}
+    return request(srv, "POST", "/_dash-update-component", headers, body)
+
+
+def test_the_live_pages_trace_button_needs_the_dashboards_token(server, monkeypatch):
+    from probe.web.pages.live_source import LiveSource
+
+    asked = []
+    monkeypatch.setattr(LiveSource, "request_trace", lambda self, r, a, b: asked.append((r, a, b)) or "requested")
+    srv = server(create_app(monitor_addr="127.0.0.1:9", monitor_token="monitor-secret"))
+    status, _, text = press_trace(srv, "0,1", "5-7")
+    assert status == 200 and "needs the dashboard's token" in text and asked == []
+    status, _, text = request(srv, "GET", "/live")
+    assert status == 200                                 # the page itself: it renders "needs the token"
+    status, _, text = press_trace(srv, "0,1", "5-7", sign_in(srv))
+    assert status == 200 and "requested" in text and asked == [([0, 1], 5, 7)]
+
+
+def test_the_live_page_of_a_token_protected_monitor_shows_nothing_without_the_token(server):
+    srv = server(create_app(monitor_addr="127.0.0.1:9", monitor_token="monitor-secret"))
+    body = json.dumps({"output": "page.children", "outputs": {"id": "page", "property": "children"},
+                       "inputs": [{"id": "url", "property": "pathname", "value": "/live"}],
+                       "changedPropIds": ["url.pathname"], "state": [{"id": "url", "property": "search", "value": ""}]})
+    _, _, text = request(srv, "POST", "/_dash-update-component", {"Content-Type": "application/json"}, body)
+    assert "needs a token" in text and "l-tick" not in text
+    _, _, text = request(srv, "POST", "/_dash-update-component",
+                         {"Content-Type": "application/json", "Cookie": sign_in(srv)}, body)
+    assert "l-tick" in text
+
+
+def test_the_live_pages_rank_box_is_capped(server, monkeypatch):
+    from probe.web.pages.live_source import LiveSource
+
+    monkeypatch.setattr(LiveSource, "request_trace", lambda self, r, a, b: "requested")
+    srv = server(create_app(monitor_addr="127.0.0.1:9"))
+    status, _, text = press_trace(srv, "0-10000000", "5-7", sign_in(srv))
+    assert status == 200 and "selects more than 65536 values" in text
+
+
+def test_a_too_large_body_is_refused_before_it_is_read_and_pages_still_answer(server):
+    import socket
+    import time
+
+    from probe.web.security import MAX_BODY
+
+    srv = server(create_app())
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    try:
+        sock.sendall((f"POST /_dash-update-component HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {400 * 1024 * 1024}\r\n\r\n").encode()
+                     + b"{" * 65536)                  # 64 KB of the 400 MB it announces
+        started = time.monotonic()
+        reply = b""
+        while b"over the limit" not in reply and (chunk := sock.recv(4096)):
+            reply += chunk
+        reply = reply.decode()
+        assert reply.startswith("HTTP/1.1 413") and f"over the limit of {MAX_BODY} bytes" in reply
+        assert time.monotonic() - started < 5
+        assert request(srv, "GET", "/")[0] == 200         # the dashboard answers meanwhile
+    finally:
+        sock.close()
+    status, _, text = request(srv, "POST", "/_dash-update-component",
+                              {"Content-Type": "application/json", "Content-Length": "abc"}, b"")
+    assert status == 400 and "bad Content-Length" in text
+
+
+def test_a_body_streamed_without_a_length_is_cut_at_the_limit(server):
+    from probe.web.security import MAX_BODY
+
+    srv = server(create_app())
+    con = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    try:
+        chunks = (b"[" + b"0," * (1024 * 1024) for _ in range(MAX_BODY // (1024 * 1024) + 2))
+        con.request("POST", "/_dash-update-component", body=chunks,
+                    headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+                    encode_chunked=True)
+        assert con.getresponse().status == 413
+    finally:
+        con.close()
+    small = json.dumps({"output": "x"}).encode()
+    con = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    try:                                          # a small one streamed the same way still arrives
+        con.request("POST", "/_dash-update-component", body=iter([small]),
+                    headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+                    encode_chunked=True)
+        response = con.getresponse()
+        assert response.status not in (400, 413), response.read()
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("path", ["/_dash-component-suites/nope/x.js", "/_dash-component-suites/dash/x.js",
+                                  "/_dash-component-suites/../x", "/_dash-component-suites/dash/%00",
+                                  "/assets/nope.css", "/assets/..%2f..%2fetc/passwd", "/assets/%00"])
+def test_a_bad_path_under_the_static_folders_is_404_without_a_traceback(server, path, caplog):
+    srv = server(create_app())
+    status, _, text = request(srv, "GET", path)
+    assert status == 404 and "Traceback" not in text
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]

@@ -35,6 +35,7 @@ from probe.monitor.alert_kinds import alert_kind, urgency
 from probe.visualizer import cluster
 from probe.web.pages import live_numerics
 from probe.web.pages.live_source import LiveSource
+from probe.web.security import NEEDS_TOKEN, authorized, require
 
 #: (chart id, title, metric names tried in order, y-axis title, what to do when none is reported)
 CHARTS = [
@@ -56,6 +57,8 @@ CHARTS = [
 HEAT = ("compute_time_ms", "no compute_time_ms reported: the heat map shows each rank's own compute time")
 #: Points kept per trace in the page.
 MAX_POINTS = 5000
+#: The most ranks one trace request may name (the rank box is parsed into a list).
+MAX_TRACE_RANKS = 65536
 
 
 def _figure(title: str, ytitle: str) -> go.Figure:
@@ -174,6 +177,9 @@ def layout(source: LiveSource, refresh_ms: int) -> html.Div:
         return html.Div([html.H2("Live cluster"), html.P(
             "No job to follow. Start with: probe web --monitor HOST:PORT (or --store RUN_DIR)",
             className="empty")])
+    if source.token and not authorized():      # the monitor's data are as private as the monitor
+        return html.Div([html.H2("Live cluster"), html.P(
+            f"This page shows a monitor that needs a token; it {NEEDS_TOKEN}.", className="empty")])
     form = html.Div([
         html.H4("Deep trace"),
         dcc.Input(id="l-ranks", placeholder="ranks, e.g. 0,1", type="text"),
@@ -213,6 +219,8 @@ def register(app: Dash, source: LiveSource, catalog: Any = None) -> None:
                   # refresh would ever land: the timer pauses until the answer is drawn
                   running=[(Output("l-tick", "disabled"), True, False)])
     def refresh(_n, cursor):
+        if source.token:
+            require("reading a token-protected monitor")
         try:
             return _refresh(source, cursor or {})
         except ProbeError as e:
@@ -221,8 +229,10 @@ def register(app: Dash, source: LiveSource, catalog: Any = None) -> None:
     @app.callback(Output("l-trace-msg", "children"), Input("l-trace", "n_clicks"),
                   State("l-ranks", "value"), State("l-steps", "value"), prevent_initial_call=True)
     def on_trace(_n, ranks, steps):
+        if not authorized():            # an action on the monitor: the dashboard's token, always
+            return f"error: requesting a trace {NEEDS_TOKEN}"
         try:
-            rank_list = parse_selection(ranks, what="ranks") or []
+            rank_list = parse_selection(ranks, what="ranks", limit=MAX_TRACE_RANKS) or []
             step_list = parse_selection(steps, what="steps") or []
             if not rank_list or not step_list:
                 return "give ranks (e.g. 0,1) and steps (e.g. 5-7)"

@@ -26,6 +26,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from probe.ground.errors import ProbeError
 from probe.monitor.numerics_names import QUANTITIES
 from probe.web.pages.live_source import LiveSource
+from probe.web.security import require
 
 #: The quantity shown first.
 DEFAULT_QUANTITY = "grad_norm"
@@ -201,7 +202,7 @@ def refresh(source: LiveSource, module: str | None, quantity: str, cursor: dict[
             if d.get("state") == "done" and d.get("path"):
                 from pathlib import Path
 
-                catalog.add_root(Path(d["path"]).parent)   # the graph page may open it now
+                catalog.add_root(Path(d["path"]).parent, within=source.store_dirs)   # under a given folder: openable
     marks = [a for a in alerts if module is not None and alert_module(a) == module]
     mark_key = [[a.get("id"), a.get("step")] for a in marks]
     same = (cursor.get("module") == module and cursor.get("quantity") == quantity
@@ -236,6 +237,8 @@ def register(app: Dash, source: LiveSource, catalog: Any = None) -> None:
                   Input("l-tick", "n_intervals"), Input("l-num-module", "value"),
                   Input("l-num-quantity", "value"), State("l-num-cursor", "data"))
     def on_tick(_n, module, quantity, cursor):
+        if source.token:
+            require("reading a token-protected monitor")
         try:
             return refresh(source, module, quantity or DEFAULT_QUANTITY, cursor or {}, catalog)
         except ProbeError as e:

@@ -87,6 +87,58 @@ OPS: dict[str, str] = {
             _scaled_dot_product_attention_math _scaled_dot_product_flash_attention_for_cpu""",
     }.items() for name in names.split()
 }
+#: pure tensor operations the checker replays beyond :data:`OPS` (they compute from their tensor
+#: and number arguments only); with :data:`OPS` the whole replay allow-list (:func:`refusal`)
+PURE_EXTRA = frozenset("""
+    absolute positive negative fix frac sinc heaviside nan_to_num signbit copysign ldexp logaddexp
+    logaddexp2 isclose isreal isneginf isposinf clamp_min clamp_max bitwise_and bitwise_or bitwise_xor
+    bitwise_not bitwise_left_shift bitwise_right_shift __lshift__ __rshift__ __rlshift__ __rrshift__
+    __pos__ __rand__ __ror__ __rxor__ __rmod__ __rfloordiv__ logical_xor all any count_nonzero median
+    nanmedian mode kthvalue quantile nanquantile cummax cummin logcumsumexp diff cross kron addr
+    aminmax std var cov corrcoef rot90 fliplr flipud diag diag_embed diagflat block_diag cartesian_prod
+    meshgrid atleast_1d atleast_2d atleast_3d dstack column_stack row_stack take take_along_dim scatter
+    scatter_add scatter_reduce index_add index_copy index_fill masked_scatter bucketize searchsorted
+    histc bincount renorm interpolate upsample grid_sample affine_grid fold channel_shuffle lp_pool1d
+    lp_pool2d max_unpool1d max_unpool2d max_unpool3d cosine_embedding_loss margin_ranking_loss
+    triplet_margin_loss soft_margin_loss multilabel_margin_loss multilabel_soft_margin_loss
+    multi_margin_loss poisson_nll_loss gaussian_nll_loss hinge_embedding_loss ctc_loss logdet det
+    slogdet inverse cholesky qr svd pinverse matrix_power matrix_exp triangular_solve linalg_solve
+    new_zeros new_ones new_full new_tensor linspace logspace real imag view_as_real view_as_complex
+    conj angle detach cpu expm1 clamp numel size dim view_as type softmin rsub silu
+    native_layer_norm native_batch_norm native_group_norm _softmax _log_softmax _to_copy _unsafe_view
+    _reshape_alias _scaled_mm _flash_attention_forward _efficient_attention_forward
+    _scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention
+    _scaled_dot_product_cudnn_attention npu_fusion_attention npu_rms_norm npu_rotary_mul
+    npu_swiglu""".split())
+#: never replayed, whatever a table says: they read or write files, pickle, reach a process, a
+#: device's memory or the network, or hand out raw memory (a crafted dump names them)
+_NEVER = re.compile(r"save|load|hub|file|pickle|reduce|setstate|getstate|numpy|tolist|storage|"
+                    r"share_memory|pin_memory|data_ptr|record_stream|mmap|open|dlpack|jit|compile|"
+                    r"script|trace|export|profil|backend|library|classes|ops|distributed|"
+                    r"multiprocessing|cuda|set_|__del__|__init__|__new__|__class__|__dict__")
+
+
+def refusal(api: str) -> str | None:
+    """Why a call of ``api`` is refused by the replay allow-list (None: it may be replayed).
+
+    Only pure tensor operations are replayed: a name of :data:`OPS` or :data:`PURE_EXTRA` in a
+    known family, with no dotted path (``Torch.hub.load``) and nothing that touches a file, a
+    pickle, a process or raw memory (``Torch.save``, ``Tensor.__reduce_ex__``), whatever the
+    tables say.
+
+    >>> refusal("Functional.linear") is None, refusal("Torch.save")
+    (True, 'not replayed: Torch.save is not a pure tensor operation on the replay allow-list')
+    """
+    attr = family_and_attr(api)[1]
+    base = attr.rstrip("_") if not attr.startswith("__") else attr
+    listed_pure = base in OPS or base in PURE_EXTRA
+    if "." in attr or not listed_pure or (_NEVER.search(attr) and base not in _FRAGMENT_OK):
+        return f"not replayed: {api} is not a pure tensor operation on the replay allow-list"
+    return None
+
+
+#: allow-listed names that :data:`_NEVER` would catch by a fragment (``trace`` the matrix trace)
+_FRAGMENT_OK = frozenset({"trace", "scatter_reduce", "huber_loss"})
 #: the default rule for a name :data:`OPS` lacks, first match wins: a name that says what it is
 #: gets that class; any other is graded as a reduction over its last dimension (an unknown op may
 #: reduce while keeping its shape, as ``normalize`` and ``cumsum`` do; never elementwise)

@@ -16,6 +16,7 @@ torch.bfloat16
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 
 from probe.checker.apis import split_name
 from probe.ground.errors import ProbeError
+from probe.ground.files import TENSOR_LIMIT_VARIABLE, check_tensor_file, max_tensor_bytes, read_regular, safetensors_entries
 from probe.ground.frameworks import module_prefixes
 
 #: at most this many bytes of dump.json are read (a larger one is not a dump of API calls)
@@ -97,9 +99,9 @@ def read_calls(folder: Path, step: int = 0, rank: int = 0) -> tuple[list[Call], 
     cpath = folder / "construct.json"
     if cpath.is_file():
         try:
-            loaded = orjson.loads(cpath.read_bytes())
+            loaded = orjson.loads(read_regular(cpath, MAX_JSON_BYTES))
             construct = loaded if isinstance(loaded, dict) else {}
-        except (orjson.JSONDecodeError, OSError):
+        except (orjson.JSONDecodeError, OSError, ProbeError):
             construct = {}
     order = {name: i for i, name in enumerate(construct)}
     base = len(order)
@@ -131,10 +133,7 @@ def _load(path: Path) -> Any:
     import orjson
 
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise ProbeError(f"{path}: {size} bytes, more than a dump.json of API calls holds")
-        return orjson.loads(path.read_bytes())
+        return orjson.loads(read_regular(path, MAX_JSON_BYTES))
     except OSError as e:
         raise ProbeError(f"{path}: cannot read ({e.strerror})") from None
     except orjson.JSONDecodeError as e:
@@ -146,7 +145,7 @@ def _load_lenient(path: Path, error: Exception) -> Any:
     import json
 
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular(path, MAX_JSON_BYTES).decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ProbeError(f"{path}: not valid JSON ({str(error).splitlines()[0]}); re-run the dump") from None
 
@@ -235,14 +234,36 @@ class TensorFiles:
         p = self.path(ref.file)
         if p is None:
             return None
+        _check_before_load(p, ref)
         try:
             if p.suffix == ".safetensors":
                 from safetensors.torch import load_file
                 tensors = load_file(str(p))
-                return next(iter(tensors.values())) if tensors else None
-            return torch.load(str(p), map_location="cpu", weights_only=True)
+                t = next(iter(tensors.values())) if tensors else None
+            else:
+                t = torch.load(str(p), map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - safetensors and torch raise several kinds
             raise ProbeError(f"{p}: not a readable tensor file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        if isinstance(t, torch.Tensor) and ref.shape and tuple(t.shape) != ref.shape:
+            raise ProbeError(f"{p}: holds a tensor of shape {list(t.shape)}; dump.json says {list(ref.shape)}")
+        return t
+
+
+def _check_before_load(p: Path, ref: TensorRef) -> None:
+    """Refuse (:class:`ProbeError` naming the file) a tensor file before reading it: no regular
+    file, more bytes than :func:`probe.ground.files.max_tensor_bytes` (its zip members, its
+    safetensors header, or the dump.json's own shape and dtype say), a safetensors header whose
+    shape is not the dump.json's."""
+    limit = max_tensor_bytes()
+    dtype = getattr(torch, ref.dtype.replace("torch.", ""), None) if ref.dtype else None
+    if isinstance(dtype, torch.dtype) and ref.shape and math.prod(ref.shape) * dtype.itemsize > limit:
+        raise ProbeError(f"{p}: dump.json gives it shape {list(ref.shape)[:8]} ({ref.dtype}), more than the "
+                         f"{limit} bytes one tensor may take (${TENSOR_LIMIT_VARIABLE} raises it); tensor skipped")
+    check_tensor_file(p, limit)
+    if p.suffix == ".safetensors" and ref.shape:
+        shapes = [tuple(shape) for _, shape in safetensors_entries(p, limit).values()]
+        if len(shapes) == 1 and shapes[0] != ref.shape:
+            raise ProbeError(f"{p}: its header gives shape {list(shapes[0])[:8]}; dump.json says {list(ref.shape)[:8]}")
 
 
 def materialise(x: Any, files: TensorFiles) -> tuple[Any, str | None]:

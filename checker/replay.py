@@ -5,7 +5,9 @@ loaded, or live tensors in an online check) and its measured outputs:
 
 1. a call that cannot be replayed faithfully is skipped with the reason in words
    (:func:`probe.checker.apis.skip_reason`: random, in-place, communication, uninitialised memory;
-   an API this framework does not have; a tensor the dump did not save);
+   an API this framework does not have; a tensor the dump did not save; a name off the replay
+   allow-list of pure tensor operations, :func:`probe.checker.apis.refusal`: never a file, a
+   pickle or a process);
 2. every floating input is cast to the golden dtype on the golden device (integers and bools
    stay as they are), a floating ``dtype=`` argument is raised to the golden dtype too (except
    in casts: ``x.to(torch.bfloat16)`` stays a cast), devices become the golden device;
@@ -35,7 +37,8 @@ from typing import Any
 
 import torch
 
-from probe.checker.apis import ABS_REPLAYABLE, family_and_attr, op_class, reduction_length, resolve, skip_reason
+from probe.checker.apis import (ABS_REPLAYABLE, family_and_attr, op_class, reduction_length, refusal, resolve,
+                                skip_reason)
 from probe.checker.grade import METRICS, grade
 from probe.checker.standards import standard
 from probe.ground.errors import ProbeError
@@ -93,6 +96,9 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
     fn = resolve(api)
     if fn is None:
         return row_for(api, "skipped", f"not replayable: this PyTorch has no {api}")
+    refused = refusal(api)
+    if refused is not None:
+        return row_for(api, "skipped", refused)
     outs = flat_tensors(measured)
     if not outs:
         return row_for(api, "skipped", "not graded: the call returned no tensor")

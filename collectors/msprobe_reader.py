@@ -69,6 +69,7 @@ from probe.collectors.msprobe_nodes import classify_entries, node_columns, stack
 from probe.collectors.msprobe_scan import scan_file
 from probe.collectors.records import schema_for, table_from_columns
 from probe.ground.errors import ProbeError
+from probe.ground.files import check_regular, read_regular
 
 __all__ = ["MsprobeDump", "read_msprobe_dump"]
 
@@ -153,6 +154,7 @@ def _read_msprobe_dump(path: str | os.PathLike, run: str | None, columns: Sequen
 def _read_entries(path: Path) -> tuple[dict, pa.Array, pa.Table]:
     """dump.json's top-level members but ``data``, its entry names in file order and its
     tensors flattened (the native scanner's table, or the general path's)."""
+    check_regular(path)                      # a FIFO or a device: one line, before anything blocks
     scanned = scan_file(path)                # the common layout, natively; else the general path
     if scanned is not None:
         return scanned.meta, scanned.names, scanned.flat
@@ -256,8 +258,7 @@ def _tensor_table(path: Path, meta: dict, names: pa.Array, info: pa.Table, flat:
 
 def _read_bytes(path: Path, what: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            text = f.read()
+        text = read_regular(path)
     except OSError as e:
         raise ProbeError(f"{path}: cannot read the {what} ({e.strerror})") from None
     if not text.strip():
@@ -282,6 +283,9 @@ def _load_json(path: Path, what: str, text: bytes | None = None) -> Any:
     except UnicodeDecodeError:
         raise ProbeError(f"{path}: a binary file, not JSON text (not UTF-8); give the {what} "
                          "msprobe wrote") from None
+    except ValueError as e:                          # a number of thousands of digits
+        raise ProbeError(f"{path}: a number out of range in the {what} ({str(e).split(':')[0]}); "
+                         "not a file msprobe wrote") from None
     except RecursionError:
         raise ProbeError(f"{path}: the {what} nests too deeply to be read (more than about a "
                          "thousand levels); not a file msprobe wrote") from None

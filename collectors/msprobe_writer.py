@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 import orjson
 
 from probe.ground.errors import ProbeError
+from probe.ground.files import disk_full, is_disk_full
 
 #: msprobe's name for each of our levels.
 LEVELS = {"module": "L0", "api": "L1", "mix": "mix"}
@@ -159,9 +160,15 @@ def write_files(folder: Path, files: Iterable[tuple[str, bytes]]) -> None:
     for name, text in files:
         path = folder / name
         tmp = path.with_name("." + name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except OSError as e:         # no temporary file left behind; a full disk is one line
+            tmp.unlink(missing_ok=True)
+            if is_disk_full(e):
+                raise disk_full(folder, e) from None
+            raise
 
 
 def write_step(out: str | os.PathLike, *, step: int, rank: int, data: Mapping[str, Any],

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from probe.collectors.records import SCHEMAS, VIEWS, conform, schema_for, table_from_rows
 from probe.ground.background import BackgroundQueue
 from probe.ground.errors import ProbeError
+from probe.ground.files import disk_full, is_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,14 @@ class StoreWriter:
         tmp = folder / (".tmp-" + name)
         # snappy: a third of zstd's CPU time for segments about 15% larger; the writer shares
         # the machine with the training it records
-        pq.write_table(table, tmp, compression="snappy")
-        os.replace(tmp, folder / name)
+        try:
+            pq.write_table(table, tmp, compression="snappy")
+            os.replace(tmp, folder / name)
+        except OSError as e:         # no half-written segment is left; a full disk is one line
+            tmp.unlink(missing_ok=True)
+            if is_disk_full(e):
+                raise disk_full(self.run_dir / STORE_DIRNAME, e) from None
+            raise
         self.segments_written += 1
         if self.fsync == "step":
             if self._syncer is None:

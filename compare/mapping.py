@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from probe.ground.errors import ProbeError
+from probe.ground.files import read_regular
 
 __all__ = ["mapped_pairs", "kind_of", "load_mapping"]
 
@@ -53,14 +54,14 @@ def load_mapping(path: str) -> Any:
     import yaml
 
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ProbeError(f"{p}: no such mapping file")
     try:
         size = p.stat().st_size
         if size > MAX_MAPPING_BYTES:
             raise ProbeError(f"{p}: the mapping file is {size >> 20} MB; a mapping YAML is at most "
                              f"{MAX_MAPPING_BYTES >> 20} MB (is this the right file?)")
-        raw = p.read_bytes()
+        raw = read_regular(p, MAX_MAPPING_BYTES)
     except OSError as e:
         raise ProbeError(f"{p}: cannot read the mapping file ({e.strerror})") from None
     text = _text(p, raw)
@@ -75,6 +76,8 @@ def load_mapping(path: str) -> Any:
         raise ProbeError(f"{p}: unreadable mapping YAML ({_yaml_problem(e)})") from None
     except RecursionError:
         raise ProbeError(f"{p}: the mapping YAML nests too deeply to be a mapping file") from None
+    except ValueError as e:                          # a number of thousands of digits
+        raise ProbeError(f"{p}: a number out of range in the mapping YAML ({str(e).split(':')[0]})") from None
     finally:
         loader.dispose()
     if not doc:

@@ -13,6 +13,8 @@ read here; ``.pt`` files as :mod:`probe.compare.pt_reader` reads them, without t
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ import pyarrow as pa
 
 __all__ = ["tensor_metrics", "add_tensor_metrics", "load_array"]
 
+log = logging.getLogger(__name__)
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "rmse", "one_thousandth", "one_ten_thousandth")
 
 
@@ -52,6 +55,8 @@ def load_array(path: str) -> np.ndarray | None:
     """Read a dumped tensor file without torch; ``None`` when the format needs torch or the file
     cannot be read (the row keeps its statistics). A bfloat16 tensor, which NumPy has no dtype
     for, is read as the float32 numbers it holds."""
+    if not _readable_within_limits(path):
+        return None
     try:
         if path.endswith(".npy"):
             return np.load(path, allow_pickle=False)
@@ -70,6 +75,24 @@ def load_array(path: str) -> np.ndarray | None:
     except Exception:  # noqa: BLE001 - an unreadable file: keep the statistics
         return None
     return None
+
+
+def _readable_within_limits(path: str) -> bool:
+    """Whether ``path`` is a regular file whose tensor fits the memory limit, its headers checked
+    before anything is read (:func:`probe.ground.files.check_tensor_file`: a FIFO, a zip bomb, a
+    safetensors header claiming more than the file holds); else one line naming the file is
+    logged and its row keeps its statistics."""
+    from probe.ground.errors import ProbeError
+    from probe.ground.files import check_tensor_file
+
+    if not os.path.lexists(path):
+        return False                          # no file: the row keeps its statistics, as always
+    try:
+        check_tensor_file(path)
+    except ProbeError as e:
+        log.warning("probe compare: %s", e)
+        return False
+    return True
 
 
 #: the largest safetensors header read (the format's own limit is 100 MB)

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import pickle
 import zipfile
 from typing import IO, Any
 
 import numpy as np
+
+from probe.ground.files import check_regular, check_zip_members, max_tensor_bytes
 
 __all__ = ["bfloat16_values", "read_pt"]
 
@@ -69,6 +72,7 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, file: IO[bytes], archive: zipfile.ZipFile, prefix: str) -> None:
         super().__init__(file)
         self.archive, self.prefix = archive, prefix
+        self.limit = max_tensor_bytes()
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "torch._utils" and name == "_rebuild_tensor_v2":
@@ -84,10 +88,10 @@ class _Unpickler(pickle.Unpickler):
                 and isinstance(pid[1], _Storage)):
             raise pickle.UnpicklingError("not a tensor storage")
         kind, key, numel = pid[1].dtype, str(pid[2]), int(pid[4])
-        if not 0 <= numel <= MAX_ELEMENTS:
+        width = 2 if kind == "bfloat16" else np.dtype(kind).itemsize
+        if not 0 <= numel <= MAX_ELEMENTS or numel * width > self.limit:
             raise pickle.UnpicklingError("storage too large")
         name = f"{self.prefix}data/{key}"
-        width = 2 if kind == "bfloat16" else np.dtype(kind).itemsize
         if self.archive.getinfo(name).file_size != numel * width:
             raise pickle.UnpicklingError("the storage's size is not its elements'")
         raw = self.archive.read(name)
@@ -98,9 +102,15 @@ class _Unpickler(pickle.Unpickler):
 
 def read_pt(file: str | IO[bytes]) -> np.ndarray | None:
     """The tensor of a ``torch.save`` file as a NumPy array, or None when the file is not one
-    (another object, a legacy non-zip file, a pickle that names anything else, damage)."""
+    (another object, a legacy non-zip file, a pickle that names anything else, damage).
+    A file that is no regular file, or whose members would expand beyond
+    :func:`probe.ground.files.max_tensor_bytes` (a zip bomb), is refused before anything is
+    decompressed: :class:`probe.ground.errors.ProbeError` naming it."""
+    if isinstance(file, (str, os.PathLike)):
+        check_regular(file)
     try:
         with zipfile.ZipFile(file) as archive:
+            check_zip_members(file if isinstance(file, (str, os.PathLike)) else "<tensor file>", archive.infolist())
             pkl = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
             if len(pkl) != 1:
                 return None

@@ -43,6 +43,7 @@ from typing import Any, Callable
 from probe.collectors import msprobe_writer
 from probe.engine_adapter.base import EngineAdapter
 from probe.ground.background import BackgroundQueue
+from probe.ground.files import disk_full, is_disk_full
 from probe.dumper.config import DumpConfig
 from probe.dumper.rows import ROW_COLUMNS, Leaf, TensorTables, apply_statistics, records_statistics
 from probe.dumper.tree import CallTree, node_depths
@@ -225,6 +226,9 @@ class DumpWriter:
             try:
                 save({"tensor": copy}, path)
             except Exception as e:  # noqa: BLE001 - one file lost, not the step
+                if is_disk_full(e):     # the step is lost: none of its files stay behind
+                    _remove_files([p for p, _ in files])
+                    raise disk_full(os.path.dirname(path), e) from None
                 self.report_error(f"writing a tensor file of step {step}", e)
 
     def _force_to_disk(self, step: int, files: list[str], folders: list[str]) -> None:
@@ -288,6 +292,15 @@ class DumpWriter:
         if pending:
             self.store.write("tensor", pa.concat_tables(pending) if len(pending) > 1 else pending[0])
         self.store.end_step(step)
+
+
+def _remove_files(paths: list[str]) -> None:
+    """Remove what of ``paths`` exists (a step that could not be written whole)."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _format_frames(frames: tuple) -> list[str]:

@@ -17,7 +17,8 @@ import sys
 
 import click
 
-from probe.ground.errors import ProbeError
+from probe.ground.errors import EXIT_USAGE, ProbeError
+from probe.ground.files import disk_full, is_disk_full
 from probe.ground.logs import print_to_stderr
 
 VERBS: dict[str, tuple[str, str]] = {
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback
+        if is_disk_full(e):   # a writer that did not say where: the file it was writing, if known
+            click.echo(f"probe: error: {disk_full(getattr(e, 'filename', None) or 'the output folder', e)}", err=True)
+            return EXIT_USAGE
         if os.environ.get("PROBE_DEBUG"):
             raise
         msg = str(e).splitlines()[0] if str(e) else ""

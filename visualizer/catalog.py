@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -33,13 +34,17 @@ from typing import Any, Iterable, Mapping
 from probe.collectors.msprobe_layout import find_dump_files, step_rank
 from probe.collectors.store import STORE_DIRNAME
 from probe.ground.errors import ProbeError
+from probe.ground.files import read_regular
 from probe.visualizer.check_marks import CheckMarks
 from probe.visualizer.diff import SIDES, DiffGraph
 from probe.visualizer.view import SideView
 
+#: the largest compare summary.json read
+MAX_SUMMARY_BYTES = 64 << 20
 #: What a compare result folder holds.
 COMPARE_FILES = ("summary.json", "nodes.parquet", "compare.parquet")
 _STEP_DIRS = ("step*/*/dump.json", "*/dump.json", "dump.json")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,12 +115,27 @@ def run_folder(path: str | os.PathLike) -> Path:
     return p
 
 
+def _summary_dumps(path: Path) -> dict[str, str]:
+    """The dumps (``a``, ``b``) a compare result's summary.json names (empty when none)."""
+    import json
+
+    try:
+        doc = json.loads(read_regular(path, MAX_SUMMARY_BYTES))
+    except (ValueError, RecursionError):
+        raise ProbeError(f"{path}: not a compare summary (not JSON); choose a folder written by "
+                         "probe compare --out") from None
+    doc = doc if isinstance(doc, dict) else {}
+    return {k: str(doc[k]) for k in SIDES if isinstance(doc.get(k), (str, os.PathLike)) and doc[k]}
+
+
 class Catalog:
     """The runs and compare results under ``roots``, and the diffs opened from them."""
 
     def __init__(self, roots: Iterable[str | os.PathLike], keep: int = 6,
                  checks: Mapping[str | os.PathLike, str | os.PathLike] | None = None) -> None:
         self.roots = list(dict.fromkeys(Path(r).resolve() for r in roots))
+        #: the folders the user gave: a root added later must lie under one of them
+        self.given = tuple(self.roots)
         self.keep = keep
         #: run folder -> the API precision check result given for it (``probe web --check``)
         self.checks = {str(run_folder(k)): str(v) for k, v in (checks or {}).items()}
@@ -123,13 +143,22 @@ class Catalog:
         self._pinned: str | None = None
         self._lock = threading.Lock()
 
-    def add_root(self, path: str | os.PathLike) -> None:
+    def add_root(self, path: str | os.PathLike, within: Iterable[str | os.PathLike] = ()) -> bool:
         """Let the page open the runs under ``path`` too (the live page adds the folder of each
-        targeted dump the monitor reports done)."""
+        targeted dump the monitor reports done), when ``path`` (symlinks resolved) lies under a
+        folder the user gave: a root the catalog started with, or one of ``within`` (the live
+        page's ``--store`` runs). A path from elsewhere (a monitor client names any path it
+        likes) is not added: returns False and says so in the log."""
         p = Path(path).resolve()
+        given = [*self.given, *(Path(w).resolve() for w in within)]
+        if not any(p == g or p.is_relative_to(g) for g in given):
+            log.warning("%s: a reported dump outside the folders this dashboard was started on; "
+                        "not opened (start probe web with --store RUN or --dump under it)", p)
+            return False
         with self._lock:
             if p not in self.roots:
                 self.roots.append(p)
+        return True
 
     # -- what there is ----------------------------------------------------------------------
 
@@ -201,6 +230,10 @@ class Catalog:
         if cmp and not all((Path(cmp) / f).is_file() for f in COMPARE_FILES):
             raise ProbeError(f"{choice.compare}: not a compare result (no {', '.join(COMPARE_FILES)}); "
                              "choose a folder written by probe compare --out")
+        if cmp and not (a and b):                  # the dumps its summary names: under the roots too
+            named = _summary_dumps(Path(cmp) / "summary.json")
+            a = a or (str(self.check(named["a"])) if named.get("a") else None)
+            b = b or (str(self.check(named["b"])) if named.get("b") else None)
         for path in (a, b):
             if path and not (Path(path) / STORE_DIRNAME).is_dir() and not find_dump_files(path):
                 raise ProbeError(f"{path}: holds no dump (no step<N>/rank<R>/dump.json, no store/); "

@@ -252,7 +252,7 @@ class TorchAdapter(EngineAdapter):
             hook = self._param_hook(sink, base, key, pname, len(trainable),
                                     hooks.prepare if hooks is not None else None)
             if not layout.hook_at_attach(param):
-                later[pname] = native.first(hook) if native is not None else hook
+                later[pname] = native.first_grad(hook) if native is not None else hook
                 continue
             self._handles.append(native.watch_param(param, hook) if native is not None
                                  else param.register_hook(hook))

@@ -708,13 +708,14 @@ PyObject *capture_edges(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 /* grouped(t): t read as a replayed event is (a PreparedGrad with its group: the same data as
-   a queued gradient is the same group) when it is readable, else t itself; nothing when the
-   step is not recorded. For a gradient a Python hook got beside the queued ones (a module
-   input's, from the nodes that take it: torch_api.capture_edges) */
+   a queued gradient is the same group) when it is readable and the step is recorded, else t
+   itself. For a gradient a Python hook got beside the queued ones (torch_grads.NativeGrads.
+   first_grad: a leaf module output's, which may be the very tensor a parameter's AccumulateGrad
+   hook queues after it; a parameter hooked as its module runs) */
 PyObject *grouped(PyObject *, PyObject *t) {
     const at::Tensor *v = tensor_of(t);
     if (v == nullptr) return nullptr;
-    if (!readable(*v)) { Py_INCREF(t); return t; }
+    if (!S.active.load(std::memory_order_relaxed) || !readable(*v)) { Py_INCREF(t); return t; }
     Event e;
     e.kind = CALL;
     e.id = 0;

@@ -184,8 +184,9 @@ class _SparseIn(nn.Module):
 @needs_native
 def test_the_python_hooks_beside_the_native_ones_keep_the_order(tmp_path, monkeypatch):
     """A leaf output gets a Python hook in native mode (what the C++ hooks queued before it is
-    replayed first), a sparse input no capture: the dump is the Python hooks' one, and the
-    training goes on (the sparse input broke the forward pass before 2026-11-28)."""
+    replayed first; its gradient, the parameter's too, read as the queued one is: one tensor
+    id), a sparse input's gradient an entry with nothing read: the dump is the Python hooks'
+    one, and the training goes on (the sparse input broke the forward pass before 2026-11-28)."""
     def run(out, native):
         if not native:
             monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
@@ -205,7 +206,13 @@ def test_the_python_hooks_beside_the_native_ones_keep_the_order(tmp_path, monkey
     assert len(python) >= 2 and native == python
     data = json.loads(python[1])["data"]
     assert {"Module.sparse._SparseIn.backward.0", "Module.leaf._LeafOut.parameters_grad.0"} <= set(data)
-    assert data["Module.sparse._SparseIn.backward.0"]["output"] == []
+    # the sparse input's gradient: an entry, nothing read (no statistics, no tensor id)
+    assert data["Module.sparse._SparseIn.backward.0"]["output"] == [
+        {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [3, 8], "Max": None,
+         "Min": None, "Mean": None, "Norm": None, "requires_grad": False}]
+    # the leaf output's gradient is the parameter's: one tensor, one id (in both paths)
+    leaf_out = data["Module.leaf._LeafOut.backward.0"]["input"][0]
+    assert leaf_out["tensor_id"] == data["Module.leaf._LeafOut.parameters_grad.0"]["w"][0]["tensor_id"]
 
 
 @needs_native

@@ -17,7 +17,7 @@ stage() { printf '\n== %s ==\n' "$*"; }
 
 stage "install (.venv)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[dev]'
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[dev,zoo]'
 # the native helpers built once, ahead of the tests (a helper that cannot be built here is
 # reported and its Python twin used: not a failure)
 .venv/bin/python -m probe.native || true
@@ -44,6 +44,9 @@ stage "tests (the fast suite)"
 
 stage "end-to-end tests (marked slow: real trainings, browsers on real runs, the README walk-through)"
 .venv/bin/python -m pytest -q -m slow "$@"
+
+stage "the zoo (marked zoo: Hugging Face models, LoRA, checkpointing, accumulation, compile under the dump)"
+.venv/bin/python -m pytest -q -m zoo "$@"
 
 if [ "${PROBE_SKIP_MINDSPORE:-0}" != 1 ]; then
   stage "mindspore tests (.venv-ms)"

@@ -25,6 +25,10 @@ TASKS = ("statistics", "tensor", "md5", "check", "overflow")
 #: tasks with a recorder of their own (probe.dumper.check, probe.dumper.overflow)
 WATCH_TASKS = ("check", "overflow")
 GOLDENS = ("cpu-fp64", "cpu-fp32", "cuda-fp64")
+#: the tensor task's file formats: ``msprobe`` writes what msprobe's own dump writes and its
+#: compare reads (``.pt`` through ``torch.save`` for PyTorch, ``.npy`` for MindSpore);
+#: ``safetensors`` writes one ``.safetensors`` file per tensor (no pickle in the file)
+TENSOR_FORMATS = ("msprobe", "safetensors")
 
 
 @dataclass
@@ -51,6 +55,8 @@ class DumpConfig:
     max_hits: int = 1
     #: ``check``: where and in what precision the golden runs
     golden: str = "cpu-fp64"
+    #: ``tensor``: the file format of the tensors (:data:`TENSOR_FORMATS`)
+    tensor_format: str = "msprobe"
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -61,6 +67,8 @@ class DumpConfig:
             raise ProbeError("--task check replays API calls: use --level api or mix")
         if self.golden not in GOLDENS:
             raise ProbeError(f"--golden {self.golden!r}: use one of {', '.join(GOLDENS)}")
+        if self.tensor_format not in TENSOR_FORMATS:
+            raise ProbeError(f"--tensor-format {self.tensor_format!r}: use one of {', '.join(TENSOR_FORMATS)}")
         if isinstance(self.max_hits, bool) or not isinstance(self.max_hits, int) or self.max_hits < 1:
             raise ProbeError(f"--max-hits {self.max_hits!r}: give a whole number of at least 1")
         from probe.collectors.store import FSYNC_MODES

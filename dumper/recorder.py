@@ -294,8 +294,15 @@ class DumpRecorder:
             self._tensor_dir = folder
         # a safe name holds no separator and no leading dot: it names an entry of ``folder``
         # (the backend's writer refuses a symbolic link planted under that name)
-        file_name = msprobe_writer.safe_file_name(name, ".safetensors")
+        file_name = msprobe_writer.safe_file_name(name, self._tensor_suffix())
         return os.path.join(folder, file_name), file_name
+
+    def _tensor_suffix(self) -> str:
+        """The tensor files' extension: msprobe's for the framework (``.pt``, ``.npy``: what
+        its compare reads), or ``.safetensors`` (``tensor_format="safetensors"``)."""
+        if getattr(self.config, "tensor_format", "msprobe") == "safetensors":
+            return ".safetensors"
+        return getattr(self.adapter.stats, "tensor_suffix", ".safetensors")
 
     def _save_tensor(self, t: Any, name: str) -> str:
         """Write ``t``'s file now; returns its name."""

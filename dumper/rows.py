@@ -63,17 +63,25 @@ _SCALAR_TYPES = {int: "int", float: "float", bool: "bool", str: "str"}
 
 #: the longest tensor file name (without its extension) :func:`tensor_file_name` gives
 MAX_FILE_STEM = 160
-#: the longest slot suffix (``.input.0``, ``.kwarg.<key>``) kept whole in a cut name
+#: the longest slot suffix (``.input.0``, ``.kwargs.<key>``) kept whole in a cut name
 _MAX_TAIL = 48
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 #: what marks a name as hashed: a dash and 16 hex digits before a dot or the end
 _HASH_MARK = re.compile(r"-[0-9a-f]{16}(?:\.|$)")
 
 
+#: each slot's category in msprobe's tensor file names (``<entry>.<category>.<index>``); a
+#: parameter gradient's name has none (``Module.fc.Linear.parameters_grad.0.weight``)
+SLOT_CATEGORIES = {"input": "input", "kwarg": "kwargs", "output": "output",
+                   "parameter": "parameters", "parameter_grad": None}
+
+
 def tensor_file_name(node: str, slot: str, index: str) -> str:
     """The file name (no extension) of the tensor ``index`` of ``slot`` of dump entry ``node``.
 
-    The name is ``<node>.<slot>.<index>`` itself when that is short and made of file-name-safe
+    msprobe's name: ``<node>.<category>.<index>``, the category of the slot
+    (:data:`SLOT_CATEGORIES`: ``input``, ``kwargs``, ``output``, ``parameters``; none for a
+    parameter gradient, ``<node>.<index>``), when that is short and made of file-name-safe
     characters only (``[A-Za-z0-9_.-]``, no ``..``, no leading dot). Otherwise the cleaned name
     is cut to fit and a 16-hex-digit hash of the full name follows the node part, before the
     slot suffix, which is always kept. Collision-free: two kept names differ as their dump names
@@ -85,6 +93,12 @@ def tensor_file_name(node: str, slot: str, index: str) -> str:
 
     >>> tensor_file_name("Module.fc.Linear.forward.0", "input", "0")
     'Module.fc.Linear.forward.0.input.0'
+    >>> tensor_file_name("Module.fc.Linear.forward.0", "parameter", "weight")
+    'Module.fc.Linear.forward.0.parameters.weight'
+    >>> tensor_file_name("Module.fc.Linear.parameters_grad.0", "parameter_grad", "weight")
+    'Module.fc.Linear.parameters_grad.0.weight'
+    >>> tensor_file_name("Functional.linear.0.forward", "kwarg", "bias")
+    'Functional.linear.0.forward.kwargs.bias'
     >>> tensor_file_name("Module.a_b.Linear.forward.0", "output", "0")
     'Module.a_b.Linear.forward.0.output.0'
     >>> tensor_file_name("Module.a/b.Linear.forward.0", "output", "0")
@@ -92,12 +106,14 @@ def tensor_file_name(node: str, slot: str, index: str) -> str:
     >>> len(tensor_file_name("Module." + "x" * 300 + ".Linear.forward.0", "input", "0"))
     160
     """
-    full = f"{node}.{slot}.{index}"
+    category = SLOT_CATEGORIES.get(slot, slot)
+    suffix = f".{index}" if category is None else f".{category}.{index}"
+    full = node + suffix
     if (len(full) <= MAX_FILE_STEM and not _UNSAFE.search(full) and ".." not in full
             and not full.startswith(".") and not _HASH_MARK.search(full)):
         return full
     digest = hashlib.blake2b(full.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
-    tail = _clean(f".{slot}.{index}")[:_MAX_TAIL]
+    tail = _clean(suffix)[:_MAX_TAIL]
     head = _clean(node).lstrip(".")[:MAX_FILE_STEM - len(tail) - 17] or "_"
     return f"{head}-{digest}{tail}"
 

@@ -58,14 +58,15 @@ class DumpSession:
                  framework: str = "torch", auto_step: bool = True, store: Any = True,
                  rank: int | None = None, run: str | None = None, stack: bool = True,
                  first_step: int | None = 0, quiet: bool = False, store_flush_s: float = 1.0,
-                 fsync: str = "step", max_hits: int = 1, golden: str = "cpu-fp64") -> None:
+                 fsync: str = "step", max_hits: int = 1, golden: str = "cpu-fp64",
+                 tensor_format: str = "msprobe") -> None:
         if isinstance(names, str):
             names = [n for n in names.split(",") if n.strip()]
         self.config = DumpConfig(out=str(out), level=level, task=task,
                                  steps=_selection(steps, "--steps"), ranks=_selection(ranks, "--ranks"),
                                  scope=scope, names=names, stack=stack, run=run,
                                  store_flush_s=store_flush_s, fsync=fsync, max_hits=max_hits,
-                                 golden=golden)
+                                 golden=golden, tensor_format=tensor_format)
         self.model = model
         self.framework = framework
         self.auto_step = auto_step

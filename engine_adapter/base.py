@@ -58,6 +58,9 @@ class StatsBackend(ABC):
 
     #: the framework's tensor class(es), for ``isinstance`` on the hot path
     tensor_type: Any = ()
+    #: the extension of the tensor files msprobe's dump of this framework writes (and its
+    #: compare reads): ``.pt`` for PyTorch, ``.npy`` for MindSpore
+    tensor_suffix: str = ".npy"
 
     @abstractmethod
     def describe(self, t: Any) -> TensorMeta:
@@ -107,7 +110,9 @@ class StatsBackend(ABC):
 
     @abstractmethod
     def save(self, tensors: dict[str, Any], path: str) -> None:
-        """Write ``tensors`` to one safetensors file at ``path`` (never pickle)."""
+        """Write ``tensors`` to one file at ``path``, in the format its extension names:
+        ``.safetensors`` (every tensor of ``tensors``), or msprobe's one tensor a file (``.pt``
+        through ``torch.save``; ``.npy``). A symbolic link at ``path`` is refused, not followed."""
 
     def snapshot(self, t: Any) -> Any:
         """A host copy of ``t`` that nothing else writes to, for :meth:`save` to write later,

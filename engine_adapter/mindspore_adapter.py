@@ -55,6 +55,7 @@ class MindSporeStats(StatsBackend):
     """:class:`~probe.engine_adapter.base.StatsBackend` for ``mindspore.Tensor``."""
 
     tensor_type = ms.Tensor
+    tensor_suffix = ".npy"
 
     def describe(self, t: Any) -> TensorMeta:
         dtype = t.dtype
@@ -106,6 +107,15 @@ class MindSporeStats(StatsBackend):
         return f"{zlib.crc32(memoryview(a).cast('B')) & 0xFFFFFFFF:08x}"
 
     def save(self, tensors: dict[str, Any], path: str) -> None:
+        if path.endswith(".npy"):                 # msprobe's MindSpore files: one tensor each
+            from probe.engine_adapter.tensor_files import write_npy
+            (t,) = tensors.values()
+            write_npy(_host(t), path)
+            return
+        if not path.endswith(".safetensors"):
+            raise ValueError(f"{path}: MindSpore tensors are written as .npy or .safetensors")
+        if os.path.islink(path):
+            raise OSError(f"{path}: a symbolic link, not followed")
         from safetensors.numpy import save_file
         save_file({k: np.ascontiguousarray(_host(v)) for k, v in tensors.items()}, path)
 

@@ -153,6 +153,7 @@ class TorchStats(StatsBackend):
     """:class:`~probe.engine_adapter.base.StatsBackend` for ``torch.Tensor``."""
 
     tensor_type = torch.Tensor
+    tensor_suffix = ".pt"
 
     def describe(self, t: torch.Tensor) -> TensorMeta:
         # quantized dtypes are in neither table: dtype and shape only, as complex and bool
@@ -249,6 +250,10 @@ class TorchStats(StatsBackend):
         return f"{zlib.crc32(memoryview(arr).cast('B')) & 0xFFFFFFFF:08x}"
 
     def save(self, tensors: dict[str, Any], path: str) -> None:
+        if path.endswith((".pt", ".npy")):                  # msprobe's files: one tensor each
+            (t,) = tensors.values()
+            (write_pt if path.endswith(".pt") else _write_npy)(t, path)
+            return
         if len(tensors) == 1 and "tensor" in tensors:      # the dump's one tensor per file
             from probe.engine_adapter.torch_safetensors import write_tensor
             if write_tensor(tensors["tensor"], path):
@@ -275,6 +280,46 @@ class TorchStats(StatsBackend):
         if isinstance(x, torch.Size):
             return "torch.Size"
         return None
+
+
+def write_pt(t: torch.Tensor, path: str) -> None:
+    """``t`` as msprobe's PyTorch dump writes it: ``torch.save`` of the tensor, on the host,
+    detached, holding its own storage only (a view of a larger tensor is copied out, so the file
+    is not the whole base), to ``path`` opened without following a link.
+
+    >>> import os, tempfile
+    >>> base = torch.arange(100.0)
+    >>> p = os.path.join(tempfile.mkdtemp(), "t.pt")
+    >>> write_pt(base[10:16].view(2, 3).t(), p)
+    >>> got = torch.load(p, weights_only=True)
+    >>> got.tolist(), got.untyped_storage().nbytes()
+    ([[10.0, 13.0], [11.0, 14.0], [12.0, 15.0]], 24)
+    """
+    from probe.engine_adapter.tensor_files import open_new
+
+    x = t.detach()
+    if not x.is_cpu:
+        x = x.cpu()
+    if x.layout is torch.strided and not (
+            x.is_contiguous() and x.storage_offset() == 0
+            and x.untyped_storage().nbytes() == x.numel() * x.element_size()):
+        x = x.clone(memory_format=torch.contiguous_format)
+    with open_new(path) as f:
+        torch.save(x, f)
+
+
+def _write_npy(t: torch.Tensor, path: str) -> None:
+    """``t`` as a ``.npy`` file (bfloat16 as the float32 values it holds, NumPy having none)."""
+    from probe.engine_adapter.tensor_files import write_npy
+    from probe.engine_adapter.torch_safetensors import host_array
+
+    x = t.detach()
+    if x.dtype == torch.bfloat16:
+        x = x.float()
+    if not _numpy_ok(x.dtype):
+        raise TypeError(f"{path}: a {x.dtype} tensor has no .npy form")
+    x = x.cpu().contiguous()
+    write_npy(host_array(x).reshape(tuple(x.shape)), path)
 
 
 #: the native kernel's source, beside this file

@@ -218,7 +218,7 @@ def test_steps_ranks_scope_and_list_filters_select_what_is_written(tmp_path):
     assert not list((tmp_path / "c").glob("step*"))
 
 
-def test_md5_and_tensor_tasks_write_hashes_and_safetensors_inside_out(tmp_path):
+def test_md5_and_tensor_tasks_write_hashes_and_msprobes_tensor_files_inside_out(tmp_path):
     from safetensors.torch import load_file
 
     net = nn.Sequential(nn.Linear(3, 2))
@@ -236,8 +236,19 @@ def test_md5_and_tensor_tasks_write_hashes_and_safetensors_inside_out(tmp_path):
     rec = dump["data"]["Module.0.Linear.forward.0"]["output"][0]
     folder = Path(dump["dump_data_dir"])
     assert folder.parent == tmp_path / "t" / "step0" / "rank0"
-    saved = load_file(str(folder / rec["data_name"]))["tensor"]
+    assert rec["data_name"] == "Module.0.Linear.forward.0.output.0.pt"     # msprobe's name and format
+    saved = torch.load(folder / rec["data_name"], weights_only=True)
     assert torch.equal(saved, y.detach())
+    from probe.compare.pt_reader import read_pt                            # read without torch too
+    assert (read_pt(str(folder / rec["data_name"])) == y.detach().numpy()).all()
+    with DumpSession(net, out=tmp_path / "s", task="tensor", tensor_format="safetensors",
+                     store=False, auto_step=False):
+        y = net(x)
+    dump = _load(tmp_path / "s")
+    rec = dump["data"]["Module.0.Linear.forward.0"]["output"][0]
+    folder = Path(dump["dump_data_dir"])
+    assert rec["data_name"] == "Module.0.Linear.forward.0.output.0.safetensors"
+    assert torch.equal(load_file(str(folder / rec["data_name"]))["tensor"], y.detach())
     assert not any(p.suffix in (".pt", ".pkl") for p in folder.iterdir())
 
 

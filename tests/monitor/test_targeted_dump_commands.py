@@ -81,7 +81,7 @@ def test_a_script_loop_with_only_the_monitor_agent_takes_dump_orders(tmp_path, s
     step_dir = Path(row["path"]) / f"step{steps[0]}" / "rank0"
     data = json.loads((step_dir / "dump.json").read_text())["data"]
     assert data and all(name.startswith("Module.2.") for name in data), list(data)
-    assert list((step_dir / "dump_tensor_data").glob("*.safetensors"))      # --task tensor
+    assert list((step_dir / "dump_tensor_data").glob("*.pt"))      # --task tensor: msprobe's files
     assert no_runner[0]["state"] == "failed" and "no model to dump" in no_runner[0]["error"]
 
 

@@ -650,6 +650,15 @@ def make_wrapper(orig: Any, api: str, inplace: bool, sink: Any, guard: Any, back
                         sink.report_error(f"the backward capture of {api}", e)
             return output
 
+    # Each wrapper gets a code object of its own. Dynamo keeps its compiled code per code
+    # object, and it compiles a wrapper as a frame of its own when the wrapper is called from a
+    # frame it runs eagerly (a hook whose graph break it could not handle: "Skipping the
+    # function and falling back to eager", a HF Llama's decoder layers). Its guards then check
+    # the arguments but not the closure's ``orig`` (a builtin it bakes into the graph as a
+    # constant), so with one code object for all wrappers ``Tensor.max``'s call could run the
+    # code compiled for ``Tensor.float``'s wrapper and return ``f.float()`` instead of
+    # ``f.max()``: the dump changed what the user's call returned.
+    wrapper.__code__ = wrapper.__code__.replace()
     wrapper.__probe_original__ = orig
     return wrapper
 

@@ -1,9 +1,9 @@
 """A dump of a script's run: what ``probe dump -- train.py`` switches on around the script.
 
-Steps are the script's optimizer steps: step 0 starts at the first module call after the script
-constructs its first optimizer (what runs before, imports, model construction, moving the model
-and casting its parameters, is set-up and is not dumped, as msprobe's debugger, started in the
-training loop, does not see it; MindSpore: step 0 starts with the script), each
+Steps are the script's optimizer steps: step 0 starts when the script constructs its first
+optimizer (what runs before, imports, model construction, moving the model and casting its
+parameters, is set-up and is not dumped, as msprobe's debugger, started in the training loop,
+does not see it; MindSpore: step 0 starts with the script), each
 ``optimizer.step()`` ends one, and after the last one a step is written only if the model
 worked in it (an evaluation after training, say; not the training loop's logging of the last
 loss: :meth:`~probe.dumper.recorder.DumpRecorder.step_did_work`). Under PyTorch the run's setup is
@@ -30,7 +30,6 @@ class ScriptDump:
         self.session = DumpSession(None, out=out, framework=framework, auto_step=True, fsync=fsync,
                                    **options)
         self._unwatch: Any = None
-        self._unwatch_forward: Any = None
         self._setup: Any = None
 
     def __enter__(self) -> "ScriptDump":
@@ -45,22 +44,15 @@ class ScriptDump:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for unwatch in (self._unwatch, self._unwatch_forward):
-            if unwatch is not None:
-                unwatch()
+        if self._unwatch is not None:
+            self._unwatch()
         self.session.stop()             # (the step left open after the last one is not written)
         if self._setup is not None:
             self._setup.close()
 
     def _setup_done(self) -> None:
-        """The script constructed its first optimizer: step 0 starts at the next module call."""
-        from probe.engine_adapter.steps import watch_first_forward
-
-        self._unwatch_forward = watch_first_forward(self.framework, self._step0)
-
-    def _step0(self) -> None:
-        """The first module call after the first optimizer: what was recorded so far is set-up,
-        not step 0 (its tensor files are removed); step 0 starts afresh."""
+        """The script constructed its first optimizer: what was recorded so far is set-up, not
+        step 0 (its tensor files are removed); step 0 starts afresh."""
         rec = self.session.recorder
         if rec is None or rec.step != 0:
             return

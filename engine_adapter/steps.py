@@ -89,43 +89,6 @@ def watch_first_optimizer(framework: str, on_first: Callable[[], None]) -> Calla
     return stop
 
 
-def watch_first_forward(framework: str, on_first: Callable[[], None]) -> Callable[[], None] | None:
-    """Call ``on_first()`` once, as the next module call starts (before the module's own hooks
-    see it); returns the function that stops watching, or None where the framework offers no
-    way to see it. What a script does between constructing its optimizer and its first forward
-    (moving the model, ``model.train()``, casting parameters: ``Trainer``'s set-up) is thus
-    told apart from step 0.
-
-    >>> import torch
-    >>> seen = []
-    >>> stop = watch_first_forward("torch", lambda: seen.append("forward"))
-    >>> net = torch.nn.Linear(2, 2).to(torch.float64)
-    >>> _ = net(torch.ones(1, 2, dtype=torch.float64)); _ = net(torch.ones(1, 2, dtype=torch.float64))
-    >>> stop(); seen
-    ['forward']
-    """
-    if framework_spec(framework).name != "torch":
-        return None
-    import torch
-    from torch.nn.modules.module import register_module_forward_pre_hook
-
-    handle = None
-
-    def stop() -> None:
-        if handle is not None:
-            handle.remove()
-
-    def hook(module: Any, args: Any) -> None:
-        if torch.compiler.is_compiling():   # traced into a compiled graph: not a call that runs
-            return None
-        stop()
-        on_first()
-        return None
-
-    handle = register_module_forward_pre_hook(hook)
-    return stop
-
-
 class StepSource:
     """Drives ``callbacks`` from ``adapter``'s optimizer steps; see the module docstring.
 

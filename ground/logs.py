@@ -21,8 +21,10 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from typing import TextIO
 
 #: The project's root logger; every module's logger is below it.
@@ -55,3 +57,25 @@ def print_to_stderr(stream: TextIO | None = None) -> logging.Handler:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     return handler
+
+
+@contextlib.contextmanager
+def printing_to_stderr() -> Iterator[logging.Handler]:
+    """:func:`print_to_stderr` for the length of a block (the command line's run in a process
+    that goes on after it, such as a test's): the handler it added is removed afterwards.
+
+    >>> with printing_to_stderr() as h:
+    ...     h in logging.getLogger(ROOT).handlers
+    True
+    >>> h in logging.getLogger(ROOT).handlers
+    False
+    """
+    logger = logging.getLogger(ROOT)
+    before, level = list(logger.handlers), logger.level
+    handler = print_to_stderr()
+    try:
+        yield handler
+    finally:
+        if handler not in before:
+            logger.removeHandler(handler)
+            logger.setLevel(level)

@@ -19,7 +19,7 @@ import click
 
 from probe.ground.errors import EXIT_USAGE, ProbeError
 from probe.ground.files import disk_full, is_disk_full
-from probe.ground.logs import print_to_stderr
+from probe.ground.logs import printing_to_stderr
 
 VERBS: dict[str, tuple[str, str]] = {
     "train": ("probe.commands.train", "Train the bundled engine (reference or fused)."),
@@ -61,8 +61,13 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; turn every error into one line and an exit code."""
-    print_to_stderr()          # what the project's modules log reads on stderr as written
+    """Run the command line; turn every error into one line and an exit code. What the
+    project's modules log reads on stderr as written while it runs."""
+    with printing_to_stderr():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         args = sys.argv[1:] if argv is None else list(argv)
         rv = cli.main(args=args, prog_name="probe", standalone_mode=False, obj={"argv": args})

@@ -1,5 +1,6 @@
-"""``probe dump -- SCRIPT``: steps are exactly the optimizer steps; set-up and the last step's
-logging are none of them."""
+"""``probe dump -- SCRIPT``: steps are exactly the optimizer steps; the set-up before the first
+optimizer and the last step's logging are none of them; what runs between the optimizer and the
+first forward (a batch, or a set-up done after the optimizer) belongs to step 0."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ PLAIN = textwrap.dedent("""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model.to(torch.float64)                  # set-up after the optimizer: not step 0
+    model.to(torch.float64)                  # set-up after the optimizer: in step 0
     model.train()
     for p in model.parameters():
         p.data = p.data.to(torch.float64)
@@ -67,15 +68,14 @@ def _dump(tmp_path, script: str, *options: str):
 
 
 @pytest.mark.slow
-def test_setup_after_the_optimizer_and_logging_after_the_last_step_make_no_step(tmp_path):
+def test_logging_after_the_last_step_makes_no_step_and_step_0_starts_at_the_optimizer(tmp_path):
     out = _dump(tmp_path, PLAIN, "--level", "mix", "--task", "tensor")
     assert sorted(p.name for p in out.glob("step*")) == ["step0", "step1", "step2"]
     keys = _keys(out, 0)
-    assert "Module.0.Linear.forward.0" in keys and "Torch.randn.0.forward" not in keys
-    assert not any(k.startswith("Tensor.to.") for k in keys)
-    assert "Torch.randn.0.forward" in _keys(out, 1)
-    files = {p.name for p in (out / "step0/rank0/dump_tensor_data").iterdir()}
-    assert not any(f.startswith("Tensor.to.") for f in files)   # the set-up's files are gone
+    assert {"Module.0.Linear.forward.0", "Torch.randn.0.forward"} <= set(keys)
+    assert "Torch.zeros.0.forward" not in keys or keys.index("Torch.zeros.0.forward") < keys.index(
+        "Torch.randn.0.forward")
+    assert "Torch.randn.0.forward" in _keys(out, 1) and "Torch.randn.0.forward" in _keys(out, 2)
 
 
 @pytest.mark.slow
@@ -83,12 +83,8 @@ def test_hf_trainer_at_mix_level_has_exactly_its_optimizer_steps(tmp_path):
     pytest.importorskip("transformers")
     out = _dump(tmp_path, HF_TRAINER, "--level", "mix")
     assert sorted(p.name for p in out.glob("step*")) == ["step0", "step1", "step2"]
-    # the set-up's .to calls (the model's parameters, before the first forward) are not in
-    # step 0, which holds no more of them than step 1 (the model's own, and the batch's)
     keys = _keys(out, 0)
     assert "Module.model.embed_tokens.Embedding.forward.0" in keys
-    to_calls = [sum(k.startswith("Tensor.to.") for k in _keys(out, s)) for s in (0, 1)]
-    assert to_calls[0] <= to_calls[1], to_calls
     summary = json.loads((out / "dump_summary.json").read_text())
     assert summary["steps"] == [0, 1, 2]
     # stacks start at the call site; the loss's logging names Trainer's logging in every step

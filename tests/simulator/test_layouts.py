@@ -16,7 +16,7 @@ TINY_PARAMS = 131904
     (["--nproc", "6", "--dp", "4"], "--nproc 6 is not --dp 4 x --tp 1 x --pp 1 = 4"),
     (["--nproc", "6", "--tp", "4"], "--nproc 6 does not split into --tp 4"),
     (["--pp", "3"], "--pp 3 does not divide the model's 2 layers"),
-    (["--zero", "4"], "ZeRO stages are 0, 1, 2 and 3"),
+    (["--zero", "4"], "'--zero': 4 is not in the range 0<=x<=3"),
     (["--preset", "huge"], "unknown preset 'huge'"),
     (["--device", "tpu"], "--device tpu: unknown device"),
 ])

@@ -42,7 +42,7 @@ import torch
 
 from probe.collectors import msprobe_writer
 from probe.engine_adapter.base import FLOAT
-from probe.dumper.recorder import DumpRecorder
+from probe.dumper.recorder import DumpRecorder, call_stack
 from probe.dumper.rows import POS, RowBuilder, apply_statistics
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ class OverflowRecorder(DumpRecorder):
         """Write the overflowing call as a tensor dump; stop watching after ``max_hits``.
         ``forward``: a backward call's forward call (whose module path it has)."""
         with self.adapter.suspended():
-            frames = _stack(self._own_files)
+            frames = call_stack(sys._getframe(1), self._own_files)
             path = [name] + self._module_path(forward or name)[1:]
             values = RowBuilder(self.adapter.stats, want_hash=False, save=self._save_tensor)
             value, seq = values.value, self.tree.seq
@@ -290,18 +290,6 @@ def _format(frames: tuple) -> list[str]:
 
     return [f"File {file}, line {line}, in {func}, \n {linecache.getline(file, line).strip()}"
             for file, line, func in frames]
-
-
-def _stack(own: tuple[str, ...]) -> tuple:
-    """The stack from the caller's caller outwards, without the frames of files under ``own``."""
-    frames = []
-    f = sys._getframe(2)
-    while f is not None:
-        code = f.f_code
-        if not code.co_filename.startswith(own):
-            frames.append((code.co_filename, f.f_lineno, code.co_name))
-        f = f.f_back
-    return tuple(frames)
 
 
 def summarise_run(out: str, options: dict[str, Any], code: int) -> None:

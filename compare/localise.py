@@ -101,7 +101,7 @@ def _first_divergence(con: Any) -> dict[str, Any] | None:
                    or param_verdict in {levels} or leaf_verdict in {levels})
             order by ord, node_a nulls last, node_b nulls last limit 1""").fetchall()
             if row:
-                return _finding(row[0])
+                return _finding(_owner_of_leaf(con, row[0], levels) or row[0])
     # no origin found, yet nodes diverge (graded on their inputs alone, ...): the first of them,
     # so that the headline never says "none" beside an error
     row = con.execute(f"""
@@ -110,6 +110,20 @@ def _first_divergence(con: Any) -> dict[str, Any] | None:
     order by case when verdict = 'warning' then 1 else 0 end, direction <> 'forward', ord,
       node_a nulls last, node_b nulls last limit 1""").fetchall()
     return _finding(row[0]) if row else None
+
+
+def _owner_of_leaf(con: Any, row: tuple, levels: str) -> tuple | None:
+    """The module whose own parameter a call inside it reads, when that is how the call
+    diverges: a mix-level dump names the module (``Module.layers.1.mlp.down_proj...``) rather
+    than the ``Functional.linear`` inside it that reads its weight; None otherwise (an API-level
+    dump has no module to name: the call is the answer)."""
+    found = con.execute(f"""
+    select p.node_a, p.node_b, p.direction, p.reason from nodes c
+    join nodes p on p.node_a = c.parent_a and p.direction = c.direction
+    where c.node_a = ? and c.direction = ? and c.leaf_verdict in {levels}
+      and p.param_verdict in {levels} and p.match_method not in ('unmatched', 'ancestor')
+    limit 1""", [row[0], row[2]]).fetchall()
+    return found[0] if found else None
 
 
 def _first_nan(con: Any) -> dict[str, Any] | None:

@@ -143,13 +143,16 @@ def test_module_list_and_points_from_a_run_store_without_a_monitor(tmp_path):
 
 
 @pytest.mark.browser
-def test_an_anomaly_links_to_the_graph_of_its_targeted_dump(live, browser, serve_app, shot):
+def test_an_anomaly_links_to_the_graph_of_its_targeted_dump(live, browser, serve_app, shot, tmp_path):
     pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[dev])")
     from selenium.webdriver.common.by import By
 
     from probe.web.app import create_app
 
-    app = create_app(monitor_addr=live["svc"].address, job="num", refresh_ms=400)
+    # the run's folder given, as `probe web --monitor ADDR --store runs/num` does: a dump the
+    # monitor reports opens only under a folder the dashboard was given
+    app = create_app(monitor_addr=live["svc"].address, job="num", refresh_ms=400,
+                     store_dirs=(str(tmp_path / "num"),))
     browser.get(serve_app(app, "/live"))
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#l-numerics .js-plotly-plot"),
              timeout=60, what="the numerics chart")

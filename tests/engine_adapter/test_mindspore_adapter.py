@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.mindspore
 
 from tests.msprobe_fixtures import mindspore_tinynet, tinynet_inputs, torch_tinynet  # noqa: E402
-from tests.probe.test_dump_construct_tree import assert_forest_mirroring_forward  # noqa: E402
+from tests.dumper.test_dump_construct_tree import assert_forest_mirroring_forward  # noqa: E402
 
 
 def _dump_torch(out, level="module"):

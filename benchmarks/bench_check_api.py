@@ -52,6 +52,7 @@ def make_merged_dump(out: str, calls: int, fault: str = "perturb:Torch.matmul:1"
     per_step = 350          # replayable forward calls of one step of the tiny preset (at least)
     steps = 1 if keep else max(1, -(-calls // per_step))
     cmd = [sys.executable, "-m", "probe.cli", "dump", "--level", "api", "--task", "tensor",
+           "--tensor-format", "safetensors",
            "--steps", f"0-{steps - 1}", "--out", raw, "--fault", fault, "--force"]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     merged = os.path.join(out, "merged", "step0", "rank0")

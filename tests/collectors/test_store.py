@@ -128,14 +128,14 @@ def _three_steps(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_a_corrupt_segment_is_skipped_with_a_warning_naming_it(tmp_path, capfd, damage):
+def test_a_corrupt_segment_is_skipped_with_a_warning_naming_it(tmp_path, logged, damage):
     segments = _three_steps(tmp_path)
     bad = segments[1]
     data = open(bad, "rb").read()
     with open(bad, "wb") as f:
         f.write({"truncated": data[:len(data) // 2], "garbage": b"not parquet" * 50, "empty": b""}[damage])
     assert open_store(tmp_path).sql("select step from steps order by step").fetchall() == [(0,), (2,)]
-    err = capfd.readouterr().err
+    err = logged()
     assert bad in err and "skipped" in err and err.count("\n") == 1
 
 

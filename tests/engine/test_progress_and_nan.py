@@ -71,7 +71,7 @@ class _NanGradientAt:
             self.handle = None
 
 
-def test_a_nan_gradient_with_a_finite_loss_names_the_rank_and_stops(tmp_path, capsys):
+def test_a_nan_gradient_with_a_finite_loss_names_the_rank_and_stops(tmp_path, logged):
     from probe.engine.launch import run_training
     from probe.engine.spec import RunSpec
     from probe.engine_adapter.callbacks import CallbackSpec, TrainCallback
@@ -79,7 +79,7 @@ def test_a_nan_gradient_with_a_finite_loss_names_the_rank_and_stops(tmp_path, ca
     cls = type("NanGradientAt", (_NanGradientAt, TrainCallback), {})
     result = run_training(RunSpec(max_steps=4, out_dir=str(tmp_path), quiet=True,
                                   callbacks=(CallbackSpec(cls, {"step": 1}),)))
-    err = capsys.readouterr().err
+    err = logged()
     assert [r["step"] for r in result.steps] == [0, 1]
     assert re.search(r"^probe: rank 0 step 1: gradient norm = nan \(loss \d+\.\d{4}\); training stops", err, re.M), err
     row = result.first_nonfinite

@@ -37,6 +37,10 @@ if [ "${PROBE_SKIP_MSPROBE:-0}" != 1 ]; then
   [ -x .venv-bench/bin/python ] || "$PY" -m venv .venv-bench
   .venv-bench/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 mindstudio-probe pyyaml \
     || echo "mindstudio-probe could not be installed: the msprobe acceptance test will skip"
+  # the project itself, without its dependencies: benchmarks/bench_dump.py runs the bundled
+  # engine under msprobe in this venv (probe.engine is importable only as installed)
+  .venv-bench/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . \
+    || echo "the project could not be installed in .venv-bench: bench_dump's msprobe side will fail"
 fi
 
 stage "tests (the fast suite)"

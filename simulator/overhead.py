@@ -7,11 +7,18 @@ real step also pays, per op, the Python call and the autograd bookkeeping, and p
 1. one small pre-norm transformer (two blocks, d=64, AdamW) is trained for real twice, once
    calling its submodules and once doing the same math with ``torch.nn.functional`` from one
    module, their steps taken in turn, each phase (forward, backward, optimizer) timed on the
-   given clock, the fastest of 22 steps after two warm-up steps;
-2. both are simulated with each of their ops replayed alone; the difference per phase is what
-   the loop adds;
-3. forward: ``extra = per_op * ops + per_call * module_calls`` for the two runs, solved for the
-   two unknowns (same ops, different module calls); backward and the optimizer: per op.
+   given clock, the fastest of the steps after two warm-up steps;
+2. both are simulated with each of their ops replayed alone, right after their real steps; the
+   difference per phase is what the loop adds;
+3. a module call's own cost (``nn.Module.__call__`` around a forward that does nothing, less
+   the forward called directly) is timed on its own: solving it from the two runs' difference
+   divided a small difference of two noisy figures by the number of calls (0 to 28 µs on one
+   machine between calibrations);
+4. forward: ``extra = per_op * ops + per_call * module_calls``; backward and the optimizer: per
+   op. Steps 1-2 are done ``ROUNDS`` times, each with freshly built models, and each figure
+   is the median of its rounds: a model's loop runs at different speeds from build to build
+   here (forward 1.4-1.5 ms or 2.0-2.4 ms, its ops replayed alone the same in both), and one
+   round alone moved the per-op figure from 0.6 to 11 µs.
 
 >>> import time, torch
 >>> from probe.simulator.calibrate import calibrate
@@ -23,6 +30,7 @@ real step also pays, per op, the Python call and the autograd bookkeeping, and p
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Callable
 
 import torch
@@ -34,26 +42,51 @@ from probe.simulator.replay import replay_seconds
 from probe.simulator.timing import op_seconds, phase_seconds
 from probe.simulator.trace import BACKWARD, FORWARD, OPTIMIZER, OTHER
 
-D, HEADS, VOCAB, STEPS = 64, 4, 256, 24
+D, HEADS, VOCAB, STEPS, ROUNDS = 64, 4, 256, 12, 3
 
 
 def measure_overhead(dev: torch.device, curves: dict, clock: Callable[[], float]) -> dict[str, float]:
     """Seconds the loop adds per op of each phase and per module call (module docstring)."""
-    spent = _fastest_phases(dev, clock)
-    runs = [_measure(dev, curves, clock, functional, spent[functional]) for functional in (False, True)]
-    (extra1, ops1, calls1, back, opt), (extra2, ops2, calls2, _, _) = runs
-    det = ops1 * calls2 - ops2 * calls1
-    per_call = (ops1 * extra2 - ops2 * extra1) / det if det else 0.0
-    per_call = max(0.0, per_call)
-    per_op = max(0.0, (extra1 - per_call * calls1) / max(1, ops1))
+    per_call = _module_call_seconds(clock)
+    rounds = [_round(dev, curves, clock, per_call) for _ in range(ROUNDS)]
+    per_op, back, opt = (statistics.median(r[i] for r in rounds) for i in range(3))
     return {"other": per_op, "forward": per_op, "module_call": per_call,
             "backward": back, "optimizer": opt}
+
+
+def _round(dev: torch.device, curves: dict, clock: Callable[[], float],
+           per_call: float) -> tuple[float, float, float]:
+    """(forward per op, backward per op, optimizer per op) from one round of real
+    steps of both models, each model's replay right after."""
+    spent = _fastest_phases(dev, clock)
+    extra = ops = calls = 0
+    back, opt = [], []
+    for functional in (False, True):
+        e, o, c, b, p = _measure(dev, curves, clock, functional, spent[functional])
+        extra, ops, calls = extra + e, ops + o, calls + c
+        back.append(b)
+        opt.append(p)
+    return (max(0.0, (extra - per_call * calls) / max(1, ops)),
+            statistics.fmean(back), statistics.fmean(opt))
+
+
+def _module_call_seconds(clock: Callable[[], float]) -> float:
+    """``module(x)`` less ``module.forward(x)`` for a forward that returns its input."""
+    from probe.simulator.clock import Timer
+
+    class Nothing(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    module, x = Nothing(), torch.zeros(1)
+    timer = Timer(lambda: None, 0.02, clock, samples=7)
+    return max(0.0, timer(lambda: module(x)) - timer(lambda: module.forward(x)))
 
 
 def _fastest_phases(dev: torch.device, clock: Callable[[], float]) -> dict[bool, list[float]]:
     """Each phase's fastest seconds over ``STEPS`` real steps (two warm-up steps first) of the
     module-calling and the functional model, their steps taken in turn: a slow stretch of a
-    shared machine then falls on both alike, not on the one whose difference is the answer."""
+    shared machine then falls on both alike."""
     built = {functional: _build(dev, functional) for functional in (False, True)}
     real: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
     for _ in range(STEPS):

@@ -73,7 +73,26 @@ def load_result(out_dir: str | os.PathLike) -> CompareResult:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError, pa.ArrowException) as e:
         raise ProbeError(f"{out}: unreadable compare result ({str(e).splitlines()[0]})") from None
+    _same_result(out, summary, rows, nodes)
     return CompareResult(rows=rows, nodes=nodes, summary=summary)
+
+
+def _same_result(out: Path, summary: object, rows: pa.Table, nodes: pa.Table) -> None:
+    """Refuse a folder whose summary.json and Parquet files come from different compares (each
+    carries its compare's id, :data:`probe.compare.report.RESULT_ID_KEY`; a result written
+    before ids were is taken as it is)."""
+    from probe.compare.report import RESULT_ID_KEY
+
+    want = summary.get(RESULT_ID_KEY) if isinstance(summary, dict) else None
+    key = RESULT_ID_KEY.encode()
+    for name, table in (("compare.parquet", rows), ("nodes.parquet", nodes)):
+        got = (table.schema.metadata or {}).get(key)
+        if want is None and got is None:
+            continue
+        if got is None or want is None or got.decode(errors="replace") != want:
+            raise ProbeError(f"{out / name}: not from the same compare as {out / 'summary.json'} (a "
+                             "compare stopped while writing, or files copied from another result); "
+                             "run 'probe compare --out' again")
 
 
 class _Progress:

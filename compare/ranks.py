@@ -160,7 +160,13 @@ def compare_runs(a: str | os.PathLike, b: str | os.PathLike, out: str | os.PathL
                "tolerance": tolerance_rule(sorted({d for p in pairs for d in p.get("dtypes", [])})),
                "ranks": pairs, "workers": cluster or max(1, workers or os.cpu_count() or 1),
                "elapsed_s": round(time.perf_counter() - t0, 3)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    from probe.compare.report import write_atomically
+
+    try:
+        write_atomically(out / "summary.json",
+                         lambda tmp: tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n"))
+    except OSError as e:
+        raise ProbeError(f"{out}: cannot write the compare result ({e.strerror})") from None
     return summary
 
 

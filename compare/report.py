@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -110,17 +111,85 @@ def write_result(result: Any, out: Path) -> Path:
     return writer.finish(result.summary)
 
 
+#: the files of a compare result, in the order they are moved into place (summary.json last)
+RESULT_FILES = ("compare.parquet", "nodes.parquet", "compare.csv", "compare_msprobe.csv", "summary.json")
+#: the key of a result's id: in summary.json, and in the metadata of its Parquet files
+#: (:func:`probe.compare.api.load_result` refuses parts of different compares)
+RESULT_ID_KEY = "result_id"
+#: temporary files of a result being written: ``.probe-tmp-<pid>-<name>``, beside the result
+_TMP_PREFIX = ".probe-tmp-"
+
+
+def temporary_name(path: Path) -> Path:
+    """Where ``path`` is written before :func:`os.replace` moves it into place whole: a hidden
+    name of this process in the same folder (one a later compare sweeps if this one is killed)."""
+    path = Path(path)
+    return path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}")
+
+
+def write_atomically(path: Path, write: Any) -> None:
+    """``write(tmp)`` to :func:`temporary_name`, then moved to ``path`` in one rename; the
+    temporary file is removed when ``write`` fails (``path`` is then as it was)."""
+    tmp = temporary_name(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def sweep_temporaries(folder: Path) -> None:
+    """Remove the temporary files of compares that died writing into ``folder`` (their process
+    is gone); those of a live process are left to it."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_TMP_PREFIX):
+            continue
+        pid, _, rest = name[len(_TMP_PREFIX):].partition("-")
+        if pid.isdigit() and rest and not _alive(int(pid)):
+            _unlink(Path(folder) / name)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                  # another user's process: alive
+        return True
+    return True
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 class ResultWriter:
     """Writes a result's files as its parts become ready, on threads, while the rest is computed.
 
     :meth:`rows` starts compare.parquet (Arrow's Parquet writer releases the GIL) and
     compare.csv (Arrow's CSV writer holds it, which the DuckDB queries that run meanwhile do not
     need); :meth:`nodes` starts nodes.parquet; :meth:`finish` writes summary.json and waits.
+    Every file is written under a temporary name (:func:`temporary_name`) and moved into place
+    by :meth:`finish` once all of them are whole, summary.json last: a compare killed or failing
+    midway leaves no file cut short, and :meth:`close` without :meth:`finish` removes what it
+    wrote. The Parquet files and summary.json carry one id (:data:`RESULT_ID_KEY`), so a reader
+    can tell parts of different compares apart.
     An unwritable folder is a one-line :class:`~probe.ground.errors.ProbeError`, raised by the call
     that found it or by :meth:`finish`.
     """
 
     def __init__(self, out: Path) -> None:
+        import uuid
         from concurrent.futures import ThreadPoolExecutor
 
         self.out = Path(out)
@@ -128,38 +197,69 @@ class ResultWriter:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ProbeError(f"{self.out}: cannot write the compare result ({e.strerror})") from None
+        sweep_temporaries(self.out)
+        self.result_id = uuid.uuid4().hex
         self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="compare-write")
         self._jobs: list[Any] = []
+        self._written: list[str] = []       # names whose temporary file is being written
+
+    def _tmp(self, name: str) -> Path:
+        self._written.append(name)
+        return temporary_name(self.out / name)
+
+    def _tagged(self, table: Any) -> Any:
+        meta = dict(table.schema.metadata or {})
+        meta[RESULT_ID_KEY.encode()] = self.result_id.encode()
+        return table.replace_schema_metadata(meta)
 
     def rows(self, rows: Any) -> None:
         from probe.compare.msprobe_csv import write_msprobe_csv
 
-        self._jobs += [self._pool.submit(_write_parquet, rows, self.out / "compare.parquet"),
-                       self._pool.submit(_write_csv, rows, self.out / "compare.csv"),
-                       self._pool.submit(write_msprobe_csv, rows, self.out / "compare_msprobe.csv")]
+        self._jobs += [self._pool.submit(_write_parquet, self._tagged(rows), self._tmp("compare.parquet")),
+                       self._pool.submit(_write_csv, rows, self._tmp("compare.csv")),
+                       self._pool.submit(write_msprobe_csv, rows, self._tmp("compare_msprobe.csv"))]
 
     def nodes(self, nodes: Any) -> None:
-        self._jobs.append(self._pool.submit(_write_parquet, nodes, self.out / "nodes.parquet"))
+        self._jobs.append(self._pool.submit(_write_parquet, self._tagged(nodes), self._tmp("nodes.parquet")))
 
     def finish(self, summary: dict[str, Any]) -> Path:
+        done = False
         try:
             for job in self._jobs:
                 job.result()
-            write_summary(summary, self.out)
+            summary[RESULT_ID_KEY] = self.result_id
+            _write_summary_to(summary, self._tmp("summary.json"))
+            for name in sorted(self._written, key=RESULT_FILES.index):
+                os.replace(temporary_name(self.out / name), self.out / name)
+            done = True
         except OSError as e:
+            from probe.ground.files import disk_full, is_disk_full
+
+            if is_disk_full(e):
+                raise disk_full(self.out, e) from None
             raise ProbeError(f"{self.out}: cannot write the compare result ({e.strerror})") from None
         finally:
-            self.close()
+            self.close(keep=done)
         return self.out
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Stop the writing threads; without ``keep`` (a compare that failed or was
+        interrupted) remove the temporary files written."""
         self._pool.shutdown(wait=True)
+        if not keep:
+            for name in self._written:
+                _unlink(temporary_name(self.out / name))
+        self._written = []
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> None:
-    """Write ``out/summary.json`` (strict JSON: non-finite numbers as strings)."""
-    (Path(out) / "summary.json").write_text(json.dumps(_json_safe(summary), indent=1, default=str,
-                                                       allow_nan=False) + "\n")
+    """Write ``out/summary.json`` (strict JSON: non-finite numbers as strings), whole or not at
+    all (:func:`write_atomically`)."""
+    write_atomically(Path(out) / "summary.json", lambda tmp: _write_summary_to(summary, tmp))
+
+
+def _write_summary_to(summary: dict[str, Any], path: Path) -> None:
+    Path(path).write_text(json.dumps(_json_safe(summary), indent=1, default=str, allow_nan=False) + "\n")
 
 
 #: String columns with few distinct values: dictionary-encoded in Parquet (names are not:

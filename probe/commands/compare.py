@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import click
 
+from probe.options import force_option
+
+#: what ``probe compare`` writes at the top of ``--out`` (claimed with probe.ground.outdir.claim):
+#: one pair's result files, or a run's summary.json and its step<N>/rank<R> (rank<R>, pair) folders
+ENTRIES = ("compare.csv", "compare_msprobe.csv", "compare.parquet", "nodes.parquet", "summary.json",
+           "compare.xlsx", "step[0-9]*", "rank[0-9]*", "pair")
+
 
 @click.command("compare")
 @click.argument("a", type=click.Path())
@@ -27,8 +34,10 @@ import click
 @click.option("--xlsx", is_flag=True, default=False,
               help="Also write compare.xlsx (msprobe's columns, as compare_msprobe.csv; needs "
                    "openpyxl).")
+@force_option
 def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: str | None,
-            progress: bool | None, workers: int | None, cluster: str | None, xlsx: bool) -> int:
+            progress: bool | None, workers: int | None, cluster: str | None, xlsx: bool,
+            force: bool) -> int:
     """Compare dump A against dump B: match every module/API, grade every tensor, localise.
 
     A and B: a dump.json (construct.json and stack.json beside it), a step or rank folder, or a
@@ -36,6 +45,10 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     or step folders holding several step<N>/rank<R> dumps are compared pair by pair, on every
     core (or a cluster's workers), into OUT/step<N>/rank<R>/, with OUT/summary.json naming the
     rank whose numerics diverge first.
+
+    OUT is claimed first (probe.ground.outdir): an earlier compare's files there are replaced,
+    anything else of those names stops the command unless --force. Each file is written under
+    a temporary name and moved into place whole once all are done.
 
     \b
     Example:
@@ -54,6 +67,9 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     out = Path(out_dir) if out_dir else Path("compare_out")
     if xlsx:
         _need_openpyxl()
+    from probe.ground.outdir import claim
+
+    claim(out, "compare", ENTRIES, force=force)
     if rank_pairs(a, b)[0]:
         return _compare_runs(a, b, mapping, out, fail_on, workers, cluster, xlsx)
     from probe.compare.api import compare
@@ -63,13 +79,19 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
         progress = _size(Path(a)) + _size(Path(b)) > 20 * 1024 * 1024
     result = compare(a, b, mapping=mapping, progress=progress, out=out)
     if xlsx:
-        from probe.compare.msprobe_csv import write_xlsx
-
-        write_xlsx(result.rows, out / "compare.xlsx")
+        _write_xlsx(result.rows, out / "compare.xlsx")
     click.echo(format_summary(result.summary))
     click.echo(f"wrote {out}/compare.csv, compare_msprobe.csv (msprobe's columns), compare.parquet, "
                f"nodes.parquet, summary.json" + (", compare.xlsx" if xlsx else ""))
     return 1 if fail_on and at_least(result.worst_verdict, fail_on) else 0
+
+
+def _write_xlsx(rows: object, path: object) -> None:
+    """compare.xlsx, whole or not at all (a temporary file moved into place)."""
+    from probe.compare.msprobe_csv import write_xlsx
+    from probe.compare.report import write_atomically
+
+    write_atomically(path, lambda tmp: write_xlsx(rows, tmp))
 
 
 def _need_openpyxl() -> None:
@@ -100,11 +122,9 @@ def _compare_runs(a: str, b: str, mapping: str | None, out: object, fail_on: str
 
         import pyarrow.parquet as pq
 
-        from probe.compare.msprobe_csv import write_xlsx
-
         for p in s["ranks"]:
             if "error" not in p:
-                write_xlsx(pq.read_table(f"{p['out']}/compare.parquet"), Path(p["out"]) / "compare.xlsx")
+                _write_xlsx(pq.read_table(f"{p['out']}/compare.parquet"), Path(p["out"]) / "compare.xlsx")
     failed = [p for p in s["ranks"] if "error" in p]
     if failed:
         raise ProbeError(f"{len(failed)} of {s['pairs']} pairs could not be compared; the first, step "

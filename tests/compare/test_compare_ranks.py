@@ -27,8 +27,9 @@ def runs(tmp_path: Path) -> tuple[Path, Path]:
 
 def _same_pair_results(x: Path, y: Path) -> bool:
     sx, sy = (json.loads((p / "summary.json").read_text()) for p in (x, y))
-    sx.pop("elapsed_s")
-    sy.pop("elapsed_s")
+    for s in (sx, sy):
+        s.pop("elapsed_s")
+        s.pop("result_id")          # each compare's own (its files carry it)
     return sx == sy and (x / "compare.csv").read_bytes() == (y / "compare.csv").read_bytes()
 
 

@@ -138,6 +138,7 @@ class PendingDump:
                     view = view[os.write(w, view):]
             except BaseException:  # noqa: BLE001 - the parent reads the file itself
                 code = 1
+                _remove_ipc_files(os.getpid())   # not handed over (the parent gone, Ctrl-C): not left
             finally:
                 os._exit(code)
         os.close(w)
@@ -164,6 +165,8 @@ class PendingDump:
             return load_dump(self.path)
         import pickle
 
+        pid = self._pid
+
         exited, kind, value = False, "died", None
         try:
             chunks = []
@@ -185,6 +188,8 @@ class PendingDump:
             return _from_file(value)
         except (OSError, pa.ArrowException):            # its files are gone: read it here
             return load_dump(self.path)
+        finally:                # mapped ones are unlinked already; none left if interrupted
+            _remove_ipc_files(pid)
 
     def close(self, exited: bool = False, keep_files: bool = False) -> None:
         """Stop waiting for the child (killed if still reading) and reap it. Safe to call twice.
@@ -230,6 +235,46 @@ def _remove_ipc_files(pid: int) -> None:
 #: IPC files of a reading child are named ``<prefix><its pid>-*.arrow`` (found again if it is
 #: stopped before it hands them over)
 _IPC_PREFIX = "probe-compare-"
+
+
+def sweep_ipc_files() -> list[str]:
+    """Remove the IPC files (``/dev/shm/probe-compare-<pid>-*.arrow``, or in the temporary
+    folder) that compares killed outright left behind: this user's files whose process is no
+    longer alive. A live process's files, and other users', are left alone. Returns the paths
+    removed; every compare calls it as it starts (:func:`start_load`)."""
+    import glob
+    import tempfile
+
+    removed = []
+    uid = os.getuid()
+    for folder in dict.fromkeys(("/dev/shm", tempfile.gettempdir())):
+        for name in glob.glob(os.path.join(folder, f"{_IPC_PREFIX}*-*.arrow")):
+            pid = os.path.basename(name)[len(_IPC_PREFIX):].split("-", 1)[0]
+            try:
+                if not pid.isdigit() or os.lstat(name).st_uid != uid or _alive(int(pid)):
+                    continue
+                os.unlink(name)
+            except OSError:
+                continue
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie, exited but not yet reaped, counts as gone)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                     # someone else's: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _load_to_file(path: str | os.PathLike) -> Dump:
@@ -307,6 +352,7 @@ def start_load(a: str | os.PathLike, b: str | os.PathLike, fork: bool = True,
     both together hold at least :data:`PARALLEL_BYTES` of dump.json and there are two cores
     (and ``fork``; else when :meth:`PendingDump.result` is called). ``prepare``: a function the
     worker runs on the dump it read (see :meth:`PendingDump.result_prepared`)."""
+    sweep_ipc_files()                   # what a compare killed outright left in /dev/shm
     fork = (fork and (os.cpu_count() or 1) >= 2 and hasattr(os, "fork")
             and _json_bytes(a) + _json_bytes(b) >= PARALLEL_BYTES)
     return PendingDump(b, fork=fork, prepare=prepare)

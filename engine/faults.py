@@ -9,6 +9,14 @@ Written ``KIND:TARGET:ARG``:
   first forward of the step): the layer's weights, outputs and gradients grow step after step
   until the loss turns NaN (a diverging layer, for the monitor's numerics to find);
 - ``nan:<module name>:<step>`` writes NaN into that module's forward output at that step;
+- ``nangrad:<module name>:<step>`` writes NaN into the gradient that module's backward hands to
+  its first input at that step (its forward, and the gradient of its output, stay finite: a NaN
+  born in the backward only);
+- ``overflow:<module name>:<step>`` multiplies that module's forward output by
+  :data:`OVERFLOW_GROWTH` to the power ``1, 2, 3, ...`` from that step on (a growing scale: the
+  values overflow to Inf within a few steps);
+- ``spike:<module name>:<step>`` multiplies that module's forward output by :data:`SPIKE_FACTOR`
+  at that step only (a loss spike without NaN);
 - ``slow:<rank>:<factor>`` makes that rank's compute take ``factor`` times as long: on a CPU
   rank it does ``factor - 1`` times its step's compute CPU time more work (a slower
   processor: the extra shows in its CPU time as in its wall time, unlike a neighbour taking
@@ -27,6 +35,11 @@ Written ``KIND:TARGET:ARG``:
 ['scale', 'slow', 'grow']
 >>> str(parse_fault("perturb:Functional.linear:3"))
 'perturb:Functional.linear:3'
+
+A module or parameter target may end in ``@RANK``: the fault is planted on that rank only.
+
+>>> f = parse_fault("nan:layers.1.mlp@2:6"); (f.target, f.rank, str(f))
+('layers.1.mlp', 2, 'nan:layers.1.mlp@2:6')
 """
 
 from __future__ import annotations
@@ -47,6 +60,9 @@ KINDS = {
     "scale": "scale:<parameter name>:<factor>",
     "grow": "grow:<parameter name>:<rate>",
     "nan": "nan:<module name>:<step>",
+    "nangrad": "nangrad:<module name>:<step>",
+    "overflow": "overflow:<module name>:<step>",
+    "spike": "spike:<module name>:<step>",
     "slow": "slow:<rank>:<factor>",
     "perturb": "perturb:<api name>:<call index>",
     "hang": "hang:<rank>:<step>",
@@ -55,6 +71,14 @@ KINDS = {
 HANG_SLEEP_S = 24 * 3600.0
 #: the relative error a ``perturb`` fault puts into its call's output
 PERTURB_REL = 1e-3
+#: an ``overflow`` fault's output scale grows by this factor every step
+OVERFLOW_GROWTH = 1e6
+#: a ``spike`` fault's output scale at its step
+SPIKE_FACTOR = 1e3
+#: the kinds that take a module and a step (and may take ``@RANK``)
+_MODULE_STEP_KINDS = ("nan", "nangrad", "overflow", "spike")
+#: the kinds whose target is a rank number (no ``@RANK``)
+_RANK_KINDS = ("slow", "hang")
 #: where the APIs a ``perturb`` fault names live (as dumps name them)
 _API_FAMILIES = {"Torch": torch, "Functional": torch.nn.functional, "Tensor": torch.Tensor}
 
@@ -64,9 +88,16 @@ class Fault:
     kind: str
     target: str
     arg: float
+    #: the one rank the fault is planted on (None: every rank)
+    rank: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.target}:{self.arg:g}"
+        where = "" if self.rank is None else f"@{self.rank}"
+        return f"{self.kind}:{self.target}{where}:{self.arg:g}"
+
+    def here(self, rank: int) -> bool:
+        """Whether the fault is planted on ``rank``."""
+        return self.rank is None or self.rank == rank
 
 
 def parse_fault(text: str) -> Fault:
@@ -75,11 +106,18 @@ def parse_fault(text: str) -> Fault:
     if len(parts) != 3 or parts[0] not in KINDS or not parts[1]:
         raise ProbeError(f"bad fault {text!r}; valid forms: {', '.join(KINDS.values())}")
     kind, target, arg_s = parts
+    rank = None
+    if "@" in target and kind not in _RANK_KINDS:
+        target, _, rank_s = target.rpartition("@")
+        if not rank_s.isdigit() or not target:
+            raise ProbeError(f"bad fault {text!r}: @{rank_s} is not a rank number "
+                             "(KIND:TARGET@RANK:ARG, e.g. nan:layers.1.mlp@2:6)")
+        rank = int(rank_s)
     try:
         arg = float(arg_s)
     except ValueError:
         raise ProbeError(f"bad fault {text!r}: {arg_s!r} is not a number ({KINDS[kind]})") from None
-    if kind == "nan" and (arg < 0 or arg != int(arg)):
+    if kind in _MODULE_STEP_KINDS and (arg < 0 or arg != int(arg)):
         raise ProbeError(f"bad fault {text!r}: the step must be a non-negative integer")
     if kind == "perturb" and (arg < 0 or arg != int(arg)):
         raise ProbeError(f"bad fault {text!r}: the call index must be a non-negative integer")
@@ -92,7 +130,7 @@ def parse_fault(text: str) -> Fault:
     if kind == "slow":
         if arg < 1:
             raise ProbeError(f"bad fault {text!r}: the slow-down factor must be >= 1")
-    return Fault(kind, target, arg)
+    return Fault(kind, target, arg, rank)
 
 
 def parse_faults(texts) -> list[Fault]:
@@ -107,7 +145,7 @@ def check_faults(faults: list[Fault], model: nn.Module, world_size: int) -> None
         if f.kind in ("scale", "grow") and f.target not in params and f.target + ".weight" not in params:
             near = [n for n in params if f.target.split(".")[-1] in n][:5] or list(params)[:5]
             raise ProbeError(f"fault {f}: no parameter {f.target!r} in this model; e.g. {', '.join(near)}")
-        if f.kind == "nan" and f.target not in modules:
+        if f.kind in _MODULE_STEP_KINDS and f.target not in modules:
             near = [n for n in modules if n and f.target.split(".")[-1] in n][:5] or [n for n in modules if n][:5]
             raise ProbeError(f"fault {f}: no module {f.target!r} in this model; e.g. {', '.join(near)}")
         if f.kind == "perturb" and _api_owner(f.target) is None:
@@ -115,6 +153,9 @@ def check_faults(faults: list[Fault], model: nn.Module, world_size: int) -> None
                              "Functional.linear, Torch.matmul, Tensor.__matmul__")
         if f.kind in ("slow", "hang") and int(f.target) >= world_size:
             raise ProbeError(f"fault {f}: rank {f.target} does not exist with {world_size} "
+                             f"rank{'' if world_size == 1 else 's'}")
+        if f.rank is not None and f.rank >= world_size:
+            raise ProbeError(f"fault {f}: rank {f.rank} does not exist with {world_size} "
                              f"rank{'' if world_size == 1 else 's'}")
 
 
@@ -138,6 +179,8 @@ class FaultPlanter:
         params = dict(model.named_parameters())
         modules = dict(model.named_modules())
         for f in self.faults:
+            if not f.here(self.rank):
+                continue
             if f.kind == "scale":
                 p = params[f.target] if f.target in params else params[f.target + ".weight"]
                 with torch.no_grad():
@@ -149,6 +192,11 @@ class FaultPlanter:
                     self._grow_hook(params[name], 1.0 + f.arg)))
             elif f.kind == "nan":
                 self._handles.append(modules[f.target].register_forward_hook(self._nan_hook(int(f.arg))))
+            elif f.kind in ("overflow", "spike"):
+                self._handles.append(modules[f.target].register_forward_hook(
+                    self._scale_hook(f.kind, int(f.arg))))
+            elif f.kind == "nangrad":
+                self._nan_grad(modules[f.target], int(f.arg))
             elif f.kind == "perturb":
                 self._perturb(f.target, int(f.arg))
 
@@ -193,6 +241,30 @@ class FaultPlanter:
             return _poison(output)
         return hook
 
+    def _scale_hook(self, kind: str, at_step: int):
+        def hook(module, args, output):
+            if self.step < at_step or (kind == "spike" and self.step != at_step):
+                return None
+            factor = SPIKE_FACTOR if kind == "spike" else OVERFLOW_GROWTH ** (self.step - at_step + 1)
+            return _scaled_output(output, factor)
+        return hook
+
+    def _nan_grad(self, module: nn.Module, at_step: int) -> None:
+        """At ``at_step`` the module's first floating input goes through :class:`_PoisonGrad`
+        inside its call (a wrapper of its ``forward``: the hooks before it see the true input),
+        whose backward writes NaN into the gradient it hands back."""
+        original = module.forward
+
+        @functools.wraps(original)
+        def forward(*args, **kwargs):
+            if self.step == at_step and args and isinstance(args[0], torch.Tensor) \
+                    and args[0].is_floating_point() and args[0].requires_grad:
+                args = (_PoisonGrad.apply(args[0]),) + tuple(args[1:])
+            return original(*args, **kwargs)
+
+        module.forward = forward
+        self._patched.append((module, "forward", None))
+
     def slow_down(self, compute_seconds: float, cpu_seconds: float | None = None) -> None:
         """Make this rank's compute take ``slow_factor`` times as long: with ``cpu_seconds``
         (the step's compute CPU time, a CPU rank) by working on this thread until its CPU
@@ -219,7 +291,10 @@ class FaultPlanter:
             h.remove()
         self._handles.clear()
         for owner, attr, orig in reversed(self._patched):
-            setattr(owner, attr, orig)
+            if orig is None:          # an instance attribute over the class's own
+                owner.__dict__.pop(attr, None)
+            else:
+                setattr(owner, attr, orig)
         self._patched.clear()
 
 
@@ -237,6 +312,28 @@ def _scaled(out: torch.Tensor, factor: float) -> torch.Tensor:
     under half a unit in the last place: the product rounds back to ``out``; plant it in a
     float32 run.)"""
     return out * factor
+
+
+class _PoisonGrad(torch.autograd.Function):
+    """Identity forward; the backward hands back the gradient with a NaN in it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        grad.view(-1)[0] = float("nan")
+        return grad
+
+
+def _scaled_output(output, factor: float):
+    if isinstance(output, torch.Tensor) and output.is_floating_point():
+        return output * factor
+    if isinstance(output, tuple) and output:
+        return (_scaled_output(output[0], factor),) + tuple(output[1:])
+    return output
 
 
 def _poison(output):

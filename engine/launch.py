@@ -87,6 +87,8 @@ def validate(spec: RunSpec) -> None:
     for f in faults:
         if f.kind == "slow" and int(f.target) >= spec.nproc:
             raise ProbeError(f"fault {f}: rank {f.target} does not exist with --nproc {spec.nproc}")
+        if f.rank is not None and f.rank >= spec.nproc:
+            raise ProbeError(f"fault {f}: rank {f.rank} does not exist with --nproc {spec.nproc}")
     if os.path.exists(spec.out_dir) and not os.path.isdir(spec.out_dir):
         raise ProbeError(f"{spec.out_dir}: exists and is not a directory; choose another --out")
 

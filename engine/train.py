@@ -163,6 +163,10 @@ def run_rank(spec: RunSpec, rank: int, world_size: int) -> dict[str, Any]:
                 reported = True
                 if not spec.allow_nan:
                     break       # every rank: the problem is read from the all-reduced values
+            if ctx.extra.get("stop"):
+                if rank == 0:
+                    log.warning(f"probe: {ctx.extra['stop']}; training stops at step {step}")
+                break           # a callback asked (every rank decides from the same values)
     except BaseException as e:
         error = e
         raise
@@ -290,6 +294,7 @@ def _train_step(ctx: TrainContext, step: int, params: list, planter: FaultPlante
     mstx.range_end(r, domain="engine")
     loss_value = loss.item()
     grad_norm, nonfinite, *losses = stats.tolist()
+    ctx.extra["rank_losses"] = losses       # every rank's loss of this step, for the callbacks
     if math.isinf(grad_norm) and nonfinite == 0:
         grad_norm = norm_in_float64(grad_flat)     # float32's sum of squares overflowed
     bad_grad_ranks = None

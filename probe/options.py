@@ -59,10 +59,14 @@ def engine_options(func: Callable) -> Callable:
         click.option("--max-steps", "max_steps", default=None, type=STEPS,
                      help="Number of training steps to run."),
         click.option("--seed", default=0, show_default=True, type=SEED, help="Random seed."),
-        click.option("--fault", "faults", multiple=True, metavar="KIND:TARGET:ARG",
+        click.option("--fault", "faults", multiple=True, metavar="KIND:TARGET[@RANK]:ARG",
                      help="Plant a fault: scale:<param>:<factor>, grow:<param>:<rate> (the "
                           "weight times 1+rate every step), nan:<module>:<step>, "
-                          "slow:<rank>:<factor>. Repeatable."),
+                          "nangrad:<module>:<step> (NaN in its backward only), "
+                          "overflow:<module>:<step> (its output times 1e6, 1e12, ... from that "
+                          "step: Inf), spike:<module>:<step> (its output times 1e3 at that step), "
+                          "slow:<rank>:<factor>; a module or parameter target@RANK plants it on "
+                          "that rank only (nan:layers.1.mlp@2:6). Repeatable."),
         click.option("--device", default="cpu", show_default=True,
                      help="Device for the bundled engine (cpu, cuda)."),
         click.option("--log-every", "log_every", default=10, show_default=True,
@@ -155,3 +159,21 @@ def check_port_free(host: str, port: int) -> None:
             why = "in use" if e.errno == errno.EADDRINUSE else f"not available ({e.strerror})"
             raise ProbeError(f"port {port} on {host} is {why}; pass --port 0 (a free port) or "
                              f"another --port") from None
+
+
+#: the most steps a flight recorder keeps
+MAX_FLIGHT_STEPS = 100_000
+
+
+def flight_recorder_options(func: Callable) -> Callable:
+    """``--flight-recorder K`` and ``--flight-recorder-stop`` (probe.dumper.flight)."""
+    func = click.option("--flight-recorder-stop", "flight_recorder_stop", is_flag=True,
+                        help="Stop training after the step whose trigger wrote the flight "
+                             "recorder's ring (default: train on).")(func)
+    return click.option("--flight-recorder", "flight_recorder", default=None,
+                        type=click.IntRange(1, MAX_FLIGHT_STEPS), metavar="K",
+                        help="Keep every rank's per-module statistics of the last K steps in "
+                             "memory and write them as a dump (OUT/step{N}/rank{R}/, the store, "
+                             "OUT/flight_recorder/rank{R}.json) when the loss or gradient norm "
+                             "turns NaN/Inf or spikes, a step raises, or the rank gets SIGUSR1; "
+                             "probe origin OUT names where it began.")(func)

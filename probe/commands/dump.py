@@ -27,8 +27,8 @@ import click
 
 from probe.ground.errors import EXIT_NONFINITE, ProbeError
 from probe.ground.frameworks import framework_names
-from probe.options import (engine_options, force_option, fsync_option, refuse_engine_options,
-                           selection_option)
+from probe.options import (engine_options, flight_recorder_options, force_option, fsync_option,
+                           refuse_engine_options, selection_option)
 
 DEFAULT_OUT = os.path.join("runs", "dump")
 
@@ -71,15 +71,26 @@ DEFAULT_OUT = os.path.join("runs", "dump")
 @force_option
 @fsync_option
 @engine_options
+@flight_recorder_options
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
 def command(level: str, task: str, max_hits: int, golden: str, tensor_format: str, dtype: str,
             steps: list[int] | None, ranks: list[int] | None,
             scope: str | None, names: str | None, framework: str, out: str, no_stack: bool,
             force: bool, fsync: str, engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
             faults: tuple[str, ...], device: str, log_every: int, quiet: bool, allow_nan: bool,
-            script: tuple[str, ...]) -> int:
-    """Dump statistics, tensors or hashes of every module/API of a run."""
+            script: tuple[str, ...], flight_recorder: int | None = None,
+            flight_recorder_stop: bool = False) -> int:
+    """Dump statistics, tensors or hashes of every module/API of a run.
+
+    With --flight-recorder K nothing is written as the run goes: every rank keeps its last K
+    steps (--level module or mix) in memory and writes them as this dump when a trigger fires.
+    """
     refuse_engine_options(click.get_current_context(), script)
+    if flight_recorder is not None:
+        return _run_flight(flight_recorder, flight_recorder_stop, level, task, out, force, fsync,
+                           framework, script, engine=engine, preset=preset, nproc=nproc,
+                           max_steps=max_steps, seed=seed, faults=faults, device=device,
+                           dtype=dtype, quiet=quiet, log_every=log_every, allow_nan=allow_nan)
     if scope:
         try:
             re.compile(scope)
@@ -115,6 +126,38 @@ def command(level: str, task: str, max_hits: int, golden: str, tensor_format: st
         return 0
     _summarise(out, options, code)
     return code
+
+
+def _run_flight(steps: int, stop: bool, level: str, task: str, out: str, force: bool, fsync: str,
+                framework: str, script: tuple[str, ...], **engine: Any) -> int:
+    """``probe dump --flight-recorder K``: the run with a ring on every rank in place of the dump."""
+    from probe.commands.flight_options import flight_callbacks, script_recorder
+
+    if task != "statistics" or level == "api":
+        raise ProbeError("--flight-recorder keeps statistics of modules (--level module) or of "
+                         "modules and API calls (--level mix); drop --task/--level api")
+    _claim(out, force)
+    if script:
+        from probe.script import check_script, run_script
+
+        check_script(list(script))
+        with script_recorder(steps, out, level=level, stop=stop, framework=framework):
+            return run_script(list(script), "a triggered flight recorder's ring is written")
+    from probe.engine.launch import run_training
+    from probe.engine.spec import RunSpec
+
+    allow_nan = engine.pop("allow_nan")
+    max_steps = engine.pop("max_steps")
+    spec = RunSpec(**engine, max_steps=max_steps or 10, out_dir=out,
+                   callbacks=flight_callbacks(steps, level, stop), owner="dump", force=force,
+                   fsync=fsync, allow_nan=allow_nan)
+    result = run_training(spec)
+    written = sorted(Path(out).glob("flight_recorder/rank*.json"))
+    click.echo(f"probe dump: flight recorder of {steps} steps ({level}): "
+               + (f"{len(written)} ring(s) written -> probe origin {out}" if written
+                  else "no trigger fired; nothing written"))
+    result.check_finite(allow_nan)
+    return 0
 
 
 def _check_task(out: str, level: str, task: str, max_hits: int, golden: str) -> None:
@@ -172,7 +215,7 @@ def _claim(out: str, force: bool) -> None:
     from probe.ground.outdir import claim
 
     claim(out, "dump", ["store", "step[0-9]*", "dump_summary.json", "check", "overflow_rank[0-9]*.json",
-                        "config"],
+                        "config", "flight_recorder"],
           force=force)
 
 

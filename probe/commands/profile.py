@@ -39,8 +39,8 @@ import click
 
 from probe.ground.background import OVERFLOW_POLICIES
 from probe.ground.errors import EXIT_NONFINITE, ProbeError
-from probe.options import (engine_options, force_option, fsync_option, refuse_engine_options,
-                           selection_option)
+from probe.options import (engine_options, flight_recorder_options, force_option, fsync_option,
+                           refuse_engine_options, selection_option)
 
 DEFAULT_OUT = os.path.join("runs", "profile")
 #: What ``probe profile`` writes at the top of ``OUT`` (claimed with ground.outdir.claim).
@@ -89,13 +89,15 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @force_option
 @fsync_option
 @engine_options
+@flight_recorder_options
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT [ARGS...]]")
 def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | None, out: str,
             peak_tflops: float | None, no_flops: bool, torch_ops: bool, otel: str | None,
             overflow: str, max_buffer: int, force: bool, fsync: str,
             engine: str, preset: str, nproc: int, max_steps: int | None, seed: int,
             faults: tuple[str, ...], device: str, log_every: int, quiet: bool, allow_nan: bool,
-            script: tuple[str, ...]) -> int:
+            script: tuple[str, ...], flight_recorder: int | None = None,
+            flight_recorder_stop: bool = False) -> int:
     """Profile a run: user mstx ranges, steps, communication, FLOPs/MFU; one merged trace.
 
     Examples:
@@ -126,12 +128,14 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
         if launched is not None:          # torchrun ... train.py: a profile on every rank
             code = relaunch("profile", given_options("profile", script), *launched)
         else:
-            code = _run_script(list(script), out, options, force=force, fsync=fsync)
+            code = _run_script(list(script), out, options, force=force, fsync=fsync,
+                               flight=(flight_recorder, flight_recorder_stop))
     else:
         code, result = _run_engine(out, options, ranks=ranks, engine=engine, preset=preset,
                                    nproc=nproc, max_steps=max_steps, seed=seed, faults=faults,
                                    device=device, force=force, fsync=fsync, quiet=quiet,
-                                   log_every=log_every, allow_nan=allow_nan)
+                                   log_every=log_every, allow_nan=allow_nan,
+                                   flight=(flight_recorder, flight_recorder_stop))
         _summarise(out, overflow)
         if result is not None:
             result.check_finite(allow_nan)
@@ -143,7 +147,8 @@ def command(steps: list[int] | None, ranks: list[int] | None, schedule: tuple | 
 def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, engine: str,
                 preset: str, nproc: int, max_steps: int | None, seed: int,
                 faults: tuple[str, ...], device: str, force: bool, fsync: str, quiet: bool = False,
-                log_every: int = 10, allow_nan: bool = False) -> tuple[int, Any]:
+                log_every: int = 10, allow_nan: bool = False,
+                flight: tuple[int | None, bool] = (None, False)) -> tuple[int, Any]:
     from probe.engine_adapter.callbacks import CallbackSpec
     from probe.profiler.engine_callbacks import ProfileCallback
     from probe.engine.launch import run_training
@@ -159,10 +164,13 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
     kwargs = {k: v for k, v in options.items() if v is not None}
     kwargs["ranks"] = ranks
     profile = CallbackSpec(ProfileCallback, kwargs)
+    from probe.commands.flight_options import claim_flight, flight_callbacks
+
+    claim_flight(out, "profile", flight[0], force)
     spec = RunSpec(engine=engine, preset=preset, nproc=nproc,
                    max_steps=max(max_steps or 0, needed, 5 if max_steps is None else 0),
-                   seed=seed, faults=tuple(faults), out_dir=out, device=device, callbacks=(profile,),
-                   owner="profile", force=force, fsync=fsync, quiet=quiet, log_every=log_every,
+                   seed=seed, faults=tuple(faults), out_dir=out, device=device,
+                   callbacks=(profile, *flight_callbacks(flight[0], "module", flight[1])), owner="profile", force=force, fsync=fsync, quiet=quiet, log_every=log_every,
                    allow_nan=allow_nan)
     _claim(out, force)
     try:
@@ -185,7 +193,7 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
 
 
 def _run_script(argv: list[str], out: str, options: dict[str, Any], *, force: bool,
-                fsync: str) -> int:
+                fsync: str, flight: tuple[int | None, bool] = (None, False)) -> int:
     from probe.collectors.store import StoreWriter
     from probe.engine_adapter.base import get_adapter
     from probe.engine_adapter.steps import StepSource
@@ -202,8 +210,12 @@ def _run_script(argv: list[str], out: str, options: dict[str, Any], *, force: bo
                               step_ranges=True, overflow=options["overflow"],
                               max_buffer=options["max_buffer"])
     source = StepSource(adapter, [profile], out, run=store.run, store=store, setup=True).start()
+    from probe.commands.flight_options import claim_flight, script_recorder
+
+    claim_flight(out, "profile", flight[0], force)
     try:
-        code = run_script(argv, "what was recorded is written")
+        with script_recorder(flight[0], out, stop=flight[1]):
+            code = run_script(argv, "what was recorded is written")
     finally:
         source.stop()
         if options["flops"]:

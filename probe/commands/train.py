@@ -8,7 +8,8 @@ import click
 from probe.ground.text import plural
 
 from probe.ground.errors import EXIT_NONFINITE
-from probe.options import engine_options, force_option, fsync_option, numerics_option
+from probe.options import (engine_options, flight_recorder_options, force_option, fsync_option,
+                           numerics_option)
 
 
 def spec_from_options(out: str, engine: str, preset: str, nproc: int, max_steps: int | None,
@@ -50,8 +51,10 @@ def print_step_table(result, echo=click.echo) -> None:
 @force_option
 @fsync_option
 @numerics_option
+@flight_recorder_options
 def command(engine, preset, nproc, max_steps, seed, faults, device, log_every, quiet, allow_nan,
-            compile_, weights, out, force, fsync, numerics) -> int:
+            compile_, weights, out, force, fsync, numerics, flight_recorder=None,
+            flight_recorder_stop=False) -> int:
     """Train the bundled Llama-style engine on synthetic tokens and print a step table.
 
     Progress goes to stderr while it trains (--quiet: none); the step table and the summary
@@ -63,8 +66,12 @@ def command(engine, preset, nproc, max_steps, seed, faults, device, log_every, q
     from probe.engine_adapter.callbacks import CallbackSpec
     from probe.monitor.agent.numerics_callback import NumericsCallback
 
+    from probe.commands.flight_options import claim_flight, flight_callbacks
+
     callbacks = (() if numerics is None else
                  (CallbackSpec(NumericsCallback, {"pattern": numerics or None}),))
+    callbacks += flight_callbacks(flight_recorder, "module", flight_recorder_stop)
+    claim_flight(out, "train", flight_recorder, force)
     spec = spec_from_options(out, engine, preset, nproc, max_steps, seed, faults, device,
                              compile=compile_, weights=weights, force=force, fsync=fsync,
                              quiet=quiet, log_every=log_every, allow_nan=allow_nan,

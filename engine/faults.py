@@ -72,7 +72,7 @@ HANG_SLEEP_S = 24 * 3600.0
 #: the relative error a ``perturb`` fault puts into its call's output
 PERTURB_REL = 1e-3
 #: an ``overflow`` fault's output scale grows by this factor every step
-OVERFLOW_GROWTH = 1e6
+OVERFLOW_GROWTH = 1e10
 #: a ``spike`` fault's output scale at its step
 SPIKE_FACTOR = 1e3
 #: the kinds that take a module and a step (and may take ``@RANK``)

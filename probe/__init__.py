@@ -4,6 +4,9 @@ The public Python API, each name loaded on first use (importing ``probe`` import
 
 - ``probe.dump(model, out=..., level=...)`` (a context manager), ``probe.start``,
   ``probe.step``, ``probe.stop``: record a model's steps (:mod:`probe.dumper.session`);
+- ``probe.flight_recorder(model, steps=K, out=...)``: the last K steps' per-module statistics
+  kept in memory, written as a dump when the loss or gradients turn NaN/Inf or spike
+  (:mod:`probe.dumper.flight`);
 - ``probe.mstx``: ``mark``, ``range``, ``range_start``, ``range_end`` (:mod:`probe.profiler.mstx`);
 - ``probe.compare(a, b)``: compare two dumps (:func:`probe.compare.api.compare`);
 - ``probe.open_store(run)``: a DuckDB connection over a run's records
@@ -26,6 +29,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "start": ("probe.dumper.session", "start"), "stop": ("probe.dumper.session", "stop"),
     "step": ("probe.dumper.session", "step"), "dump": ("probe.dumper.session", "dump"),
     "DumpSession": ("probe.dumper.session", "DumpSession"),
+    "flight_recorder": ("probe.dumper.flight", "flight_recorder"),
     "mstx": ("probe.profiler.mstx", None),
     "compare": ("probe.compare", None),
     "open_store": ("probe.collectors.store", "open_store"),

@@ -32,6 +32,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "check-api": ("probe.commands.check_api", "Replay recorded API calls against a high-precision golden."),
     "demo": ("probe.commands.demo", "The main job: train, monitor, dump, compare, then the dashboard."),
     "simulate": ("probe.commands.simulate", "Memory and time of a training step at any scale, without the device."),
+    "origin": ("probe.commands.origin", "The origin of a NaN, Inf or spike, from the flight recorder's rings."),
     "config-check": ("probe.commands.config_check", "What differs between two runs' setups, and what can explain divergence."),
     "repro": ("probe.commands.repro", "A standalone reproducer (torch + safetensors) of a divergence a compare found."),
 }

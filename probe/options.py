@@ -63,7 +63,7 @@ def engine_options(func: Callable) -> Callable:
                      help="Plant a fault: scale:<param>:<factor>, grow:<param>:<rate> (the "
                           "weight times 1+rate every step), nan:<module>:<step>, "
                           "nangrad:<module>:<step> (NaN in its backward only), "
-                          "overflow:<module>:<step> (its output times 1e6, 1e12, ... from that "
+                          "overflow:<module>:<step> (its output times 1e10, 1e20, ... from that "
                           "step: Inf), spike:<module>:<step> (its output times 1e3 at that step), "
                           "slow:<rank>:<factor>; a module or parameter target@RANK plants it on "
                           "that rank only (nan:layers.1.mlp@2:6). Repeatable."),

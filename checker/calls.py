@@ -132,11 +132,16 @@ def read_calls(folder: Path, step: int = 0, rank: int = 0) -> tuple[list[Call], 
 def _load(path: Path) -> Any:
     import orjson
 
+    from probe.collectors.msprobe_layout import DuplicateKey, loads_unique
+
     try:
-        return orjson.loads(read_regular(path, MAX_JSON_BYTES))
+        return loads_unique(read_regular(path, MAX_JSON_BYTES))
     except OSError as e:
         raise ProbeError(f"{path}: cannot read ({e.strerror})") from None
-    except orjson.JSONDecodeError as e:
+    except DuplicateKey as e:      # a call named twice: never replayed as whichever came last
+        raise ProbeError(f"{path}: {e} (a JSON reader would keep only the last); not a dump.json "
+                         "msprobe or probe wrote: re-run the dump or give another file") from None
+    except (orjson.JSONDecodeError, ValueError, UnicodeDecodeError, RecursionError) as e:
         return _load_lenient(path, e)
 
 

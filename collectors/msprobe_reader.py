@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute below
 
 from probe.collectors.msprobe_flatten import flatten_entries
-from probe.collectors.msprobe_layout import loads, step_rank
+from probe.collectors.msprobe_layout import DuplicateKey, loads, loads_unique, step_rank
 from probe.collectors.msprobe_nodes import classify_entries, node_columns, stack_refs
 from probe.collectors.msprobe_scan import scan_file
 from probe.collectors.records import schema_for, table_from_columns
@@ -270,7 +270,12 @@ def _load_json(path: Path, what: str, text: bytes | None = None) -> Any:
     if text is None:
         text = _read_bytes(path, what)
     try:
-        return loads(text)
+        # a key named twice in one object (an entry, a tensor's name) is refused, not read as
+        # its last value: dump.json and construct.json; stack.json is only ever shown
+        return loads(text) if what == "stack.json" else loads_unique(text)
+    except DuplicateKey as e:
+        raise ProbeError(f"{path}: {e} (a JSON reader would keep only the last); not a {what} "
+                         "msprobe or probe wrote: re-run the dump or give another file") from None
     except json.JSONDecodeError as e:
         if _binary(text):
             raise ProbeError(f"{path}: a binary file, not JSON text; give the {what} msprobe "

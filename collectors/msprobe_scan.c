@@ -378,8 +378,8 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
     s->tensor_id_valid[r] = 0;
     s->shape_off[r + 1] = (int32_t)s->n_s;
     s->shape_valid[r] = 0;
-    /* a member seen twice keeps its last value, as a JSON parser would; strings appended twice
-       would break the offsets, so a repeated string member is a layout the caller reads instead */
+    /* a member seen twice is a layout the caller reads instead (the general path refuses a
+       repeated key: a JSON parser would keep its last value silently) */
     unsigned seen = 0;
     i = skip_ws(s, i + 1);
     if (i < s->len && s->buf[i] == '}') { s->n_t++; return i + 1; }
@@ -393,6 +393,8 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
         else if (KEY_IS("Mean")) stat = 2;
         else if (KEY_IS("Norm")) stat = 3;
         if (stat >= 0) {
+            if (seen & (32u << stat)) return E_LAYOUT;
+            seen |= 32u << stat;
             double v = 0;
             int ok = 0;
             i = number(s, i, &v, &ok);
@@ -407,11 +409,15 @@ static int64_t tensor(scan_t *s, int64_t i, int64_t seq, int slot, int32_t pos,
             i = str_member(s, i, c, r);
             if (i < 0) return i;
         } else if (KEY_IS("requires_grad")) {
+            if (seen & 512u) return E_LAYOUT;
+            seen |= 512u;
             if (lit(s, i, "true", 4)) { s->requires_grad[r] = 1; i += 4; }
             else if (lit(s, i, "false", 5)) { s->requires_grad[r] = 0; i += 5; }
             else if (lit(s, i, "null", 4)) { s->requires_grad[r] = -1; i += 4; }
             else return E_LAYOUT;
         } else if (KEY_IS("tensor_id")) {
+            if (seen & 1024u) return E_LAYOUT;
+            seen |= 1024u;
             /* an integer in int64's range or null; anything else is read the general way */
             if (lit(s, i, "null", 4)) {
                 s->tensor_id_valid[r] = 0;
@@ -478,18 +484,34 @@ static int64_t tensor_array(scan_t *s, int64_t i, int64_t seq, int slot) {
     }
 }
 
+/* The most members of one object of named tensors whose names are compared for repeats; an
+   object with more (or with an escaped name beside others) is read the general way. */
+#define MAX_NAMED 64
+
 /* An object of named tensors (or null) for one slot; for parameter gradients (grad = 1) each
-   member is an array of exactly one tensor. */
+   member is an array of exactly one tensor. A name given twice is a layout the caller reads
+   instead (the general path refuses it). */
 static int64_t tensor_object(scan_t *s, int64_t i, int64_t seq, int slot, int grad) {
     if (lit(s, i, "null", 4)) return grad ? E_LAYOUT : i + 4;
     if (i >= s->len || s->buf[i] != '{') return E_LAYOUT;
     i = skip_ws(s, i + 1);
     if (i < s->len && s->buf[i] == '}') return i + 1;
+    int64_t names[2 * MAX_NAMED];
+    int n_names = 0, escaped = 0;
     for (;;) {
         int64_t ka, kb;
         int esc;
         i = member_key(s, i, &ka, &kb, &esc);
         if (i < 0) return i;
+        if (n_names == MAX_NAMED) return E_LAYOUT;
+        escaped |= esc;
+        if (escaped && n_names > 0) return E_LAYOUT;
+        for (int k = 0; k < n_names; k++)
+            if (names[2 * k + 1] - names[2 * k] == kb - ka &&
+                memcmp(s->buf + names[2 * k], s->buf + ka, (size_t)(kb - ka)) == 0) return E_LAYOUT;
+        names[2 * n_names] = ka;
+        names[2 * n_names + 1] = kb;
+        n_names++;
         if (grad) {
             if (i >= s->len || s->buf[i] != '[') return E_LAYOUT;
             i = skip_ws(s, i + 1);

@@ -217,7 +217,8 @@ def _assemble(raw: bytes | mmap.mmap, s: _Scan, names: _Col, keys: _Col, cols: d
     key_arr = keys.array(n, s.keys.data_len)
     strs = {k: c.array(n, getattr(s, k).data_len) for k, c in cols.items()}
     meta_doc = _meta(raw, meta[:4 * s.n_meta].reshape(-1, 4))
-    if len(name_arr.unique()) != n_ent:         # repeated entry names: a JSON parser keeps the last
+    # repeated entry names or top-level members: the general path refuses them with a line
+    if len(name_arr.unique()) != n_ent or len(meta_doc) != s.n_meta:
         return None
     if n and pc.any(pc.and_(strs["dtype"].is_null(), strs["type"].is_valid())).as_py():
         return None                          # a non-tensor argument: the general path reads it

@@ -135,7 +135,8 @@ def test_repeated_names_go_the_general_way(tmp_path: Path) -> None:
             '"Functional.f.0.forward": {"output": [%s, %s]}}}' % ((json.dumps(_t()),) * 3))
     repeated = _write(tmp_path / "r", text)
     assert scan.scan_dump(repeated.read_bytes()) is None
-    assert read_msprobe_dump(repeated).tensors.num_rows == 2             # the last one, as JSON reads
+    with pytest.raises(ProbeError, match="'Functional.f.0.forward' appears twice"):   # not the last one
+        read_msprobe_dump(repeated)
 
 
 def test_truncated_and_corrupted_files_never_crash(tmp_path: Path) -> None:

@@ -137,6 +137,162 @@ def refusal(api: str) -> str | None:
     return None
 
 
+#: ops whose output's size their arguments give rather than their inputs' sizes (creation ops,
+#: and ops that multiply sizes): :func:`requested_elements` reads it before the replay allocates
+_SIZED = frozenset("""zeros ones full empty empty_strided new_zeros new_ones new_full new_empty
+    new_empty_strided arange range linspace logspace eye one_hot repeat tile repeat_interleave expand
+    broadcast_to outer ger kron cartesian_prod pad interpolate upsample bincount histc diag diag_embed
+    diagflat block_diag cdist""".split())
+#: "more than any limit": what an unreadable size argument (a float ``inf``) asks for
+_UNBOUNDED = 1 << 62
+
+
+def requested_elements(api: str, args: Any, kwargs: Any) -> int | None:
+    """How many elements the output of a call of ``api`` with ``args`` and ``kwargs`` takes,
+    read from its size arguments before anything is allocated, for the ops whose arguments give
+    it (``torch.zeros(10**12)``, ``arange``, ``eye``, ``one_hot``, ``repeat``, ``outer``, ``pad``,
+    ``interpolate``, ...); None for any other op (its output is the size of its inputs, each
+    bounded when read) and where the arguments do not say.
+
+    >>> requested_elements("Torch.zeros", [10**6, 10**6], {}), requested_elements("Torch.zeros", [[2, 3]], {})
+    (1000000000000, 6)
+    >>> requested_elements("Tensor.new_full", [torch.ones(1), [4, 5], 0.0], {})
+    20
+    >>> requested_elements("Torch.arange", [0, 1e12, 0.5], {}), requested_elements("Torch.exp", [torch.ones(3)], {})
+    (2000000000000, None)
+    """
+    family, attr = family_and_attr(api)
+    base = attr.rstrip("_")
+    if base not in _SIZED:
+        return None
+    args = list(args) if isinstance(args, (list, tuple)) else []
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
+    try:
+        n = _requested(base, family, args, kwargs)
+    except (TypeError, ValueError, OverflowError, IndexError, ZeroDivisionError, AttributeError):
+        return None
+    return None if n is None else max(0, min(int(n), _UNBOUNDED))
+
+
+def _count(x: Any) -> int:
+    """A size argument as a whole count (a float infinity or NaN: unbounded)."""
+    if isinstance(x, bool):
+        raise TypeError("a bool is no size")
+    if isinstance(x, float):
+        return _UNBOUNDED if not math.isfinite(x) or abs(x) >= _UNBOUNDED else math.ceil(x)
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_floating_point():
+        return int(x.item())
+    return int(x)
+
+
+def _size(args: list, kwargs: dict, start: int, name: str = "size") -> list[int] | None:
+    """A size given as a list or ``torch.Size`` at ``args[start]``, as ints from there on, or
+    as ``kwargs[name]``."""
+    given = kwargs.get(name) if name in kwargs else (args[start] if len(args) > start else None)
+    if isinstance(given, (list, tuple)):
+        return [_count(d) for d in given]
+    if given is None:
+        return None
+    dims = []
+    for d in args[start:] if name not in kwargs else [given]:
+        if isinstance(d, (list, tuple, torch.Tensor, float, str, torch.dtype)) or d is None:
+            break
+        dims.append(_count(d))
+    return dims
+
+
+def _numel(x: Any) -> int:
+    n = getattr(x, "numel", None)
+    if callable(n):
+        return int(n())
+    shape = getattr(x, "shape", None)            # a recorded tensor not loaded
+    return math.prod(int(d) for d in shape) if shape is not None else 1
+
+
+def _requested(base: str, family: str, args: list, kwargs: dict) -> int | None:
+    if base in ("zeros", "ones", "empty", "full", "empty_strided"):
+        dims = _size(args, kwargs, 0)
+    elif base.startswith("new_"):
+        dims = _size(args, kwargs, 1)
+    elif base in ("expand", "broadcast_to"):
+        dims = _size(args, kwargs, 1, "size" if base == "expand" else "shape")
+        tensor = args[0] if args else None
+        if dims is not None and tensor is not None and hasattr(tensor, "shape"):
+            own = list(tensor.shape)
+            dims = [o if d == -1 and i >= len(dims) - len(own) else d
+                    for i, (d, o) in enumerate(zip(dims, [1] * (len(dims) - len(own)) + own))]
+    elif base in ("arange", "range"):
+        nums = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        start, end, step = (0, nums[0], 1) if len(nums) == 1 else (nums + [1])[:3] if nums else (0, None, 1)
+        start, end, step = kwargs.get("start", start), kwargs.get("end", end), kwargs.get("step", step)
+        if end is None or not step:
+            return None
+        span = (float(end) - float(start)) / float(step)
+        return _UNBOUNDED if not math.isfinite(span) else max(0, math.ceil(span)) + (base == "range")
+    elif base in ("linspace", "logspace"):
+        return _count(kwargs["steps"] if "steps" in kwargs else args[2])
+    elif base == "eye":
+        n = _count(kwargs.get("n", args[0] if args else None))
+        m = kwargs.get("m", args[1] if len(args) > 1 and isinstance(args[1], int) else None)
+        return n * (_count(m) if m is not None else n)
+    elif base == "one_hot":
+        classes = _count(kwargs.get("num_classes", args[1] if len(args) > 1 else -1))
+        return _numel(args[0]) * classes if classes > 0 else None
+    elif base in ("repeat", "tile"):
+        reps = _size(args, kwargs, 1, "repeats" if base == "repeat" else "dims")
+        return _numel(args[0]) * math.prod(reps) if reps else None
+    elif base == "repeat_interleave":
+        r = kwargs.get("repeats", args[1] if len(args) > 1 else None)
+        return _numel(args[0]) * _count(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else None
+    elif base in ("outer", "ger", "kron"):
+        other = kwargs.get("vec2", kwargs.get("other", args[1] if len(args) > 1 else None))
+        return _numel(args[0]) * _numel(other) if other is not None else None
+    elif base == "cartesian_prod":
+        return math.prod(_numel(a) for a in args) * max(len(args), 1)
+    elif base == "pad":
+        shape = list(args[0].shape)
+        pads = [_count(p) for p in kwargs.get("pad", args[1] if len(args) > 1 else [])]
+        for k in range(min(len(pads) // 2, len(shape))):
+            shape[-1 - k] += pads[2 * k] + pads[2 * k + 1]
+        dims = shape
+    elif base in ("interpolate", "upsample"):
+        shape = list(args[0].shape)
+        size = kwargs.get("size", args[1] if len(args) > 1 else None)
+        scale = kwargs.get("scale_factor", args[2] if len(args) > 2 else None)
+        spatial = len(shape) - 2
+        if size is not None:
+            dims = shape[:2] + ([_count(d) for d in size] if isinstance(size, (list, tuple)) else [_count(size)] * spatial)
+        elif scale is not None:
+            scales = list(scale) if isinstance(scale, (list, tuple)) else [scale] * spatial
+            dims = shape[:2] + [_count(math.floor(d * float(s))) for d, s in zip(shape[2:], scales)]
+        else:
+            return None
+    elif base == "bincount":
+        return max(_count(kwargs.get("minlength", args[2] if len(args) > 2 else 0)), _numel(args[0]))
+    elif base == "histc":
+        return _count(kwargs.get("bins", args[1] if len(args) > 1 else 100))
+    elif base in ("diag", "diag_embed", "diagflat"):
+        offset = abs(_count(kwargs.get("offset", kwargs.get("diagonal", args[1] if len(args) > 1 and
+                                                              isinstance(args[1], int) else 0))))
+        n = _numel(args[0])
+        if base == "diag" and getattr(args[0], "dim", lambda: 1)() != 1:
+            return None                  # the diagonal of a matrix: smaller than it
+        last = list(getattr(args[0], "shape", [n]))[-1:] or [1]
+        return n * (last[0] + offset) if base == "diag_embed" else (n + offset) ** 2
+    elif base == "block_diag":
+        rows = sum(int(a.shape[0]) if a.dim() > 1 else 1 for a in args)
+        cols = sum(int(a.shape[-1]) if a.dim() else 1 for a in args)
+        return rows * cols
+    elif base == "cdist":
+        a, b = args[0], args[1]
+        return _numel(a) // max(int(a.shape[-1]), 1) * int(b.shape[-2])
+    else:
+        return None
+    if dims is None or any(d < 0 for d in dims):
+        return None
+    return math.prod(dims)
+
+
 #: allow-listed names that :data:`_NEVER` would catch by a fragment (``trace`` the matrix trace)
 _FRAGMENT_OK = frozenset({"trace", "scatter_reduce", "huber_loss"})
 #: the default rule for a name :data:`OPS` lacks, first match wins: a name that says what it is

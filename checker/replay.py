@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from probe.checker.apis import (ABS_REPLAYABLE, family_and_attr, op_class, reduction_length, refusal, resolve,
-                                skip_reason)
+                                requested_elements, skip_reason)
 from probe.checker.grade import METRICS, grade
 from probe.checker.standards import standard
 from probe.ground.errors import ProbeError
@@ -99,6 +99,9 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
     refused = refusal(api)
     if refused is not None:
         return row_for(api, "skipped", refused)
+    refused = _too_big(api, args, kwargs, gold)
+    if refused is not None:
+        return row_for(api, "skipped", refused)
     outs = flat_tensors(measured)
     if not outs:
         return row_for(api, "skipped", "not graded: the call returned no tensor")
@@ -130,6 +133,23 @@ def check_call(api: str, args: list, kwargs: dict, measured: list, gold: Golden,
                    [t.detach().cpu() for t in terms] if terms is not None else None, std, in_dtype)
     return row_for(api, result.verdict, result.reason, dtype=str(first.dtype), shape=list(first.shape),
                    k=k, **result.metrics)
+
+
+def _too_big(api: str, args: list, kwargs: dict, gold: Golden) -> str | None:
+    """Why a call whose arguments ask for a tensor larger than one tensor may take
+    (:func:`probe.ground.files.max_tensor_bytes`, in the golden's precision) is not replayed: a
+    crafted ``torch.zeros(10**12)`` is refused before anything is allocated. None: it may be."""
+    from probe.ground.files import TENSOR_LIMIT_VARIABLE, max_tensor_bytes
+
+    n = requested_elements(api, args, kwargs if isinstance(kwargs, dict) else {})
+    if n is None:
+        return None
+    width = max(gold.dtype.itemsize, 8)          # float64 golden; an int64 result as wide
+    limit = max_tensor_bytes()
+    if n * width <= limit:
+        return None
+    return (f"not replayed: {api}'s arguments ask for a tensor of {n} elements ({n * width} bytes on "
+            f"{gold.name}), more than the {limit} one tensor may take (${TENSOR_LIMIT_VARIABLE} raises it)")
 
 
 def _index(index: list, out: torch.Tensor) -> Any:

@@ -60,7 +60,11 @@ def command(engine, preset, nproc, max_steps, seed, faults, device, log_every, q
     Progress goes to stderr while it trains (--quiet: none); the step table and the summary
     to stdout at the end.
 
-    Example: probe train --engine fused --preset tiny --nproc 2 --max-steps 5 --out runs/t
+    Examples:
+
+        probe train --engine fused --preset tiny --nproc 2 --max-steps 5 --out runs/t
+
+        probe train --nproc 2 --max-steps 4 --flight-recorder 4 --fault nan:layers.1.mlp@1:2 --allow-nan --out runs/fr
     """
     from probe.engine.launch import run_training
     from probe.engine_adapter.callbacks import CallbackSpec

@@ -93,8 +93,9 @@ def make_repro(compare_dir: str | Path, out: str | Path, node: str | None = None
         if side.rerun_note:
             result.notes.append(side.rerun_note)
         if kind == "api":
-            spec_sides[name] = write_api(side)
-            result.routes[name] = [f"the API {side.api}"]
+            spec_sides[name] = {**write_api(side), "check_api": side.check}
+            result.routes[name] = [f"the API {side.api} (check-api on a float64 golden: "
+                                   f"{side.check['verdict']}, {side.check['reason']})"]
         else:
             routes = module_routes(side, out / name)
             spec_sides[name] = {"kind": "module", "node": side.node, "path": side.path, "class": side.cls,

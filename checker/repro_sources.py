@@ -115,15 +115,10 @@ class Side:
     """One side of the node: its dump entry, config, and (after :meth:`gather`) its tensors."""
 
     def __init__(self, name: str, dump_json: Path, node: str) -> None:
-        import orjson
-
         self.name, self.node = name, node
         self.dump_json = dump_json
         self.dump_dir = dump_json.parent
-        try:
-            dump = orjson.loads(dump_json.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as e:
-            raise ProbeError(f"{dump_json}: not readable ({e})") from None
+        dump = _read_json(dump_json)
         self.header = {k: dump.get(k) for k in ("task", "level", "framework", "dump_data_dir")}
         self.data = dump.get("data") or {}
         if node not in self.data:
@@ -185,7 +180,7 @@ class Side:
             rerun_dir, data, header = self._rerun(missing[0])
             args, kwargs, outputs, params = self._refs(data)
             files = TensorFiles(rerun_dir, header)
-            self.source = f"a targeted re-run of step {self.step} (a tensor dump scoped to the node, in {rerun_dir})"
+            self.source = f"a targeted re-run of step {self.step} (a tensor dump scoped to the node)"
         tensors: dict[str, Any] = {}
         args_v, miss = materialise(args, files)
         kwargs_v, miss_k = materialise(kwargs, files)
@@ -200,6 +195,11 @@ class Side:
         self.output_paths = []
         _flat_outputs(outs_v, "", flat_out, self.output_paths)
         self.params = params_v
+        self.check = _check_call(self.api, args_v, kwargs_v, outs_v) if self.kind == "api" else None
+        if missing:
+            import shutil
+
+            shutil.rmtree(self._tmp, ignore_errors=True)     # the re-run's own folder
         into.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(into / "inputs.safetensors"))
         save_file({f"output.{i}": flat_out[p].contiguous() for i, p in enumerate(self.output_paths)},
@@ -217,8 +217,6 @@ class Side:
     def _rerun(self, missing: TensorRef) -> tuple[Path, dict, dict]:
         """Dump this node's step again as tensors, scoped to the node (the run's own command
         line, from ``config/rank<R>.json``)."""
-        import orjson
-
         what = f"{self.dump_dir}: the dump holds no tensor file for {self.node} ({self.header.get('task')} dump)"
         run = (self.config or {}).get("run") or {}
         argv = run.get("argv")
@@ -226,7 +224,7 @@ class Side:
             raise ProbeError(f"{what}, and no way to re-run it: its run folder has no config/rank{self.rank}.json "
                              "recording a 'probe dump' command line; dump with --task tensor")
         cwd = run.get("cwd") or os.getcwd()
-        tmp = Path(tempfile.mkdtemp(prefix=f"probe-repro-{self.name}-"))
+        tmp = self._tmp = Path(tempfile.mkdtemp(prefix=f"probe-repro-{self.name}-"))
         scope = (r"^" + re.escape(self.node.split(".")[0] + "." + self.path) + r"\." if self.kind == "module"
                  else r"^" + re.escape(self.api) + r"$")
         extra = ["--task", "tensor", "--tensor-format", "safetensors", "--scope", scope, "--out", str(tmp)]
@@ -252,7 +250,7 @@ class Side:
         found = sorted(tmp.rglob("dump.json"))
         if not found:
             raise ProbeError(f"{what}; the re-run wrote no dump.json into {tmp}")
-        dump = orjson.loads(found[0].read_bytes())
+        dump = _read_json(found[0])
         data = dump.get("data") or {}
         if self.node not in data:
             raise ProbeError(f"{what}; the re-run ({found[0]}) has no entry {self.node}: the run does not "
@@ -275,6 +273,37 @@ class Side:
             for x, y in zip(old, new) for a, b in zip(x, y))
         return ("the re-run's output statistics agree with the original dump's within 1e-6" if close else
                 "the re-run's output statistics DIFFER from the original dump's (the run is not deterministic)")
+
+
+def _check_call(api: str, args: Any, kwargs: Any, outputs: Any) -> dict:
+    """The call graded as ``probe check-api`` grades it (replayed on a float64 golden)."""
+    from probe.checker.replay import GOLDENS, check_call
+
+    try:
+        row = check_call(api, list(args), dict(kwargs), list(outputs), GOLDENS["cpu-fp64"])
+    except ProbeError as e:
+        return {"verdict": "skipped", "reason": str(e)}
+    return {"verdict": row["verdict"], "reason": row["reason"]}
+
+
+def _read_json(path: Path) -> dict:
+    """A dump.json (orjson; the json module for the NaN/Infinity literals a dump may hold)."""
+    import orjson
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ProbeError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        dump = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            dump = json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ProbeError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(dump, dict) or not isinstance(dump.get("data"), dict):
+        raise ProbeError(f"{path}: no 'data' object; not a dump.json of probe or msprobe")
+    return dump
 
 
 def _leaves(x: Any) -> list[dict]:

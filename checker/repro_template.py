@@ -116,7 +116,8 @@ class Side:
         lacking = [k for k in missing if k in named]
         if lacking:
             raise ReproError(f"{self.name}/params.safetensors lacks the module's parameter {lacking[0]!r}")
-        module.train(bool(self.spec.get("training", True)))
+        if not self.how.startswith("the graph exported"):     # (an exported graph has its mode built in)
+            module.train(bool(self.spec.get("training", True)))
         return module
 
     def _module(self):
@@ -375,6 +376,10 @@ def main(argv=None):
         return 2
     except (OSError, ValueError, KeyError) as e:
         print(f"run.py: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback
+        print(f"run.py: error: the module failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+              file=sys.stderr)
         return 2
 
 

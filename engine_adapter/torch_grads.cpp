@@ -369,6 +369,32 @@ PyObject *handed_over(const at::Tensor &g, bool prepare, PyGILState_STATE *gil) 
     return THPVariable_Wrap(g);
 }
 
+/* fn(index, what handed_over gives for grad), from a hook (without the GIL); an exception in
+   fn goes up through backward */
+void call_fn(PyObject *fn, long index, bool prepare, const at::Tensor &grad) {
+    PyGILState_STATE gil;
+    PyObject *r = nullptr;
+    PyObject *g = handed_over(grad, prepare, &gil);
+    if (g != nullptr) {
+        PyObject *i = PyLong_FromLong(index);
+        if (i != nullptr) {
+            PyObject *args[2] = {i, g};
+            r = PyObject_Vectorcall(fn, args, 2, nullptr);
+            Py_DECREF(i);
+        }
+        Py_DECREF(g);
+    }
+    if (r != nullptr) {
+        Py_DECREF(r);
+        PyGILState_Release(gil);
+        return;
+    }
+    python_error err;
+    err.persist();
+    PyGILState_Release(gil);
+    throw std::move(err);
+}
+
 struct PyCallback {
     PyObject *fn;
     long index;
@@ -382,29 +408,7 @@ struct PyCallback {
         Py_DECREF(fn);
         PyGILState_Release(gil);
     }
-    void operator()(const at::Tensor &grad) const {
-        PyGILState_STATE gil;
-        PyObject *r = nullptr;
-        PyObject *g = handed_over(grad, prepare, &gil);
-        if (g != nullptr) {
-            PyObject *i = PyLong_FromLong(index);
-            if (i != nullptr) {
-                PyObject *args[2] = {i, g};
-                r = PyObject_Vectorcall(fn, args, 2, nullptr);
-                Py_DECREF(i);
-            }
-            Py_DECREF(g);
-        }
-        if (r != nullptr) {
-            Py_DECREF(r);
-            PyGILState_Release(gil);
-            return;
-        }
-        python_error err;
-        err.persist();
-        PyGILState_Release(gil);
-        throw std::move(err);
-    }
+    void operator()(const at::Tensor &grad) const { call_fn(fn, index, prepare, grad); }
 };
 
 /* fn(index, gradient of output `slot` of the node) */
@@ -425,6 +429,55 @@ struct PyInputHook : FunctionPostHook {
     PyInputHook(PyObject *fn, long index, bool prepare) : call(fn, index, prepare) {}
     variable_list operator()(const variable_list &outputs, const variable_list &) override {
         if (!outputs.empty()) call(outputs[0]);
+        return outputs;
+    }
+};
+
+/* EdgeSum's calling twin: input j's contributions added up, then fn(j, total) (PyCallback) */
+struct CallingEdgeSum {
+    std::mutex lock;
+    PyObject *fn;
+    bool prepare;
+    std::vector<int> expected, waiting;
+    std::vector<at::Tensor> total;
+    CallingEdgeSum(PyObject *f, bool p, std::vector<int> counts)
+        : fn(f), prepare(p), expected(counts), waiting(counts), total(counts.size()) { Py_INCREF(fn); }
+    CallingEdgeSum(const CallingEdgeSum &) = delete;
+    CallingEdgeSum &operator=(const CallingEdgeSum &) = delete;
+    ~CallingEdgeSum() {
+        if (!Py_IsInitialized()) return;
+        PyGILState_STATE gil = PyGILState_Ensure();
+        Py_DECREF(fn);
+        PyGILState_Release(gil);
+    }
+    void add(size_t j, const at::Tensor &g) {
+        at::Tensor done;
+        {
+            std::lock_guard<std::mutex> hold(lock);
+            if (g.defined()) {
+                if (!total[j].defined()) {
+                    total[j] = g;
+                } else {
+                    at::NoGradGuard no_grad;
+                    total[j] = total[j] + g;
+                }
+            }
+            if (--waiting[j] > 0) return;
+            done = std::move(total[j]);
+            total[j] = at::Tensor();
+            waiting[j] = expected[j];
+        }
+        call_fn(fn, static_cast<long>(j), prepare, done);
+    }
+};
+
+struct CallingEdgeHook : FunctionPostHook {
+    std::shared_ptr<CallingEdgeSum> sum;
+    std::vector<std::pair<size_t, size_t>> edges;
+    CallingEdgeHook(std::shared_ptr<CallingEdgeSum> sum, std::vector<std::pair<size_t, size_t>> edges)
+        : sum(std::move(sum)), edges(std::move(edges)) {}
+    variable_list operator()(const variable_list &outputs, const variable_list &) override {
+        for (auto &[i, j] : edges) sum->add(j, i < outputs.size() ? outputs[i] : at::Tensor());
         return outputs;
     }
 };
@@ -630,35 +683,34 @@ PyObject *prepare(PyObject *, PyObject *t) {
     return keyed_prepared(*v, stats);
 }
 
-/* capture_edges(inputs, outputs, start, first_id): the nodes made since autograd sequence
-   number `start` that are reached from the outputs' nodes and take one of `inputs` get a
-   post-hook (EdgeHook): input j's gradient is queued as event first_id + j. A list of the j
-   that are taken by such a node. */
-PyObject *capture_edges(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(4)
-    long long start, first;
-    if (!int_arg(args[2], &start) || !int_arg(args[3], &first)) return nullptr;
+using NodePtr = std::decay_t<decltype(std::declval<const at::Tensor &>().grad_fn())>;
+using EdgeHits = std::vector<std::pair<NodePtr, std::vector<std::pair<size_t, size_t>>>>;
+
+/* the nodes made since autograd sequence number `start` that are reached from the nodes of the
+   sequence `outputs` and take one of the sequence `inputs` (tensors): each with its hits
+   (next edge of the node, input), into `found`; counts[j]: input j's hits. False with a Python
+   error set. */
+bool walk_edges(PyObject *inputs, PyObject *outputs, long long start, EdgeHits &found,
+                std::vector<int> &counts) {
     using torch::autograd::Node;
-    using NodePtr = std::decay_t<decltype(std::declval<const at::Tensor &>().grad_fn())>;
     std::map<std::pair<const Node *, uint32_t>, size_t> targets;
     std::vector<NodePtr> keep;
-    PyObject *ins = PySequence_Fast(args[0], "a sequence of tensors");
-    if (ins == nullptr) return nullptr;
+    PyObject *ins = PySequence_Fast(inputs, "a sequence of tensors");
+    if (ins == nullptr) return false;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(ins);
-    std::vector<std::pair<NodePtr, std::vector<std::pair<size_t, size_t>>>> found;
-    std::vector<int> counts(static_cast<size_t>(n), 0);
+    counts.assign(static_cast<size_t>(n), 0);
     try {
         for (Py_ssize_t j = 0; j < n; j++) {
             const at::Tensor *v = tensor_of(PySequence_Fast_GET_ITEM(ins, j));
-            if (v == nullptr) { Py_DECREF(ins); return nullptr; }
+            if (v == nullptr) { Py_DECREF(ins); return false; }
             if (!v->requires_grad()) continue;
             auto edge = torch::autograd::impl::gradient_edge(*v);
             if (!edge.function) continue;
             targets.emplace(std::make_pair(edge.function.get(), edge.input_nr), static_cast<size_t>(j));
             keep.push_back(edge.function);
         }
-        PyObject *outs = PySequence_Fast(args[1], "a sequence of tensors");
-        if (outs == nullptr) { Py_DECREF(ins); return nullptr; }
+        PyObject *outs = PySequence_Fast(outputs, "a sequence of tensors");
+        if (outs == nullptr) { Py_DECREF(ins); return false; }
         std::vector<NodePtr> stack;
         for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(outs); i++) {
             PyObject *o = PySequence_Fast_GET_ITEM(outs, i);
@@ -688,14 +740,17 @@ PyObject *capture_edges(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
             }
             if (!hits.empty()) found.emplace_back(std::move(node), std::move(hits));
         }
-        auto sum = std::make_shared<EdgeSum>(first, counts);
-        for (auto &[node, hits] : found) node->add_post_hook(std::make_unique<EdgeHook>(sum, std::move(hits)));
     } catch (const std::exception &e) {
         Py_DECREF(ins);
         PyErr_SetString(PyExc_RuntimeError, e.what());
-        return nullptr;
+        return false;
     }
     Py_DECREF(ins);
+    return true;
+}
+
+/* the list of the j with counts[j] > 0 (new reference, or null) */
+PyObject *taken_list(const std::vector<int> &counts) {
     PyObject *taken = PyList_New(0);
     if (taken == nullptr) return nullptr;
     for (size_t j = 0; j < counts.size(); j++) {
@@ -705,6 +760,59 @@ PyObject *capture_edges(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         Py_DECREF(k);
     }
     return taken;
+}
+
+/* hook each found node with make(hits) (a post-hook); false with a Python error set */
+template <typename Make>
+bool hook_edges(EdgeHits &found, Make make) {
+    try {
+        for (auto &[node, hits] : found) node->add_post_hook(make(std::move(hits)));
+    } catch (const std::exception &e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return false;
+    }
+    return true;
+}
+
+/* capture_edges(inputs, outputs, start, first_id): the nodes walk_edges finds get a post-hook
+   (EdgeHook): input j's gradient is queued as event first_id + j. A list of the j that are
+   taken by such a node. */
+PyObject *capture_edges(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(4)
+    long long start, first;
+    if (!int_arg(args[2], &start) || !int_arg(args[3], &first)) return nullptr;
+    EdgeHits found;
+    std::vector<int> counts;
+    if (!walk_edges(args[0], args[1], start, found, counts)) return nullptr;
+    auto sum = std::make_shared<EdgeSum>(first, counts);
+    if (!hook_edges(found, [&sum](std::vector<std::pair<size_t, size_t>> hits) {
+            return std::make_unique<EdgeHook>(sum, std::move(hits));
+        }))
+        return nullptr;
+    return taken_list(counts);
+}
+
+/* capture_edges_calling(prepare, inputs, outputs, start, fn): capture_edges' hooks, input j's
+   gradient (its contributions added up here, in the order they come) handed to fn(j, grad) as
+   it is complete (`prepare`: as capture_calling's). The API level's capture with nothing
+   queued: one C++ call per recorded call, no Python walk of the graph, no Python hook. */
+PyObject *capture_edges_calling(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(5)
+    int prepare = PyObject_IsTrue(args[0]);
+    if (prepare < 0) return nullptr;
+    long long start;
+    if (!int_arg(args[3], &start)) return nullptr;
+    EdgeHits found;
+    std::vector<int> counts;
+    if (!walk_edges(args[1], args[2], start, found, counts)) return nullptr;
+    if (!found.empty()) {
+        auto sum = std::make_shared<CallingEdgeSum>(args[4], prepare != 0, counts);
+        if (!hook_edges(found, [&sum](std::vector<std::pair<size_t, size_t>> hits) {
+                return std::make_unique<CallingEdgeHook>(sum, std::move(hits));
+            }))
+            return nullptr;
+    }
+    return taken_list(counts);
 }
 
 /* grouped(t): t read as a replayed event is (a PreparedGrad with its group: the same data as
@@ -808,6 +916,7 @@ PyMethodDef methods[] = {
     {"remove_param", remove_param, METH_O, nullptr},
     {"capture", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture)), METH_FASTCALL, nullptr},
     {"watch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch)), METH_FASTCALL, nullptr},
+    {"capture_edges_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture_edges_calling)), METH_FASTCALL, nullptr},
     {"capture_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(capture_calling)), METH_FASTCALL, nullptr},
     {"watch_calling", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(watch_calling)), METH_FASTCALL, nullptr},
     {"prepare", prepare, METH_O, nullptr},

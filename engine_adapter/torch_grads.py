@@ -106,6 +106,11 @@ class CallingHooks:
 
     - ``capture(tensors, fn)``: ``t.view_as(t)`` for each tensor, the ``j``-th view's node
       hooked to call ``fn(j, grad)`` with the gradient it hands back to ``t``;
+    - ``capture_edges(inputs, outputs, start, fn)``: the nodes a call made (sequence number
+      ``start`` or more, reached from ``outputs``) hooked where they take one of ``inputs``:
+      ``fn(j, grad)`` with input ``j``'s gradient, its contributions inside the call added up,
+      once all are in (:func:`probe.engine_adapter.torch_api.capture_edges`' work in C++, no
+      node added); returns the ``j`` that such a node takes;
     - ``watch(outputs, fn)``: ``fn(i, grad)`` with the gradient of each output ``i`` that is a
       tensor requiring grad, from a pre-hook on its node; returns ``(how many, leaves)``, the
       indices of outputs without a node, which the caller hooks itself;
@@ -120,12 +125,13 @@ class CallingHooks:
       so the optimizer's later reads of ``.grad`` are the same tensor id. None without.
     """
 
-    __slots__ = ("capture", "watch", "prepare", "_lib")
+    __slots__ = ("capture", "capture_edges", "watch", "prepare", "_lib")
 
     def __init__(self, lib: Any, kernel: Any = None) -> None:
         prepared = bool(kernel)
         self._lib = lib if prepared else None
         self.capture = functools.partial(lib.capture_calling, prepared)
+        self.capture_edges = functools.partial(lib.capture_edges_calling, prepared)
         self.watch = functools.partial(lib.watch_calling, prepared)
         self.prepare = lib.prepare if prepared else None
         if prepared:

@@ -59,15 +59,16 @@ class _Mixed(nn.Module):
         return self.head(z)
 
 
-def _train(out: Path, monkeypatch, native: bool) -> dict:
+def _train(out: Path, monkeypatch, native: bool, level: str = "module") -> dict:
     if not native:
         monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
+        monkeypatch.setattr(torch_grads, "hooks", lambda prepared=False: None)
     torch.manual_seed(0)
     net = _Mixed()
     opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1)
     idx = torch.randint(0, 10, (4, 3))
-    with DumpSession(net, out=out, auto_step=False, quiet=True) as s:
-        used = s.adapter._native
+    with DumpSession(net, out=out, level=level, auto_step=False, quiet=True) as s:
+        used = s.adapter._native if level == "module" else s.adapter._hooks
         for _ in range(2):
             for _micro_batch in range(2):                 # gradient accumulation
                 net(idx).sum().backward()
@@ -86,6 +87,25 @@ def _train(out: Path, monkeypatch, native: bool) -> dict:
     records = con.execute(f"SELECT {', '.join(columns)} FROM tensors ORDER BY ALL").fetchall()
     return {"native": bool(used), "records": records,
             "files": {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.json"))}}
+
+
+@needs_native
+def test_the_api_levels_capture_in_cpp_writes_the_dump_the_python_walk_writes(tmp_path, monkeypatch):
+    """At mix level each API call's input gradients are read where the call's nodes take
+    them: the C++ walk and hooks (``capture_edges_calling``) against the Python ones, byte for
+    byte, through accumulation, a graph backed through twice, a call with two inputs, inputs
+    used twice in one call (``u + v`` of views) and an empty and a frozen layer."""
+    native = _train(tmp_path / "native", monkeypatch, native=True, level="mix")
+    python = _train(tmp_path / "python", monkeypatch, native=False, level="mix")
+    assert native["native"] and not python["native"]
+    assert native["files"].keys() == python["files"].keys()
+    assert len(python["records"]) > 300 and native["records"] == python["records"]
+    for name, data in python["files"].items():
+        if not name.endswith("stack.json"):
+            assert native["files"][name] == data, name
+    dump = json.loads(python["files"]["step1/rank0/dump.json"])["data"]
+    backward = [k for k in dump if k.startswith(("Tensor.", "Torch.", "Functional.")) and k.endswith(".backward")]
+    assert len(backward) > 20
 
 
 @needs_native

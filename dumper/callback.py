@@ -7,9 +7,12 @@ writes ``OUT/step{N}/rank{R}/`` plus TENSOR and NODE records through the rank's 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from probe.engine_adapter.callbacks import TrainCallback, TrainContext
+
+log = logging.getLogger(__name__)
 
 
 class DumpCallback(TrainCallback):
@@ -37,5 +40,25 @@ class DumpCallback(TrainCallback):
         self.session.end_step()
 
     def on_train_end(self, ctx: TrainContext, error: BaseException | None = None) -> None:
-        if self.session is not None:
+        if self.session is None:
+            return
+        from probe.ground.files import DiskFull
+
+        try:
             self.session.stop()
+        except DiskFull as e:          # the training went on; the command ends with this line
+            if ctx.world_size > 1:     # a spawned rank: its own stderr says it
+                log.error(f"probe dump: rank {ctx.rank}: {e}")
+            _DISK_FULL.append(e)
+
+
+#: full disks the dumps of this process met (the command line ends with the first)
+_DISK_FULL: list = []
+
+
+def take_disk_full() -> Any:
+    """The full disk (a :class:`probe.ground.files.DiskFull`) that stopped a dump of the bundled
+    engine in this process since the last call, or None."""
+    found = _DISK_FULL[0] if _DISK_FULL else None
+    _DISK_FULL.clear()
+    return found

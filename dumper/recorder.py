@@ -176,6 +176,11 @@ class DumpRecorder:
         """The steps whose files are written, in order."""
         return self._writer.steps_written if self._writer is not None else []
 
+    @property
+    def disk_full(self) -> Any:
+        """The full disk that stopped the writer (a :class:`probe.ground.files.DiskFull`), or None."""
+        return getattr(self._writer, "disk_full", None)
+
     def discard_step(self) -> None:
         """Drop the step in flight: nothing of it is written, and the tensor files it wrote
         already are removed (its ``dump_tensor_data`` folder, and its step folder if that is

@@ -46,9 +46,11 @@ class ScriptDump:
     def __exit__(self, *exc: Any) -> None:
         if self._unwatch is not None:
             self._unwatch()
-        self.session.stop()             # (the step left open after the last one is not written)
-        if self._setup is not None:
-            self._setup.close()
+        try:                            # (the step left open after the last one is not written)
+            self.session.stop(explicit=exc[0] is None)  # a full disk: its one line, exit 2
+        finally:
+            if self._setup is not None:
+                self._setup.close()
 
     def _setup_done(self) -> None:
         """The script constructed its first optimizer: what was recorded so far is set-up, not

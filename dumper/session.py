@@ -78,6 +78,8 @@ class DumpSession:
         self.recorder: DumpRecorder | None = None
         self.store: Any = None
         self._own_store = False
+        #: the full disk that stopped the dump's writing (:meth:`stop` raises it once), or None
+        self.disk_full: Any = None
         self._hooked = False
         self._detached = False
         self._gc: Any = None
@@ -106,7 +108,7 @@ class DumpSession:
             self._attach()
         if self.first_step is not None:
             self.recorder.begin_step(self.first_step)
-        atexit.register(self.stop)      # a script that forgets stop() still gets its last step
+        atexit.register(self.stop, explicit=False)   # a script that forgets stop() gets its last step
         return self
 
     def _attach(self) -> None:
@@ -158,8 +160,12 @@ class DumpSession:
         self.end_step()
         rec.begin_step(current + 1)
 
-    def stop(self) -> None:
+    def stop(self, explicit: bool = True) -> None:
         """Write the step in flight, remove every hook, close the store. Safe to call twice.
+
+        When the disk filled while the dump wrote, the writing stopped there (the steps before
+        are whole) and this raises that :class:`probe.ground.files.DiskFull` (one line; logged
+        instead when called at exit, ``explicit=False``; kept in :attr:`disk_full` either way).
 
         A step in flight after step 0 in which the model did no work is not written: after the
         last optimizer step (or ``step()``) the next step is open, and nothing ran in it but the
@@ -176,15 +182,23 @@ class DumpSession:
         if rec is not None:
             rec.drain()
         atexit.unregister(self.stop)
+        full = getattr(rec, "disk_full", None)
         if self.store is not None and self._own_store:
             try:
                 self.store.close()
             except Exception as e:  # noqa: BLE001
-                if rec is not None:
+                if rec is not None and full is None:    # (a full disk is said once, below)
                     rec.report_error("closing the store", e)
             self.store = None
         if _current is self:
             _current = None
+        if full is not None and self.disk_full is None:
+            # the disk filled while the dump wrote: the steps written before are whole; say it
+            # in one line (exit 2 from the command line) rather than end as if all was written
+            self.disk_full = full
+            if explicit:
+                raise full
+            log.error(f"probe dump: {full}")
 
     def _detach(self) -> None:
         self._detached = True
@@ -204,7 +218,7 @@ class DumpSession:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.stop(explicit=exc[0] is None)      # (the body's own error is not masked)
 
 
 def _recorder_class(task: str) -> type:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 from probe.collectors import msprobe_writer
 from probe.engine_adapter.base import EngineAdapter
 from probe.ground.background import BackgroundQueue
-from probe.ground.files import disk_full, is_disk_full
+from probe.ground.files import DiskFull, disk_full, is_disk_full
 from probe.dumper.config import DumpConfig
 from probe.dumper.rows import ROW_COLUMNS, Leaf, TensorTables, apply_statistics, records_statistics
 from probe.dumper.tree import CallTree, node_depths
@@ -85,6 +85,9 @@ class DumpWriter:
     """Writes the steps :meth:`submit` hands it, in order, on its own thread.
 
     ``report_error(where, error)`` hears what failed; the step is lost, the writer goes on.
+    A full disk is not reported: the writer stops writing (:attr:`disk_full`, what the command
+    ends with), with the step it could not finish removed and the steps before it whole, their
+    store records included.
     """
 
     adapter: EngineAdapter
@@ -95,12 +98,15 @@ class DumpWriter:
     report_error: Callable[[str, BaseException], None]
     #: the steps whose files are written, in order
     steps_written: list[int] = field(default_factory=list, init=False)
+    #: the full disk that stopped the writing (None: none did)
+    disk_full: DiskFull | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._formatted_stacks: dict[tuple, list[str]] = {}
         self._nodes_written: set[str] = set()
         self._last_store_flush = float("-inf")
         self._store_tables: list[Any] = []    # tensor records of steps not yet in the store
+        self._store_steps: list[int] = []     # those steps
         self._tables: TensorTables | None = None
         self._last_stacks: tuple[dict, dict, dict] | None = None   # (frames, lines, grouped)
         # set: write now (see the module docstring); the tensor task writes at once
@@ -146,7 +152,12 @@ class DumpWriter:
         self._window.set()
         self._queue.flush()
         if self.store is not None and self.steps_written:
-            self._flush_store(self.steps_written[-1])
+            try:
+                self._flush_store(self.steps_written[-1])
+            except Exception as e:
+                if not (isinstance(e, DiskFull) or is_disk_full(e)):
+                    raise
+                self._stop_writing(None, e)
 
     def _handle(self, batches: list[StepBatch]) -> None:
         if not batches:                 # a tick with nothing waiting
@@ -158,11 +169,34 @@ class DumpWriter:
             finally:
                 self._holding = 0
         for batch in batches:
+            if self.disk_full is not None:      # the disk is full: the steps after it are dropped
+                continue
             try:
                 with self.adapter.suspended():
                     self._write(batch)
             except Exception as e:  # noqa: BLE001 - never kill training
-                self.report_error(f"writing step {batch.step}", e)
+                if isinstance(e, DiskFull) or is_disk_full(e):
+                    self._stop_writing(batch.step, e)
+                else:
+                    self.report_error(f"writing step {batch.step}", e)
+
+    def _stop_writing(self, step: int | None, error: BaseException) -> None:
+        """The disk is full: keep the error for the command (:attr:`disk_full`), write nothing
+        more, and remove what is not whole: the msprobe files of ``step`` (the step being
+        written) and of the steps whose store records were lost with the failed segment, so
+        that every step left has both its files and its records."""
+        if not isinstance(error, DiskFull):
+            error = disk_full(getattr(error, "filename", None) and os.path.dirname(error.filename)
+                              or self.config.out, error)
+        self.disk_full = error
+        lost: set[int] = set()
+        if not self._store_tables and self._store_steps:    # a segment failed: its steps' records
+            lost, self._store_steps = set(self._store_steps), []
+        if step is not None:
+            lost.add(step)
+        for n in sorted(lost):
+            _remove_step(msprobe_writer.step_dir(self.config.out, n, self.rank))
+        self.steps_written[:] = [n for n in self.steps_written if n not in lost]
 
     def _write(self, b: StepBatch) -> None:
         b.tree.finish()
@@ -260,6 +294,7 @@ class DumpWriter:
         if self._tables is None:
             self._tables = TensorTables(self.run, self.rank)
         self._store_tables.append(self._tables.table(b.step, time.time_ns(), b.rows, statistics))
+        self._store_steps.append(b.step)
         written = self._nodes_written
         construct, node_info = b.tree.construct, b.tree.node_info
         if not written.issuperset(node_info):   # the tree is the same every step
@@ -292,6 +327,26 @@ class DumpWriter:
         if pending:
             self.store.write("tensor", pa.concat_tables(pending) if len(pending) > 1 else pending[0])
         self.store.end_step(step)
+        self._store_steps = []               # (on a failure above they stay: their records are lost)
+
+
+def _remove_step(folder: Any) -> None:
+    """Remove one step's files of one rank (``step{N}/rank{R}``: msprobe's three files and the
+    tensor files) and the folders left empty; another rank's files stay."""
+    import shutil
+
+    shutil.rmtree(os.path.join(folder, "dump_tensor_data"), ignore_errors=True)
+    for name in STEP_FILES:
+        for path in (os.path.join(folder, name), os.path.join(folder, f".{name}.tmp")):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    for empty in (folder, os.path.dirname(folder)):
+        try:
+            os.rmdir(empty)
+        except OSError:
+            break
 
 
 def _remove_files(paths: list[str]) -> None:

@@ -247,9 +247,15 @@ def is_disk_full(error: BaseException) -> bool:
     return any(f"[errno {n}]" in text.lower() or os.strerror(n) in text for n in DISK_FULL)
 
 
-def disk_full(folder: str | os.PathLike, error: BaseException) -> ProbeError:
+class DiskFull(ProbeError):
+    """A full disk (or quota) while writing: :func:`disk_full`'s one line (exit 2). A writer
+    that meets it stops writing (what follows would not fit either) and hands it to the
+    command, which ends with it."""
+
+
+def disk_full(folder: str | os.PathLike, error: BaseException) -> DiskFull:
     """The one line for a full disk while writing into ``folder`` (exit 2)."""
     why = "disk quota exceeded" if getattr(error, "errno", None) == errno.EDQUOT or \
-        os.strerror(errno.EDQUOT) in str(error) else "no space left on the device"
-    return ProbeError(f"{folder}: {why}; free space or give another --out (what was written before "
+        os.strerror(errno.EDQUOT) in str(error) else "no space left on device"
+    return DiskFull(f"{folder}: {why}; free space or give another --out (what was written before "
                       "is complete and readable)")

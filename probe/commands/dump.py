@@ -192,7 +192,13 @@ def _run_engine(out: str, options: dict[str, Any], *, engine: str, preset: str, 
                    owner="dump", force=force, fsync=fsync, dtype=dtype, quiet=quiet,
                    log_every=log_every, allow_nan=allow_nan)
     _claim(out, force)
-    return run_training(spec)
+    result = run_training(spec)
+    from probe.dumper.callback import take_disk_full
+
+    full = take_disk_full()
+    if full is not None:       # the disk filled: the steps before are whole; one line, exit 2
+        raise full
+    return result
 
 
 def _run_script(argv: list[str], framework: str, out: str, options: dict[str, Any],

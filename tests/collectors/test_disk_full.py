@@ -38,7 +38,7 @@ def _metric_rows(n: int, step: int) -> pa.Table:
 def test_a_store_on_a_full_disk_says_so_in_one_line_and_keeps_earlier_steps(small_disk):
     store = StoreWriter(small_disk / "run", fsync="never")
     written = 0
-    with pytest.raises(ProbeError, match="no space left on the device") as caught:
+    with pytest.raises(ProbeError, match="no space left on device") as caught:
         for step in range(10_000):
             store.write("metric", _metric_rows(200, step))
             store.end_step(step)
@@ -56,7 +56,7 @@ def test_a_json_file_that_does_not_fit_leaves_no_temporary_file(small_disk):
     folder = small_disk / "step0" / "rank0"
     folder.mkdir(parents=True)
     msprobe_writer.write_files(folder, [("construct.json", b"{}")])
-    with pytest.raises(ProbeError, match=f"{folder}: no space left on the device"):
+    with pytest.raises(ProbeError, match=f"{folder}: no space left on device"):
         msprobe_writer.write_files(folder, [("dump.json", b"x" * (1 << 20))])
     assert sorted(os.listdir(folder)) == ["construct.json"]
 
@@ -104,6 +104,6 @@ def test_the_dump_writer_removes_a_step_whose_tensor_files_do_not_fit(tmp_path):
     folder = tmp_path / "step3" / "rank0" / "dump_tensor_data"
     folder.mkdir(parents=True)
     files = [(str(folder / f"t{i}.safetensors"), None) for i in range(4)]
-    with pytest.raises(ProbeError, match=f"{folder}: no space left on the device"):
+    with pytest.raises(ProbeError, match=f"{folder}: no space left on device"):
         w._write_files(3, files)
     assert os.listdir(folder) == []

@@ -17,7 +17,7 @@ rank 3's forward at step 40 is ahead of the NaN the gradient all-reduce spreads 
 rank's step-40 update (seen in their step-41 forward) and of anything in its backward; the
 origin is rank 3's record. Nothing here imports torch.
 
->>> _decades(1.0, [0.01, 0.02, 0.015]) >= OUTLIER_DECADES
+>>> _decades(1.0, [0.001, 0.002, 0.0015]) >= OUTLIER_DECADES
 True
 """
 

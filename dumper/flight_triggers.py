@@ -10,7 +10,7 @@ over the last :data:`WINDOW` finite values, once :data:`MIN_HISTORY` are there, 
 >>> [d.check(v) for v in [5.0, 4.9, 4.8, 4.85, 4.7, 4.6, 4.65]]
 [None, None, None, None, None, None, None]
 >>> round(d.check(9.5), 1)
-55.2
+31.7
 >>> Triggers(ring_steps=4).check(step=3, losses=[2.0, float("nan")], grad_norm=1.0).kind
 'nonfinite'
 """

@@ -54,8 +54,26 @@ def compare(cwd: Path, a: str, b: str, out: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def probe_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``probe ARGS`` in this process (as ``main`` runs it), in ``cwd``."""
+    import contextlib
+    import io
+    import os
+
+    from probe.cli import main
+
+    out, err, was = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(list(args))
+    finally:
+        os.chdir(was)
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
+
+
 def repro(cwd: Path, cmp: str, out: str, *args: str) -> subprocess.CompletedProcess:
-    done = probe("repro", cmp, "--out", out, *args, cwd=cwd)
+    done = probe_here("repro", cmp, "--out", out, *args, cwd=cwd)
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
     return done
 
@@ -96,7 +114,8 @@ def engine_pair(tmp_path_factory) -> Path:
     common = ["--level", "module", "--task", "tensor", "--tensor-format", "safetensors", "--max-steps", "1"]
     dump(root, "ref", *common)
     dump(root, "fused", *common, "--engine", "fused", "--fault", "scale:decoder.layers.1.mlp.linear_fc2.weight:1.5")
-    compare(root, "ref/step0/rank0/dump.json", "fused/step0/rank0/dump.json", "cmp")
+    done = probe_here("compare", "ref/step0/rank0/dump.json", "fused/step0/rank0/dump.json", "--out", "cmp", cwd=root)
+    assert done.returncode == 0, done.stderr
     return root
 
 
@@ -111,15 +130,15 @@ def test_engine_first_divergence_reproduces(engine_pair: Path) -> None:
                                                                 "outputs.safetensors", "module.py"}
     got = assert_reproduces(folder, engine_pair / "cmp", "Module.layers.1.mlp.down_proj.Linear.forward.0")
     assert got["verdict"] == "error"
-    plain = run_py(folder)
-    assert plain.returncode == 1 and "the divergence reproduces" in plain.stdout
     swap = run_py(folder, "--swap-inputs")
     assert swap.returncode == 1, swap.stderr
     assert swap.stdout.startswith("the module diverges")
     # the folder runs from anywhere: copied elsewhere, it still reproduces
     moved = engine_pair / "elsewhere" / "r1"
     shutil.copytree(folder, moved)
-    assert run_py(moved, "--json").returncode == 1
+    plain = run_py(moved)
+    assert plain.returncode == 1 and "the divergence reproduces" in plain.stdout
+    assert "built  A from module.py (the bundled engine's reference implementation" in plain.stdout
 
 
 def test_engine_downstream_node_inherits_the_divergence(engine_pair: Path) -> None:
@@ -134,14 +153,16 @@ def test_engine_downstream_node_inherits_the_divergence(engine_pair: Path) -> No
                                    "Module.layers.1.mlp.down_proj.Linear.forward.0)")
     # B's name names the node too
     repro(engine_pair, "cmp", "r3", "--node", "Module.decoder.layers.1.mlp.FusedMLP.forward.0")
-    assert run_py(engine_pair / "r3", "--swap-inputs").stdout.startswith("the module diverges")
+    spec = json.loads((engine_pair / "r3" / "repro.json").read_text())
+    assert spec["node"] == "Module.layers.1.mlp.MLP.forward.0"
+    assert spec["sides"]["b"]["node"] == "Module.decoder.layers.1.mlp.FusedMLP.forward.0"
 
 
 def test_bad_input_is_one_line(engine_pair: Path, tmp_path: Path) -> None:
-    done = probe("repro", "cmp", "--node", "Module.nothing.Linear.forward.0", "--out", "bad", cwd=engine_pair)
+    done = probe_here("repro", "cmp", "--node", "Module.nothing.Linear.forward.0", "--out", "bad", cwd=engine_pair)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "nodes.parquet: no node 'Module.nothing.Linear.forward.0'" in done.stderr
-    done = probe("repro", str(tmp_path), "--out", str(tmp_path / "o"), cwd=engine_pair)
+    done = probe_here("repro", str(tmp_path), "--out", str(tmp_path / "o"), cwd=engine_pair)
     assert done.returncode == 2 and "summary.json: no such file" in done.stderr
     assert done.stderr.count("\n") == 1
 
@@ -153,30 +174,49 @@ def test_statistics_dump_without_a_way_to_rerun(tmp_path: Path, engine_pair: Pat
         for f in (tmp_path / side / "step0").rglob("dump_tensor_data"):
             shutil.rmtree(f)
     compare(tmp_path, "ref/step0/rank0/dump.json", "fused/step0/rank0/dump.json", "cmp")
-    done = probe("repro", "cmp", "--out", "o", cwd=tmp_path)
+    done = probe_here("repro", "cmp", "--out", "o", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "no way to re-run it" in done.stderr and done.stderr.count("\n") == 1
 
 
 # ------------------------------------------------------------------ an API call (mix level)
+def _mix_dump(out: Path, scale: float) -> None:
+    """A small network dumped at mix level (tensors), its last layer's weight scaled."""
+    import torch
+
+    import probe as probe_api
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+    with torch.no_grad():
+        net[2].weight.mul_(scale)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    with probe_api.dump(net, out=str(out), level="mix", task="tensor", tensor_format="safetensors",
+                        auto_step=False, store=False, quiet=True):
+        net(x).sum().backward()
+
+
 def test_mix_level_api_call(tmp_path: Path) -> None:
-    common = ["--level", "mix", "--task", "tensor", "--tensor-format", "safetensors", "--max-steps", "1"]
-    dump(tmp_path, "ma", *common)
-    dump(tmp_path, "mb", *common, "--fault", "scale:layers.1.mlp.down_proj.weight:1.5")
-    compare(tmp_path, "ma", "mb", "cmp")
+    import probe as probe_api
+
+    _mix_dump(tmp_path / "ma", 1.0)
+    _mix_dump(tmp_path / "mb", 1.5)
+    probe_api.compare(str(tmp_path / "ma"), str(tmp_path / "mb")).write(tmp_path / "cmp")
     nodes = pq.read_table(tmp_path / "cmp" / "nodes.parquet").to_pylist()
-    call = next(r["node_a"] for r in nodes if r["direction"] == "forward" and r["kind"] == "api"
-                and r["parent_a"] == "Module.layers.1.mlp.down_proj.Linear.forward.0")
-    assert call.startswith("Functional.linear.")
+    inside = [r["node_a"] for r in nodes if r["direction"] == "forward" and r["kind"] == "api"
+              and r["parent_a"] == "Module.2.Linear.forward.0"]
+    call = next(n for n in inside if n.startswith("Functional.linear."))
     done = repro(tmp_path, "cmp", "r", "--node", call)
     assert "(api)" in done.stdout and "check-api on a float64 golden: pass" in done.stdout
     got = assert_reproduces(tmp_path / "r", tmp_path / "cmp", call)
     assert got["verdict"] == "error"
     plain = run_py(tmp_path / "r")
+    assert plain.returncode == 1
     assert "replayed in float32: identical to the recorded one; against float64" in plain.stdout
     swap = run_py(tmp_path / "r", "--swap-inputs")   # the same linear on either side's inputs: the
     assert swap.returncode == 0                       # scaled weight is an input of the call
-    assert "its inputs carry the divergence" in swap.stdout
+    assert swap.stdout.strip() == ("the module agrees; its inputs carry the divergence "
+                                   "(look upstream at Module.2.Linear.forward.0)")
 
 
 # ------------------------------------------------------------------ heavier: re-run, Hugging Face

@@ -230,6 +230,10 @@ class TensorFiles:
             p = d / name
             if p.is_file():
                 return p
+        for d in self.dirs:          # a FIFO, a device, a link: refused by name when loaded
+            p = d / name
+            if p.is_symlink() or p.exists():
+                return p
         return None
 
     def load(self, ref: TensorRef) -> torch.Tensor | None:

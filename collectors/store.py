@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import stat
 import threading
 import uuid
 from pathlib import Path
@@ -222,6 +223,8 @@ def segment_problem(path: str) -> str | None:
         st = os.stat(path)
     except OSError as e:
         return e.strerror
+    if not stat.S_ISREG(st.st_mode):   # a FIFO would block the footer's read; a device never ends
+        return "not a regular file"
     key = (st.st_size, st.st_mtime_ns)
     seen = _checked.get(path)
     if seen is not None and seen[0] == key:

@@ -2,12 +2,13 @@
 
 A flight recorder (``--flight-recorder K``, :mod:`probe.dumper.flight`) writes each rank's last
 K steps as an ordinary dump when it fires, and ``RUN/flight_recorder/rank{R}.json`` beside it
-names the steps. Every tensor record of every rank is placed by ``(step, phase, position,
-rank)``: the step; forward before backward; the position of its call in the step's execution
-order (a rank's dump.json lists the calls as they ran: forward calls as they returned,
-backward ones as autograd ran them); the rank last. The origin is the first record that is
+names the steps. Every tensor record of every rank is placed by ``(step, position, rank)``: the
+step; the position of its call in the step's execution order (a rank's ring dump lists the calls
+as they ran: the forward's as they returned, then the backward's as autograd ran them; an API
+call made inside the backward pass, at mix level, where it ran); the rank last. The origin is the first record that is
 
-- **non-finite**: a NaN or an Inf in it (its statistics or counts), or
+- **non-finite**: a NaN or an Inf in it (its statistics or counts; an Inf that every record of
+  the tensor holds alike, on every rank and step, is an attention mask's -inf, not trouble), or
 - **an outlier**: its largest magnitude ``max(|max|, |min|)`` at least :data:`OUTLIER_DECADES`
   orders of magnitude above its usual one, the median of the same tensor in the ring's earlier
   steps on that rank and in the same step on the other ranks (at least two values).
@@ -44,8 +45,8 @@ _API_NAME = re.compile(r"^(?P<api>.+)\.(?P<n>\d+)\.(?P<what>forward|backward)$")
 @dataclass
 class Record:
     step: int
-    phase: int           # 0 forward, 1 backward
-    position: int        # the call's place among the step's calls of its phase
+    phase: int           # 0 forward, 1 backward (by its name)
+    position: int        # the call's place in the step's execution order
     rank: int
     node: str
     tensor: str          # output.0, input.0, parameters_grad.weight
@@ -58,7 +59,7 @@ class Record:
 
     @property
     def key(self) -> tuple:
-        return (self.step, self.phase, self.position, self.order, self.rank)
+        return (self.step, self.position, self.order, self.rank)
 
     @property
     def magnitude(self) -> float:
@@ -87,7 +88,8 @@ def find_origin(run: str | os.PathLike) -> dict[str, Any]:
     context = (f"the rings of {len(ranks)} rank{'s' if len(ranks) != 1 else ''} ({span})"
                + (f"; trigger: {triggers[0]}" if triggers else ""))
     records.sort(key=lambda r: r.key)
-    first_bad = next((r for r in records if r.nonfinite), None)
+    masks = _masks(records)
+    first_bad = next((r for r in records if r.nonfinite and (r.node, r.tensor) not in masks), None)
     outlier = _first_outlier(records, before=first_bad.key if first_bad else None)
     found = outlier[0] if outlier is not None else first_bad
     if found is None:
@@ -110,6 +112,19 @@ def find_origin(run: str | os.PathLike) -> dict[str, Any]:
                 + (f"; {later}" if later else "") + ".")
     return {"step": found.step, "rank": found.rank, "module": module, "direction": direction,
             "tensor": found.tensor, "node": found.node, "cause": cause, "evidence": evidence}
+
+
+def _masks(records: list[Record]) -> set[tuple[str, str]]:
+    """The tensors whose Infs are structure, not trouble: an Inf (no NaN) in every record of
+    the tensor, the same count on every rank and step (an attention mask of -inf, seen at mix
+    level in ``Torch.full`` and the additions that apply it), at least twice."""
+    seen: dict[tuple[str, str], list] = {}
+    for r in records:
+        s = seen.setdefault((r.node, r.tensor), [0, set(), False])
+        s[0] += 1
+        s[1].add(r.inf)
+        s[2] = s[2] or r.nan > 0 or any(v != v for v in (r.max, r.min, r.norm))
+    return {key for key, (n, infs, nan) in seen.items() if n >= 2 and not nan and len(infs) == 1 and 0 not in infs}
 
 
 def _markers(root: Path) -> dict[int, dict]:
@@ -150,13 +165,10 @@ def _records(root: Path, markers: dict[int, dict]) -> tuple[list[Record], set[in
             except (OSError, ValueError, AttributeError):
                 raise ProbeError(f"{path}: unreadable dump.json") from None
             steps.add(step)
-            positions = [0, 0]
-            for node, entry in data.items():
+            for position, (node, entry) in enumerate(data.items()):
                 if not isinstance(entry, dict):
                     continue
                 phase = 0 if _is_forward(node) else 1
-                position = positions[phase]
-                positions[phase] += 1
                 for order, (tensor, value) in enumerate(_tensors(entry)):
                     records.append(Record(step, phase, position, rank, node, tensor, order,
                                           _float(value.get("Max")), _float(value.get("Min")),

@@ -21,14 +21,14 @@ class KeepWeights(TrainCallback):
         WEIGHTS[ctx.out_dir] = [p.detach().clone() for p in ctx.model.parameters()]
 
 
-def _train(out, flight: int | None, faults=(), allow_nan=False, max_steps=6):
+def _train(out, flight: int | None, faults=(), allow_nan=False, max_steps=6, level="module"):
     from probe.commands.flight_options import flight_callbacks
     from probe.engine.launch import run_training
     from probe.engine.spec import RunSpec
 
     spec = RunSpec(preset="tiny", nproc=1, max_steps=max_steps, out_dir=str(out), quiet=True,
                    faults=tuple(faults), allow_nan=allow_nan,
-                   callbacks=(*flight_callbacks(flight), CallbackSpec(KeepWeights)))
+                   callbacks=(*flight_callbacks(flight, level), CallbackSpec(KeepWeights)))
     return run_training(spec)
 
 
@@ -67,3 +67,13 @@ def test_origin_on_bad_input_is_one_line_and_exit_2(tmp_path):
         p = run_probe("origin", str(target))
         assert p.returncode == 2, p.stderr
         assert said in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_at_mix_level_a_backward_nan_is_named_past_the_attention_masks_inf(tmp_path):
+    from probe.compare.origin import find_origin
+
+    out = tmp_path / "mix"
+    _train(out, 3, faults=("nangrad:layers.0.mlp:3",), max_steps=4, level="mix")
+    found = find_origin(out)
+    assert (found["step"], found["module"], found["direction"], found["tensor"]) == \
+        (3, "layers.0.mlp", "backward", "output.0"), found["evidence"]

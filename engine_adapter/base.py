@@ -9,9 +9,10 @@ An adapter knows one framework (PyTorch, MindSpore, ...) and nothing about dump 
 - owns the framework's :class:`StatsBackend`: tensor description, on-device statistics,
   one gather per step, content hashes and tensor files.
 
-The dump's recorder (``dumper/recorder.py``) is the only :class:`HookSink`; it is written once,
-for every engine. Adding an engine means one new module ``engine_adapter/<name>_adapter.py``
-that defines ``ADAPTER = <a subclass of EngineAdapter>`` and one row of the framework table,
+The dump's recorder (``dumper/recorder.py``) is the :class:`HookSink` (the flight recorder's
+ring, ``dumper/flight_ring.py``, is a second, lighter one); each is written once, for every
+engine. Adding an engine means one new module ``engine_adapter/<name>_adapter.py`` that defines
+``ADAPTER = <a subclass of EngineAdapter>`` and one row of the framework table,
 :mod:`probe.ground.frameworks` (its names, its module prefix, that module), or, for an adapter
 that lives outside this package, ``register_framework(FrameworkSpec(...))`` at runtime;
 :func:`get_adapter` finds it through the table.
@@ -125,7 +126,7 @@ class StatsBackend(ABC):
 
 
 class HookSink(Protocol):
-    """Receives what an adapter's hooks see. Implemented once, by the dump's recorder."""
+    """Receives what an adapter's hooks see: the dump's recorder, the flight recorder's ring."""
 
     active: bool
 

@@ -118,6 +118,10 @@ def _script_argv(side: Any) -> list[str] | None:
     argv = ((side.config or {}).get("run") or {}).get("argv")
     if not isinstance(argv, list) or "--" not in argv or len(argv) < 2 or argv[1] != "dump":
         return None
+    from probe.checker.repro_sources import is_probe_command
+
+    if not is_probe_command(str(argv[0])):
+        return None
     script = argv[argv.index("--") + 1:]
     return script or None
 

@@ -220,7 +220,7 @@ class Side:
         what = f"{self.dump_dir}: the dump holds no tensor file for {self.node} ({self.header.get('task')} dump)"
         run = (self.config or {}).get("run") or {}
         argv = run.get("argv")
-        if not isinstance(argv, list) or len(argv) < 2 or argv[1] != "dump" or "probe" not in Path(str(argv[0])).name:
+        if not isinstance(argv, list) or len(argv) < 2 or argv[1] != "dump" or not is_probe_command(str(argv[0])):
             raise ProbeError(f"{what}, and no way to re-run it: its run folder has no config/rank{self.rank}.json "
                              "recording a 'probe dump' command line; dump with --task tensor")
         cwd = run.get("cwd") or os.getcwd()
@@ -314,8 +314,18 @@ def _leaves(x: Any) -> list[dict]:
     return []
 
 
+def is_probe_command(program: str) -> bool:
+    """Whether ``program`` (a recorded ``argv[0]``) is the probe command line."""
+    p = Path(program)
+    return p.name.startswith("probe") or (p.parent.name == "probe" and p.name in ("cli.py", "__main__.py"))
+
+
 def _without(args: list[str], options: tuple[str, ...]) -> list[str]:
-    """``args`` without the given options (``--out X`` and ``--out=X``)."""
+    """``args`` without the given options (``--out X`` and ``--out=X``).
+
+    >>> _without(["--level", "module", "--out", "runs/a", "--steps=0,2", "--max-steps", "3"], ("--out", "--steps"))
+    ['--level', 'module', '--max-steps', '3']
+    """
     out, skip = [], False
     for a in args:
         if skip:
@@ -331,7 +341,11 @@ def _without(args: list[str], options: tuple[str, ...]) -> list[str]:
 
 
 def _module_parts(name: str) -> tuple[str, str, int]:
-    """``(path, class, call)`` of ``Module.layers.0.attn.Attention.forward.0``."""
+    """``(path, class, call)`` of ``Module.layers.0.attn.Attention.forward.0``.
+
+    >>> _module_parts("Module.layers.0.attn.Attention.forward.0")
+    ('layers.0.attn', 'Attention', 0)
+    """
     parts = name.split(".")
     if len(parts) < 4 or parts[-2] not in ("forward", "backward"):
         raise ProbeError(f"{name!r} is not a module call's name (Module.<path>.<Class>.forward.<n>)")

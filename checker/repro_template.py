@@ -344,43 +344,48 @@ def main(argv=None):
             else:
                 line = f"the module agrees; its inputs carry the divergence (look upstream at {spec['upstream']})"
             if opts.json:
-                print(json.dumps({"node": node, "swap": "diverges" if diverging else "agrees", "line": line,
+                say(json.dumps({"node": node, "swap": "diverges" if diverging else "agrees", "line": line,
                                   "runs": [{"run": label, **{k: v for k, v in r.items() if k != "pair"}}
                                            for label, r in found]}))
             else:
-                print(line)
+                say(line)
             return 1 if diverging else 0
         r, _, _ = reproduce(spec, a, b)
         result = {"node": node, "verdict": r["verdict"], "max_abs_error": r["max_abs_error"],
                   "max_rel_error": r["max_rel_error"], "cosine": r["cosine"]}
         if opts.json:
-            print(json.dumps(result))
+            say(json.dumps(result))
         else:
             exp = spec.get("expected") or {}
-            print(f"node   A {spec['sides']['a']['node']}\n       B {spec['sides']['b']['node']}")
-            print(f"built  A from {a.how}\n       B from {b.how}")
-            print(f"output A vs B: {r['verdict']}  max_abs_error {r['max_abs_error']:.6e}  "
+            say(f"node   A {spec['sides']['a']['node']}\n       B {spec['sides']['b']['node']}")
+            say(f"built  A from {a.how}\n       B from {b.how}")
+            say(f"output A vs B: {r['verdict']}  max_abs_error {r['max_abs_error']:.6e}  "
                   f"max_rel_error {r['max_rel_error']:.6e}  cosine {r['cosine']:.12f}")
             if exp:
-                print(f"compare said: {exp.get('verdict')}  max_abs_error {_num(exp.get('max_abs_error'))}  "
+                say(f"compare said: {exp.get('verdict')}  max_abs_error {_num(exp.get('max_abs_error'))}  "
                       f"max_rel_error {_num(exp.get('max_rel_error'))}  cosine {_num(exp.get('cosine'), 12)}")
             if spec.get("kind") == "api":
                 for side in (a, b):
                     for line in replay_lines(spec, side):
-                        print(line)
-            print("the divergence reproduces" if r["verdict"] != "pass" else
+                        say(line)
+            say("the divergence reproduces" if r["verdict"] != "pass" else
                   "the divergence does not reproduce here (the outputs agree)")
         return 1 if r["verdict"] != "pass" else 0
     except ReproError as e:
-        print(f"run.py: error: {e}", file=sys.stderr)
+        say(f"run.py: error: {e}", err=True)
         return 2
     except (OSError, ValueError, KeyError) as e:
-        print(f"run.py: error: {type(e).__name__}: {e}", file=sys.stderr)
+        say(f"run.py: error: {type(e).__name__}: {e}", err=True)
         return 2
     except Exception as e:  # noqa: BLE001 - one line, never a traceback
-        print(f"run.py: error: the module failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-              file=sys.stderr)
+        say(f"run.py: error: the module failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            err=True)
         return 2
+
+
+def say(text, err=False):
+    """One line on stdout (or stderr): run.py is a program of its own, not a library."""
+    (sys.stderr if err else sys.stdout).write(f"{text}\n")
 
 
 def _num(v, digits=6):

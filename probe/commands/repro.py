@@ -30,10 +30,13 @@ def command(compare_dir: str, node: str | None, out_dir: str, force: bool) -> in
     each module on the other side's inputs and says whether the module or its inputs diverge.
 
     \b
-    Example:
-        probe compare runs/ref runs/fused --out runs/cmp
-        probe repro runs/cmp --out runs/repro
-        python runs/repro/run.py --swap-inputs
+    Example (a weight planted 1.5x too large in B; tensor dumps, so nothing is re-run):
+        probe dump --level module --task tensor --steps 0 --max-steps 1 --out runs/rp-a
+        probe dump --level module --task tensor --steps 0 --max-steps 1 --fault scale:layers.1.mlp.down_proj.weight:1.5 --out runs/rp-b
+        probe compare runs/rp-a/step0/rank0/dump.json runs/rp-b/step0/rank0/dump.json --out runs/rp-cmp
+        probe repro runs/rp-cmp --out runs/repro
+        probe repro runs/rp-cmp --node Module.norm.RMSNorm.forward.0 --out runs/repro-norm
+        python runs/repro/run.py --swap-inputs     (prints: the module diverges)
     \b
     Exit codes: 0 written; 2 bad input (no compare there, a node it does not have, a dump
     without tensors and no way to re-run it); 3 internal error.

@@ -45,7 +45,7 @@ def run_py(folder: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def dump(cwd: Path, out: str, *args: str) -> None:
-    done = probe("dump", "--steps", "0", *args, "--out", out, cwd=cwd)
+    done = probe("dump", "--steps", "0", "--out", out, *args, cwd=cwd)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

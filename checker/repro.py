@@ -70,6 +70,10 @@ def make_repro(compare_dir: str | Path, out: str | Path, node: str | None = None
                  and r["direction"] == "forward"]
     outs = [r for r in pair_rows if r["slot"] == "output"]
     if not outs:
+        if row.get("match_method") == "ancestor":
+            raise ProbeError(f"{folder / 'nodes.parquet'}: {row['node_a']} has no counterpart of its own in B "
+                             f"(compared within B's {row['node_b']}); reproduce a node matched in full, "
+                             "such as that one's counterpart in A")
         raise ProbeError(f"{folder / 'compare.parquet'}: the node {row['node_a']} has no output the "
                          "compare graded; nothing to reproduce")
     out = claim(out, "repro", OUTPUTS, force=force)

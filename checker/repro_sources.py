@@ -50,9 +50,11 @@ def locate_compare(folder: Path) -> tuple[Path, dict]:
         if not (pick or pairs):
             raise ProbeError(f"{summary_path}: no compared pair to reproduce")
         p = (pick or pairs)[0]
-        sub = Path(p["out"])
-        if not sub.is_absolute() and not sub.is_dir():
-            sub = folder / sub.name if (folder / sub.name).is_dir() else folder / Path(p["out"]).relative_to(Path(p["out"]).parts[0])
+        where = "/".join(x for x in (None if p.get("step") is None else f"step{p['step']}",
+                                     None if p.get("rank") is None else f"rank{p['rank']}") if x) or "pair"
+        sub = folder / where                      # (the pair's "out" is relative to where the compare ran)
+        if not sub.is_dir() and isinstance(p.get("out"), str) and Path(p["out"]).is_dir():
+            sub = Path(p["out"])
         return locate_compare(sub)
     for name in ("nodes.parquet", "compare.parquet"):
         if not (folder / name).is_file():

@@ -109,6 +109,7 @@ def make_repro(compare_dir: str | Path, out: str | Path, node: str | None = None
         spec_sides[name]["node"] = side.node
         spec_sides[name]["args"], spec_sides[name]["kwargs"] = side.args_tree, side.kwargs_tree
         spec_sides[name]["source"] = side.source
+        spec_sides[name]["autocast"] = side.autocast
     pairs = []
     for r in outs:
         ia, ib = sides["a"].output_index(r["index"]), sides["b"].output_index(r["index"])

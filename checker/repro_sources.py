@@ -133,6 +133,8 @@ class Side:
         self.config = _config(self.dump_dir, self.rank)
         hyper = (self.config or {}).get("hyperparameters") or {}
         self.faults = [str(f) for f in hyper.get("faults") or []]
+        #: the bundled engine's bf16 runs its forward under bfloat16 autocast
+        self.autocast = "bfloat16" if hyper.get("dtype") == "bf16" else None
         self.source = ""
         self.rerun_note = ""
         self.args_tree: Any = None

@@ -104,12 +104,14 @@ class Side:
         self.fn = self._build()
 
     def _build(self):
+        self.own = []                       # the module's own parameters (not its children's)
         if self.spec["kind"] == "api":
             self.how = f"the API {self.spec['api']}"
             return resolve_api(self.spec["api"])
         params = _load(os.path.join(self.dir, "params.safetensors"))
+        self.own = [v for k, v in params.items() if "." not in k]
         module, self.how = self._module()
-        missing, unexpected = module.load_state_dict(params, strict=False)
+        missing, unexpected = module.load_state_dict(params, strict=False, assign=True)   # (their dtypes too)
         if unexpected:
             raise ReproError(f"{self.name}/params.safetensors: {unexpected[0]!r} is no parameter of the module")
         named = dict(module.named_parameters())
@@ -152,7 +154,9 @@ class Side:
             if isinstance(fn, torch.nn.Module):
                 import copy
                 fn = copy.deepcopy(fn).to(dtype)
-        with torch.no_grad():
+        autocast = self.spec.get("autocast") if dtype is None else None
+        with torch.no_grad(), torch.autocast("cpu", dtype=getattr(torch, autocast or "bfloat16"),
+                                             enabled=bool(autocast)):
             return flat(fn(*args, **kwargs))
 
 
@@ -239,10 +243,36 @@ def bounds_of(dtype, tolerance):
     return tuple(tolerance.get("float32", (1e-4, 1e-3)))
 
 
-def grade(a, b, tolerance):
-    """The compare's verdict of a pair of tensors: its statistics' differences over their scale,
-    and the largest element error over the tensors' magnitude, on the dtype's ladder (the worse
-    of the two); NaN/Inf on one side only is ``nan``."""
+#: machine epsilon of each floating dtype, and the noise floor in epsilons (compare/verdict.py)
+_EPS = {"float64": 2.220446049250313e-16, "float32": 1.1920928955078125e-07, "float16": 9.765625e-04,
+        "bfloat16": 7.8125e-03}
+_NOISE_ULPS = 8.0
+_CONTEXT_FLOOR = 1e-2
+
+
+def context(tensors):
+    """The magnitude around a node: the largest finite |value| and the largest L2 norm of the
+    tensors at it (both sides' inputs, its own parameters, its outputs), as the compare takes it."""
+    mag = norm = 0.0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+            continue
+        s = _stats(t)
+        for v in (s[0], s[1]):
+            if math.isfinite(v):
+                mag = max(mag, abs(v))
+        if math.isfinite(s[3]):
+            norm = max(norm, abs(s[3]))
+    return mag, norm
+
+
+def grade(a, b, tolerance, ctx=(0.0, 0.0)):
+    """The compare's verdict of a pair of tensors (``compare/tensor_rows.py`` and
+    ``compare/metrics.py``): a pair whose values on both sides are at most 8 epsilons of the
+    magnitude around the node (``ctx``) is rounding noise and passes; else its statistics'
+    differences over their scale (floored at 1% of the magnitude around it) and its largest
+    element error over its magnitude, on the dtype's ladder, the worse of the two; NaN/Inf on
+    one side only is ``nan``."""
     bad_a, bad_b = not bool(torch.isfinite(a).all()), not bool(torch.isfinite(b).all())
     if bad_a != bad_b:
         return "nan", float("inf")
@@ -254,26 +284,34 @@ def grade(a, b, tolerance):
     sa, sb = _stats(a), _stats(b)
     if sa is None or sb is None:
         return "pass", 0.0
-    mag = max(abs(sa[0]), abs(sa[1]), abs(sb[0]), abs(sb[1]), 1e-30)
-    nref = max(abs(sa[3]), abs(sb[3]), 1e-30)
-    err = max(abs(sb[0] - sa[0]) / mag, abs(sb[1] - sa[1]) / mag, abs(sb[2] - sa[2]) / mag,
+    mag = max(abs(sa[0]), abs(sa[1]), abs(sb[0]), abs(sb[1]))
+    sref = max(mag, _CONTEXT_FLOOR * ctx[0], 1e-30)
+    nref = max(abs(sa[3]), abs(sb[3]), _CONTEXT_FLOOR * ctx[0], 1e-30)
+    err = max(abs(sb[0] - sa[0]) / sref, abs(sb[1] - sa[1]) / sref, abs(sb[2] - sa[2]) / sref,
               abs(sb[3] - sa[3]) / nref)
+    eps = max(_EPS.get(str(a.dtype).replace("torch.", ""), 0.0), _EPS.get(str(b.dtype).replace("torch.", ""), 0.0))
+    noise_ref = eps * max(ctx)
+    if noise_ref > 0 and mag <= _NOISE_ULPS * noise_ref:
+        return "pass", err                  # rounding noise: zero in exact arithmetic
     verdict = _ladder(err, bounds)
-    elem = metrics(a, b)["max_abs_error"] / mag
+    elem = metrics(a, b)["max_abs_error"] / max(mag, 1e-30)
     by_elem = _ladder(elem, bounds)
     if _SEVERITY[by_elem] > _SEVERITY[verdict]:
         return by_elem, elem
     return verdict, err
 
 
-def compare_outputs(out_a, out_b, pairs, tolerance):
-    """Grade the output pairs the compare graded (``pairs``: [flat index A, flat index B]);
-    the worst pair's verdict and metrics."""
-    worst = None
+def compare_outputs(out_a, out_b, pairs, tolerance, around=()):
+    """Grade the output pairs the compare graded (``pairs``: [flat index A, flat index B]),
+    ``around``: the node's other tensors (inputs, own parameters); the worst pair's verdict and
+    metrics."""
     for ia, ib in pairs:
         if ia >= len(out_a) or ib >= len(out_b):
             raise ReproError(f"the module returned {len(out_a)} / {len(out_b)} tensors; the dump recorded more")
-        verdict, err = grade(out_a[ia], out_b[ib], tolerance)
+    ctx = context([*around, *out_a, *out_b])
+    worst = None
+    for ia, ib in pairs:
+        verdict, err = grade(out_a[ia], out_b[ib], tolerance, ctx)
         row = {"verdict": verdict, "err": err, **metrics(out_a[ia], out_b[ib]), "pair": (ia, ib)}
         if worst is None or (_SEVERITY[verdict], err) > (_SEVERITY[worst["verdict"]], worst["err"]):
             worst = row
@@ -283,7 +321,8 @@ def compare_outputs(out_a, out_b, pairs, tolerance):
 # ------------------------------------------------------------------ the three runs
 def reproduce(spec, a, b):
     out_a, out_b = a.run(), b.run()
-    return compare_outputs(out_a, out_b, spec["output_pairs"], spec["tolerance"]), out_a, out_b
+    around = [*a.tensors.values(), *b.tensors.values(), *a.own, *b.own]
+    return compare_outputs(out_a, out_b, spec["output_pairs"], spec["tolerance"], around), out_a, out_b
 
 
 def swap(spec, a, b):
@@ -299,10 +338,11 @@ def swap(spec, a, b):
         except Exception as e:  # noqa: BLE001 - the two modules take different inputs
             raise ReproError(f"{label}: the modules do not take each other's inputs "
                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        around = [*mine.tensors.values(), *a.own, *b.own]
         if mine is a:
-            found.append((label, compare_outputs(ref, moved, pairs, tol)))
+            found.append((label, compare_outputs(ref, moved, pairs, tol, around)))
         else:
-            found.append((label, compare_outputs(moved, ref, pairs, tol)))
+            found.append((label, compare_outputs(moved, ref, pairs, tol, around)))
     return found
 
 
@@ -363,7 +403,9 @@ def main(argv=None):
                   f"max_rel_error {r['max_rel_error']:.6e}  cosine {r['cosine']:.12f}")
             if exp:
                 say(f"compare said: {exp.get('verdict')}  max_abs_error {_num(exp.get('max_abs_error'))}  "
-                      f"max_rel_error {_num(exp.get('max_rel_error'))}  cosine {_num(exp.get('cosine'), 12)}")
+                      f"max_rel_error {_num(exp.get('max_rel_error'))}  cosine {_num(exp.get('cosine'), 12)}"
+                    + (f"  (the node: {exp['node_verdict']}, for its parameters or inputs)"
+                       if exp.get("node_verdict") and exp.get("node_verdict") != exp.get("verdict") else ""))
             if spec.get("kind") == "api":
                 for side in (a, b):
                     for line in replay_lines(spec, side):

@@ -80,6 +80,16 @@ def _compiled_in_place(module: torch.nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
+def _accumulated(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A parameter's post-accumulate hook handing ``hook`` its ``.grad`` as the optimizer will
+    read it (msprobe's ``parameters_grad``: under gradient accumulation the N-th micro-batch's
+    entry is the sum of the first N+1 contributions, not the N-th alone); the C++ capture's
+    ``watch_param`` reads the same."""
+    def after(param: Any) -> None:
+        hook(param.grad)
+    return after
+
+
 class TorchAdapter(EngineAdapter):
     """The PyTorch engine adapter."""
 
@@ -255,7 +265,7 @@ class TorchAdapter(EngineAdapter):
                 later[pname] = native.first_grad(hook) if native is not None else hook
                 continue
             self._handles.append(native.watch_param(param, hook) if native is not None
-                                 else param.register_hook(hook))
+                                 else param.register_post_accumulate_grad_hook(_accumulated(hook)))
         if later:
             watch_live = self._live_grads(later)
 

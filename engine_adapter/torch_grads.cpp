@@ -28,6 +28,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -281,14 +282,20 @@ struct EdgeHook : FunctionPostHook {
     }
 };
 
-/* the gradient reaching a parameter's AccumulateGrad node (until its watch is removed) */
-struct ParamHook : FunctionPreHook {
+/* a parameter's gradient as the optimizer will read it: its .grad once its AccumulateGrad node
+   has added the incoming gradient (msprobe's parameters_grad: under gradient accumulation the
+   N-th micro-batch's entry holds the sum of the first N+1), until its watch is removed. A
+   post-hook: the node owns it, so `acc` outlives it. */
+struct ParamHook : FunctionPostHook {
     int64_t id;
     std::shared_ptr<std::atomic<bool>> on;
-    ParamHook(int64_t id, std::shared_ptr<std::atomic<bool>> on) : id(id), on(std::move(on)) {}
-    variable_list operator()(const variable_list &grads) override {
-        if (on->load(std::memory_order_relaxed) && !grads.empty()) record(PARAM, id, grads[0]);
-        return grads;
+    torch::autograd::AccumulateGrad *acc;
+    ParamHook(int64_t id, std::shared_ptr<std::atomic<bool>> on, torch::autograd::AccumulateGrad *acc)
+        : id(id), on(std::move(on)), acc(acc) {}
+    variable_list operator()(const variable_list &outputs, const variable_list &) override {
+        if (on->load(std::memory_order_relaxed) && acc->variable.defined())
+            record(PARAM, id, acc->variable.grad());
+        return outputs;
     }
 };
 
@@ -839,7 +846,8 @@ PyObject *grouped(PyObject *, PyObject *t) {
 /* watch_param(p, id): hook parameter p (a leaf) for its gradient, on its AccumulateGrad node
    (kept alive here, as DDP keeps it, so every graph uses this node). Not a hook on the tensor:
    a tensor's first Python hook (Tensor.register_hook, setting its _backward_hooks) clears
-   every hook the tensor has, a C++ one included; a node's pre-hooks stay. */
+   every hook the tensor has, a C++ one included; a node's hooks stay. A post-hook (ParamHook):
+   the gradient read is .grad after accumulation. */
 PyObject *watch_param(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     long long id;
     const at::Tensor *v = tensor_and_id(args, nargs, &id);
@@ -856,7 +864,12 @@ PyObject *watch_param(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         return nullptr;
     }
     auto on = std::make_shared<std::atomic<bool>>(true);
-    node->add_pre_hook(std::make_unique<ParamHook>(id, on));
+    auto *acc = dynamic_cast<torch::autograd::AccumulateGrad *>(node.get());
+    if (acc == nullptr) {
+        PyErr_SetString(PyExc_ValueError, "watch_param: the parameter's node is not an AccumulateGrad");
+        return nullptr;
+    }
+    node->add_post_hook(std::make_unique<ParamHook>(id, on, acc));
     std::lock_guard<std::mutex> hold(S.lock);
     S.params[id] = std::make_pair(std::move(node), std::move(on));
     Py_RETURN_NONE;

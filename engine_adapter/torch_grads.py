@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -191,11 +190,6 @@ class NativeGrads:
         self._calls: dict[int, tuple[Callable[[int, Any], Any], int]] = {}
         #: id -> handler(grad) of the parameters (until their hook is removed)
         self._params: dict[int, Callable[[Any], Any]] = {}
-        #: id(parameter) -> (the parameter, weakly; its id above) of the watched parameters
-        self._param_of: dict[int, tuple[Any, int]] = {}
-        #: parameter id -> [(fn, grad)]: the hooks of a leaf output that is that parameter,
-        #: replayed right after the parameter's next event (:meth:`_after_param`)
-        self._after: dict[int, list[tuple[Callable[[Any], Any], Any]]] = {}
         self._draining = False
         f32 = ctypes.cast(kernel[0], ctypes.c_void_p).value
         f64 = ctypes.cast(kernel[1], ctypes.c_void_p).value
@@ -244,9 +238,7 @@ class NativeGrads:
         for i in range(n):
             calls[first + i] = (fn, i)
         for i in leaves:
-            out, call = outputs[i], functools.partial(fn, i)
-            key = self._param_key(out)
-            out.register_hook(self.first_grad(call) if key is None else self._after_param(key, call))
+            outputs[i].register_hook(self.first_grad(functools.partial(fn, i)))
         return watched, []
 
     def watch_param(self, param: torch.Tensor, handler: Callable[[Any], Any]) -> "_ParamHandle":
@@ -254,13 +246,7 @@ class NativeGrads:
         key = _reserve(1)
         self._lib.watch_param(param, key)
         self._params[key] = handler
-        self._param_of[id(param)] = (weakref.ref(param), key)
-        return _ParamHandle(self, key, id(param))
-
-    def _param_key(self, t: torch.Tensor) -> int | None:
-        """The id of ``t``'s :meth:`watch_param` when ``t`` is a watched parameter, else None."""
-        found = self._param_of.get(id(t))
-        return found[1] if found is not None and found[0]() is t else None
+        return _ParamHandle(self, key)
 
     def first(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` for a Python hook beside the C++ ones: what they queued is replayed first."""
@@ -275,28 +261,14 @@ class NativeGrads:
         (:attr:`grouped`). A queued gradient of the same bytes in the step is then the same
         group, so one tensor id, as the Python hooks' tensors are one: a module returning its
         own parameter (a leaf) has the output's gradient and the parameter's, which the
-        parameter's AccumulateGrad hook queues after this hook ran, as one tensor."""
+        parameter's AccumulateGrad post-hook queues after this hook ran (its ``.grad``, the
+        same tensor when the gradient was the first of the step), as one tensor."""
         grouped = self.grouped
 
         def drained(grad: Any) -> Any:
             self.drain()
             return fn(grouped(grad) if isinstance(grad, torch.Tensor) else grad)
         return drained
-
-    def _after_param(self, key: int, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """The hook of a leaf output that is the parameter watched as ``key`` (a module returning
-        its own weight): its gradient reaches the tensor's Python hooks before the C++ hook on
-        the parameter's AccumulateGrad node, while the Python path's hook on the parameter,
-        registered when the dump attached, runs before this one. ``fn(grad)`` is replayed right
-        after the parameter's event, as the Python hooks run (the gradient read as the queued
-        one is: one tensor id)."""
-        grouped = self.grouped
-
-        def deferred(grad: Any) -> None:
-            self.drain()
-            self._after.setdefault(key, []).append(
-                (fn, grouped(grad) if isinstance(grad, torch.Tensor) else grad))
-        return deferred
 
     # ----------------------------------------------------------------- steps
     def begin_step(self, active: bool) -> None:
@@ -308,8 +280,6 @@ class NativeGrads:
         self.drain()
         self._lib.recording(False)
         self._calls.clear()
-        self._replay_after(list(self._after))   # a parameter whose event did not come (none
-                                                # queued while the step is not recorded)
 
     def forget(self) -> None:
         """The dump is detached: stop recording, drop what is queued, let the hooks' handlers
@@ -318,8 +288,6 @@ class NativeGrads:
         self._lib.take([])
         self._calls.clear()
         self._params.clear()
-        self._param_of.clear()
-        self._after.clear()
         self._lib.init(0, 0, None, None, None)
 
     def drain(self) -> None:
@@ -338,8 +306,6 @@ class NativeGrads:
                         handler = params.get(key)
                         if handler is not None:
                             handler(grad)
-                        if key in self._after:
-                            self._replay_after((key,))
                     else:
                         call = calls.get(key)
                         if call is not None:
@@ -347,26 +313,16 @@ class NativeGrads:
         finally:
             self._draining = False
 
-    def _replay_after(self, keys: Any) -> None:
-        """Call the leaf output hooks waiting for the parameters ``keys`` (:meth:`_after_param`)."""
-        for key in keys:
-            for fn, grad in self._after.pop(key, ()):
-                fn(grad)
-
 
 class _ParamHandle:
-    __slots__ = ("owner", "key", "param")
+    __slots__ = ("owner", "key")
 
-    def __init__(self, owner: NativeGrads, key: int, param: int) -> None:
-        self.owner, self.key, self.param = owner, key, param
+    def __init__(self, owner: NativeGrads, key: int) -> None:
+        self.owner, self.key = owner, key
 
     def remove(self) -> None:
         owner, self.owner = self.owner, None
         if owner is None:
             return
         owner._params.pop(self.key, None)
-        found = owner._param_of.get(self.param)
-        if found is not None and found[1] == self.key:
-            del owner._param_of[self.param]
-        owner._replay_after((self.key,))
         owner._lib.remove_param(self.key)

@@ -19,6 +19,7 @@ test. The networks are the ones ``../shared/data/msprobe/README.md`` describes:
 folder                framework   what
 ===================== =========== ====================================================
 ``torch_L0``          PyTorch     TinyNet, L0 (modules), statistics
+``torch_L0_accum``    PyTorch     TinyNet, L0, two micro-batches accumulated (:func:`accumulate`)
 ``torch_llama_mix``   PyTorch     TinyLlama, mix (modules and APIs), statistics
 ``torch_llama_md5_L1`` PyTorch    TinyLlama, L1 (APIs), statistics with md5
 ``mindspore_L0``      MindSpore   TinyNet, L0 (cells), statistics
@@ -56,6 +57,7 @@ MSPROBE_PY = Path(os.environ.get("PROBE_MSPROBE_PYTHON", ROOT / ".venv-bench" / 
 #: folder -> (framework, network, msprobe level, summary mode)
 DUMPS = {
     "torch_L0": ("pytorch", "tinynet", "L0", "statistics"),
+    "torch_L0_accum": ("pytorch", "tinynet_accum", "L0", "statistics"),
     "torch_llama_mix": ("pytorch", "tinyllama", "mix", "statistics"),
     "torch_llama_md5_L1": ("pytorch", "tinyllama", "L1", "md5"),
     "mindspore_L0": ("mindspore", "tinynet", "L0", "statistics"),
@@ -140,6 +142,17 @@ def torch_tinynet():
     net = TinyNet()
     net.load_state_dict({k: torch.from_numpy(v) for k, v in tinynet_weights().items()})
     return net
+
+
+def accumulate(net) -> None:
+    """TinyNet's batch as two micro-batches of two samples, their gradients accumulated (each
+    loss halved), as a run with gradient accumulation does before its optimizer step."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y = (torch.from_numpy(a) for a in tinynet_inputs())
+    for part in (slice(0, 2), slice(2, 4)):
+        (F.mse_loss(net(x[part]), y[part]) / 2).backward()
 
 
 def torch_tinyllama():
@@ -305,6 +318,15 @@ def _dump_torch(network: str, level: str, summary_mode: str, out: Path) -> None:
 
     torch.set_num_threads(1)
     debugger = PrecisionDebugger(config_path=str(_config(out, level, summary_mode)))
+    if network == "tinynet_accum":
+        net = torch_tinynet()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        debugger.start(net)
+        accumulate(net)
+        opt.step()
+        debugger.stop()
+        debugger.step()
+        return
     if network == "tinynet":
         net = torch_tinynet()
         x, y = (torch.from_numpy(a) for a in tinynet_inputs())

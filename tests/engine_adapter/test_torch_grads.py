@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -89,6 +90,16 @@ def _train(out: Path, monkeypatch, native: bool, level: str = "module") -> dict:
             "files": {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.json"))}}
 
 
+def _without_ids(data: bytes) -> Any:
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k != "tensor_id"}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+    return strip(json.loads(data))
+
+
 @needs_native
 def test_the_api_levels_capture_in_cpp_writes_the_dump_the_python_walk_writes(tmp_path, monkeypatch):
     """At mix level each API call's input gradients are read where the call's nodes take
@@ -99,10 +110,15 @@ def test_the_api_levels_capture_in_cpp_writes_the_dump_the_python_walk_writes(tm
     python = _train(tmp_path / "python", monkeypatch, native=False, level="mix")
     assert native["native"] and not python["native"]
     assert native["files"].keys() == python["files"].keys()
-    assert len(python["records"]) > 300 and native["records"] == python["records"]
+    # (tensor ids aside: the Python path holds each call's gradients until the call's entry is
+    # made, so autograd copies a parameter's gradient into .grad instead of taking it, and
+    # parameters_grad's .grad is another tensor than the call's gradient; the C++ path hands
+    # them over read and holds none)
+    assert len(python["records"]) > 300
+    assert [r[:-1] for r in native["records"]] == [r[:-1] for r in python["records"]]
     for name, data in python["files"].items():
         if not name.endswith("stack.json"):
-            assert native["files"][name] == data, name
+            assert _without_ids(native["files"][name]) == _without_ids(data), name
     dump = json.loads(python["files"]["step1/rank0/dump.json"])["data"]
     backward = [k for k in dump if k.startswith(("Tensor.", "Torch.", "Functional.")) and k.endswith(".backward")]
     assert len(backward) > 20
@@ -224,15 +240,19 @@ def test_the_python_hooks_beside_the_native_ones_keep_the_order(tmp_path, monkey
 
     native, python = run(tmp_path / "native", True), run(tmp_path / "python", False)
     assert len(python) >= 2 and native == python
-    data = json.loads(python[1])["data"]
+    data = json.loads(python[0])["data"]
     assert {"Module.sparse._SparseIn.backward.0", "Module.leaf._LeafOut.parameters_grad.0"} <= set(data)
     # the sparse input's gradient: an entry, nothing read (no statistics, no tensor id)
     assert data["Module.sparse._SparseIn.backward.0"]["output"] == [
         {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [3, 8], "Max": None,
          "Min": None, "Mean": None, "Norm": None, "requires_grad": False}]
-    # the leaf output's gradient is the parameter's: one tensor, one id (in both paths)
+    # the leaf output's gradient is the parameter's .grad in step 0: one tensor, one id (in both
+    # paths); in step 1 (no zero_grad) .grad holds both steps' gradients: another tensor
     leaf_out = data["Module.leaf._LeafOut.backward.0"]["input"][0]
     assert leaf_out["tensor_id"] == data["Module.leaf._LeafOut.parameters_grad.0"]["w"][0]["tensor_id"]
+    later = json.loads(python[1])["data"]
+    assert later["Module.leaf._LeafOut.parameters_grad.0"]["w"][0]["Max"] == pytest.approx(
+        2 * later["Module.leaf._LeafOut.backward.0"]["input"][0]["Max"])
 
 
 @needs_native
@@ -308,3 +328,33 @@ def test_a_model_found_at_its_first_call_has_its_first_steps_backward(tmp_path, 
     steps = [json.loads((tmp_path / f"step{i}/rank0/dump.json").read_text())["data"] for i in (0, 1)]
     assert list(steps[0]) == list(steps[1])
     assert "Module.0.Linear.parameters_grad.0" in steps[0] and "Module.2.Linear.backward.0" in steps[0]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_parameters_gradient_is_its_grad_after_accumulation_as_msprobe_records_it(tmp_path, monkeypatch,
+                                                                                    native):
+    """msprobe's ``parameters_grad.N`` is the parameter's ``.grad`` read after the N-th
+    micro-batch's gradient was added (a post-hook on its AccumulateGrad node): under gradient
+    accumulation entry 1 is the sum of both micro-batches, what the optimizer uses, and the
+    last entry of a step equals the ``.grad`` the optimizer steps with."""
+    if native and not torch_grads.available():
+        pytest.skip("the C++ capture cannot be built here")
+    if not native:
+        monkeypatch.setattr(torch_grads, "load", lambda on_first: None)
+        monkeypatch.setattr(torch_grads, "hooks", lambda prepared=False: None)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    batches = [torch.randn(3, 4) for _ in range(2)]
+    seen = []
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False, quiet=True) as s:
+        assert bool(s.adapter._native) is native
+        for x in batches:
+            net(x).sum().backward()
+            seen.append(net[0].weight.grad.clone())
+        s.step()
+    data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
+    for n, grad in enumerate(seen):
+        entry = data[f"Module.0.Linear.parameters_grad.{n}"]["weight"][0]
+        assert entry["Max"] == pytest.approx(grad.max().item(), rel=1e-6)
+        assert entry["Norm"] == pytest.approx(grad.norm().item(), rel=1e-5)
+    assert not torch.equal(seen[0], seen[1])

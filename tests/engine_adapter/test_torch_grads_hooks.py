@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -72,19 +73,30 @@ def _dump(out: Path, monkeypatch, level: str, with_hooks: bool, task: str = "sta
     return {"hooks": used, "files": {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.json"))}}
 
 
-def _without_ids(data: dict) -> dict:
-    return {name: {k: [{f: v for f, v in e.items() if f != "tensor_id"} if isinstance(e, dict) else e
-                       for e in (entry[k] if isinstance(entry[k], list) else [entry[k]])]
-                   for k in entry} for name, entry in data.items()}
+def _without_ids(data: Any) -> Any:
+    """``data`` with every ``tensor_id`` left out (nested argument lists too: the Python path's
+    copies of parameter gradients take ids of their own, which shifts the later ones)."""
+    if isinstance(data, dict):
+        return {k: _without_ids(v) for k, v in data.items() if k != "tensor_id"}
+    if isinstance(data, list):
+        return [_without_ids(v) for v in data]
+    return data
 
 
 def _ids(data: dict) -> dict[tuple, int]:
     out = {}
+
+    def walk(where: tuple, x: Any) -> None:
+        if isinstance(x, dict):
+            if "tensor_id" in x:
+                out[where] = x["tensor_id"]
+            for k, v in x.items():
+                walk((*where, k), v)
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk((*where, i), v)
     for name, entry in data.items():
-        for k, values in entry.items():
-            for i, e in enumerate(values if isinstance(values, list) else [values]):
-                if isinstance(e, dict) and "tensor_id" in e:
-                    out[(name, k, i)] = e["tensor_id"]
+        walk((name,), entry)
     return out
 
 
@@ -94,8 +106,8 @@ def test_the_librarys_hooks_write_the_python_hooks_dump_without_copying_paramete
         tmp_path, monkeypatch, level):
     """The same entries, statistics and order as the Python hooks; tensor ids differ only
     where the Python hooks made autograd copy a parameter's gradient into .grad (they held the
-    gradient): with the library's, .grad is the gradient the backward pass recorded, and the
-    optimizer's reads of it are that tensor id."""
+    gradient): with the library's, .grad is the gradient the backward pass recorded, so its
+    parameters_grad entry and the optimizer's reads of it are that tensor id."""
     native = _dump(tmp_path / "c", monkeypatch, level, with_hooks=True)
     python = _dump(tmp_path / "py", monkeypatch, level, with_hooks=False)
     assert native["hooks"].prepare is not None and python["hooks"] is None
@@ -122,11 +134,10 @@ def test_the_librarys_hooks_write_the_python_hooks_dump_without_copying_paramete
             for c_id, py_ids in groups.items():
                 if len(py_ids) > 1:
                     slots = [slot for slot, i in ids_c.items() if i == c_id]
-                    # a parameter's gradient (its backward entries) and the optimizer's read
-                    assert any(".backward" in n or "parameters_grad" in n for n, _, _ in slots), slots
-                    reads = [n for n, _, _ in slots if n.startswith("Tensor.add_.")]
-                    assert reads, slots
-                    merged_reads.update(reads)
+                    # a parameter's gradient: the call's backward entry, its parameters_grad
+                    # (.grad, the same tensor) and the optimizer's read of it
+                    assert any(".backward" in n or "parameters_grad" in n for n, *_ in slots), slots
+                    merged_reads.update(n for n, *_ in slots if n.startswith("Tensor.add_."))
     assert merged_reads                     # SGD's param.add_(grad): one id with the backward's
     # (under gradient accumulation .grad is a sum made in place: read as the same id by neither)
     dump = json.loads(python["files"]["step1/rank0/dump.json"])["data"]

@@ -33,6 +33,8 @@ other row holds its data, which nobody knows.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import logging
@@ -232,6 +234,11 @@ class RowBuilder:
             return {str(k): self.value(v, seq, node, kind, direction, slot, f"{index}.{k}") for k, v in x.items()}
         if isinstance(x, (list, tuple)):  # namedtuples and list subclasses
             return [self.value(v, seq, node, kind, direction, slot, f"{index}.{i}") for i, v in enumerate(x)]
+        fields = getattr(tx, "__dataclass_fields__", None)
+        if fields is not None and not isinstance(x, type):     # a dataclass instance: its fields
+            return {name: self.value(getattr(x, name, None), seq, node, kind, direction, slot,
+                                     f"{index}.{name}")
+                    for name, f in fields.items() if f._field_type is dataclasses._FIELD}
         return None
 
     def _scalar(self, type_name: str, v: Any, seq: int, node: str, kind: str, direction: str,

@@ -476,3 +476,38 @@ def test_the_step_left_open_after_the_last_one_is_not_written_one_with_calls_is(
     data = json.loads((tmp_path / "b/step1/rank0/dump.json").read_text())["data"]
     assert list(data) == ["Module.embed.Linear.forward.0", "Module.block.ln1.LayerNorm.forward.0",
                           *[k for k in data if ".attn." in k], "Module.head.Linear.forward.0"]
+
+
+def test_a_plain_dataclass_output_is_recorded_field_by_field(tmp_path):
+    """A module returning a plain ``@dataclass`` (not a dict like HF's ``ModelOutput``) has its
+    fields recorded as a dict of their values (it was ``[null]``), and its backward entry."""
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Out:
+        logits: torch.Tensor
+        aux: torch.Tensor
+        note: str = "x"
+        _cache: list = field(default_factory=list)
+
+    class Body(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return Out(logits=h, aux=h.sum(-1))
+
+    net = nn.Sequential(Body())
+    with DumpSession(net, out=tmp_path, store=False, auto_step=False, quiet=True) as s:
+        out = net(torch.randn(2, 4))
+        (out.logits.sum() + out.aux.sum()).backward()
+        s.step()
+    data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
+    (recorded,) = data["Module.0.Body.forward.0"]["output"]
+    assert set(recorded) == {"logits", "aux", "note", "_cache"}
+    assert recorded["logits"]["shape"] == [2, 3] and recorded["aux"]["shape"] == [2]
+    assert recorded["logits"]["Max"] == pytest.approx(out.logits.max().item())
+    assert recorded["note"] == {"type": "str", "value": "x"}
+    assert "Module.0.Body.backward.0" in data

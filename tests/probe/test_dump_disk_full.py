@@ -60,10 +60,11 @@ def _check(out, rc: int, err: str) -> None:
 
 
 def test_a_full_disk_during_probe_dump_is_one_line_exit_2_in_process(tmp_path, capsys, monkeypatch):
-    namespace: dict = {}
-    exec(FILL_STEP1, namespace)          # patches probe.collectors.msprobe_writer.open
     from probe.collectors import msprobe_writer
-    monkeypatch.setattr(msprobe_writer, "open", namespace["_open"], raising=False)
+    # (set first, so that the undo after the test takes away what the exec below puts there:
+    # set after it, the undo restored the failing open and every later dump's step 1 was full)
+    monkeypatch.setattr(msprobe_writer, "open", open, raising=False)
+    exec(FILL_STEP1, {})                 # patches probe.collectors.msprobe_writer.open
     out = tmp_path / "d"
     rc = main(["dump", "--preset", "tiny", "--level", "module", "--steps", "0-1", "--out", str(out)])
     _check(out, rc, capsys.readouterr().err)
@@ -87,9 +88,8 @@ def test_the_python_api_raises_the_full_disk_at_stop_and_training_goes_on(tmp_pa
     from probe.collectors import msprobe_writer
     from probe.ground.files import DiskFull
 
-    namespace: dict = {}
-    exec(FILL_STEP1, namespace)
-    monkeypatch.setattr(msprobe_writer, "open", namespace["_open"], raising=False)
+    monkeypatch.setattr(msprobe_writer, "open", open, raising=False)    # undone after the test
+    exec(FILL_STEP1, {})
     net = torch.nn.Sequential(torch.nn.Linear(4, 2))
     s = probe.start(net, out=str(tmp_path / "api"), auto_step=False)
     for _ in range(3):                       # step 1 does not fit, step 2 is not written either

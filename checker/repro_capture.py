@@ -120,7 +120,7 @@ def _class_route(module: torch.nn.Module, script: Path, params: dict, spec: dict
                           "of the module with a plain value")
             return None
     route = {"kind": "class", "module": cls.__module__, "qualname": cls.__qualname__, "args": [],
-             "kwargs": kwargs, "path": str(script.resolve().parent)}
+             "kwargs": kwargs, "path": str(script.resolve().parent), "training": module.training}
     if cls.__module__ == "__main__":
         route["module"], route["file"] = script.stem, str(script.resolve())
     try:

@@ -110,7 +110,7 @@ class Side:
             return resolve_api(self.spec["api"])
         params = _load(os.path.join(self.dir, "params.safetensors"))
         self.own = [v for k, v in params.items() if "." not in k]
-        module, self.how = self._module()
+        module, self.how, route = self._module()
         missing, unexpected = module.load_state_dict(params, strict=False, assign=True)   # (their dtypes too)
         if unexpected:
             raise ReproError(f"{self.name}/params.safetensors: {unexpected[0]!r} is no parameter of the module")
@@ -118,8 +118,8 @@ class Side:
         lacking = [k for k in missing if k in named]
         if lacking:
             raise ReproError(f"{self.name}/params.safetensors lacks the module's parameter {lacking[0]!r}")
-        if not self.how.startswith("the graph exported"):     # (an exported graph has its mode built in)
-            module.train(bool(self.spec.get("training", True)))
+        if route["kind"] != "export":        # (an exported graph has its mode built in)
+            module.train(bool(route.get("training", self.spec.get("training", True))))
         return module
 
     def _module(self):
@@ -130,12 +130,12 @@ class Side:
             try:
                 if route["kind"] == "source":
                     mod = _import_file(os.path.join(self.dir, route["file"]), f"repro_{self.name}_module")
-                    return mod.build(), f"{route['file']} ({route['what']})"
+                    return mod.build(), f"{route['file']} ({route['what']})", route
                 if route["kind"] == "class":
-                    return _from_class(route), f"class {route['module']}.{route['qualname']}"
+                    return _from_class(route), f"class {route['module']}.{route['qualname']}", route
                 if route["kind"] == "export":
                     ep = torch.export.load(os.path.join(self.dir, route["file"]))
-                    return ep.module(), f"the graph exported with torch.export ({self.name}/{route['file']})"
+                    return ep.module(), f"the graph exported with torch.export ({self.name}/{route['file']})", route
             except Exception as e:  # noqa: BLE001 - try the next route, say why if none works
                 errors.append(f"{route['kind']}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         raise ReproError(f"side {self.name}: no way to build the module here ({'; '.join(errors) or 'no route'})")

@@ -248,6 +248,14 @@ def test_hugging_face_llama_with_a_weight_fault(tmp_path: Path) -> None:
     assert "class torch.nn.modules.linear.Linear(in_features=64, out_features=32, bias=False)" in done.stdout
     assert_reproduces(tmp_path / "r1", tmp_path / "cmp", first)
     assert run_py(tmp_path / "r1", "--swap-inputs").stdout.startswith("the module diverges")
+    # a class that does not import here: run.py falls back to the exported graph
+    spec_path = tmp_path / "r1" / "repro.json"
+    spec = json.loads(spec_path.read_text())
+    assert [r["kind"] for r in spec["sides"]["a"]["routes"]] == ["class", "export"]
+    spec["sides"]["a"]["routes"][0]["module"] = "no_such_package.modules"
+    spec_path.write_text(json.dumps(spec))
+    plain = run_py(tmp_path / "r1")
+    assert plain.returncode == 1 and "built  A from the graph exported with torch.export" in plain.stdout
     node = "Module.model.layers.1.mlp.LlamaMLP.forward.0"          # a transformers class: exported
     done = repro(tmp_path, "cmp", "r2", "--node", node)
     assert "exported with torch.export" in done.stdout
@@ -255,3 +263,18 @@ def test_hugging_face_llama_with_a_weight_fault(tmp_path: Path) -> None:
     swap = run_py(tmp_path / "r2", "--swap-inputs")
     assert swap.returncode == 0 and swap.stdout.strip() == (
         f"the module agrees; its inputs carry the divergence (look upstream at {first})")
+
+
+@pytest.mark.slow
+def test_bf16_autocast_run_gets_the_compares_verdict(tmp_path: Path) -> None:
+    """The bundled engine's bf16 (forward under bfloat16 autocast): run.py replays under the
+    same autocast and grades as the compare does (its rounding-noise floor included)."""
+    common = ["--level", "module", "--task", "tensor", "--tensor-format", "safetensors", "--max-steps", "1",
+              "--dtype", "bf16"]
+    dump(tmp_path, "a", *common)
+    dump(tmp_path, "b", *common, "--engine", "fused", "--fault", "scale:decoder.layers.1.mlp.linear_fc2.weight:1.5")
+    compare(tmp_path, "a/step0/rank0/dump.json", "b/step0/rank0/dump.json", "cmp")
+    for node, out in (("Module.layers.1.mlp.down_proj.Linear.forward.0", "r1"), ("Module.norm.RMSNorm.forward.0", "r2")):
+        repro(tmp_path, "cmp", out, "--node", node)
+        assert json.loads((tmp_path / out / "repro.json").read_text())["sides"]["a"]["autocast"] == "bfloat16"
+        assert_reproduces(tmp_path / out, tmp_path / "cmp", node)

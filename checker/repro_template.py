@@ -381,8 +381,10 @@ def main(argv=None):
                 label, r = diverging[0]
                 line = (f"the module diverges ({label}: {r['verdict']}, max abs error "
                         f"{r['max_abs_error']:.3e}, cosine {r['cosine']:.9f})")
-            else:
+            elif reproduce(spec, a, b)[0]["verdict"] != "pass":
                 line = f"the module agrees; its inputs carry the divergence (look upstream at {spec['upstream']})"
+            else:
+                line = "the module agrees, and so do its outputs on their own inputs: no divergence here to carry"
             if opts.json:
                 say(json.dumps({"node": node, "swap": "diverges" if diverging else "agrees", "line": line,
                                   "runs": [{"run": label, **{k: v for k, v in r.items() if k != "pair"}}

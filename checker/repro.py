@@ -29,7 +29,6 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from probe.checker.repro_sources import Side, locate_compare, node_pair, read_side
 from probe.ground.errors import ProbeError

@@ -8,7 +8,8 @@ count``) in a row of three preallocated arrays, one row per step, ``K`` rows use
 
 - ``stats``: float64 ``[K, slots, 6]``; a CPU float32/float64 tensor is read by the dump's native
   kernel (``engine_adapter/stats_kernel.c``) straight into its place in the ring (no Python
-  object made for its numbers), others through :meth:`StatsBackend.reduce`;
+  object made for its numbers; on this thread, in pieces that keep it off torch's OpenMP
+  workers: :meth:`FlightRing._read_serial`), others through :meth:`StatsBackend.reduce`;
 - ``numel``: int64 ``[K, slots]``, the element count the statistics cover (a mean needs it);
 - ``order``: int32 ``[K, slots]``, the position of the record in the step's execution order
   (-1: not recorded in that step).
@@ -66,7 +67,8 @@ KINDS = ("forward.output", "backward.input", "backward.output", "parameter_grad"
 class FlightRing:
     """The ring of one rank; see the module docstring. ``level``: ``module`` or ``mix``."""
 
-    def __init__(self, adapter: EngineAdapter, steps: int, level: str = "module") -> None:
+    def __init__(self, adapter: EngineAdapter, steps: int, level: str = "module",
+                 native_grads: bool = False) -> None:
         if int(steps) < 1:
             raise ValueError("a flight recorder keeps at least one step")
         if level not in ("module", "mix", "api"):
@@ -74,6 +76,7 @@ class FlightRing:
         self.adapter = adapter
         self.k = int(steps)
         self.level = level
+        self.native_grads = native_grads
         self.capacity = 0
         self.active = False
         self.step = -1
@@ -98,6 +101,7 @@ class FlightRing:
         self._where: np.ndarray | None = None   # [K, slots]: 1 where the device ring holds it
         self._kernel = self._load_kernel()
         self._prepared: Any = None              # the adapter's read-gradient type, once taken
+        self._scratch = np.zeros((64, N_STATS), dtype=np.float64)   # a large tensor's pieces
         self._grow(FIRST_CAPACITY)
         self._attached = False
 
@@ -237,7 +241,7 @@ class FlightRing:
         kernel = self._kernel
         code = _KERNEL_DTYPES.get(dtype) if kernel is not None else None
         if code is not None and data.is_cpu and data.is_contiguous():
-            kernel[code](data.data_ptr(), numel, self._base + (row * self.capacity + slot) * (N_STATS * 8))
+            self._read_serial(kernel[code], data.data_ptr(), numel, 4 if code == 0 else 8, row, slot)
         else:
             h = stats.reduce(data, stat_kind)
             if h is None:
@@ -253,6 +257,32 @@ class FlightRing:
         self.numel[row, slot] = numel
         self.order[row, slot] = self._seq
         self._seq += 1
+
+    def _read_serial(self, fn: Any, ptr: int, numel: int, size: int, row: int, slot: int) -> None:
+        """The kernel's statistics of ``numel`` elements at ``ptr`` into the ring, on this thread
+        only: in pieces under the kernel's threshold for using torch's OpenMP threads
+        (:data:`SERIAL_CHUNK`), merged here. Waking the OpenMP workers for each tensor cost up
+        to a scheduler tick (~8 ms) per tensor where the cores are busy (75 forward outputs a
+        step on the small preset: 0.3 s); the recorder takes no core from the training."""
+        cell = self._base + (row * self.capacity + slot) * (N_STATS * 8)
+        if numel <= SERIAL_CHUNK:
+            fn(ptr, numel, cell)
+            return
+        pieces = -(-numel // SERIAL_CHUNK)
+        if pieces > len(self._scratch):
+            self._scratch = np.zeros((pieces, N_STATS), dtype=np.float64)
+        scratch = self._scratch
+        base = scratch.ctypes.data
+        step = SERIAL_CHUNK * size
+        for i in range(pieces - 1):
+            fn(ptr + i * step, SERIAL_CHUNK, base + i * (N_STATS * 8))
+        last = pieces - 1
+        fn(ptr + last * step, numel - last * SERIAL_CHUNK, base + last * (N_STATS * 8))
+        part = scratch[:pieces]
+        out = self.stats[row, slot]
+        out[0] = part[:, 0].max()
+        out[1] = part[:, 1].min()
+        out[2:] = part[:, 2:].sum(axis=0)
 
     def _record_all(self, node: str, kind: int, values: Iterable[Any]) -> None:
         for i, v in enumerate(values):
@@ -349,9 +379,12 @@ class FlightRing:
 
     # ----------------------------------------------------------------- HookSink: the rest
     def accept_prepared_grads(self, kind: type, replayed: bool = False) -> bool:
-        """Gradients already read by the adapter's C++ capture are taken as they are (their
-        statistics copied into the ring); replayed ones only at module level (as the dump)."""
-        if replayed and self.level != "module":
+        """No: the ring reads every gradient itself, on the training thread, serially
+        (:meth:`_read_serial`). The C++ capture's kernel calls wake torch's OpenMP workers for
+        each large gradient: on the 2-core machine, shared, the small preset's step took 38%
+        longer with it and 8% with the Python hooks (``docs/flight-recorder.md``). A ring told
+        otherwise (``native_grads=True``) takes them and copies their six numbers."""
+        if not self.native_grads:
             return False
         self._prepared = kind
         return True
@@ -479,6 +512,9 @@ class FlightRing:
 
 
 _POS = tuple(str(i) for i in range(64))
+#: elements the kernel reads in one call on the calling thread (under its PARALLEL_MIN, 32768, at
+#: and above which it splits the work over torch's OpenMP threads; a multiple of 16)
+SERIAL_CHUNK = 32752
 #: dtype text -> which of the native kernel's two entry points reads it
 _KERNEL_DTYPES = {"torch.float32": 0, "torch.float64": 1}
 # (INTEGER and OPAQUE tensors are not kept: the ring is for floating numerics)

@@ -161,3 +161,19 @@ def test_faults_take_a_rank():
     with pytest.raises(ProbeError, match="not a rank number"):
         parse_fault("nan:layers.1.mlp@x:6")
     assert math.isclose(parse_fault("overflow:layers.0.attn@0:4").arg, 4)
+
+
+def test_a_large_tensor_read_in_pieces_gives_the_kernels_statistics():
+    import numpy as np
+
+    from probe.engine_adapter.torch_stats import TorchStats
+
+    ring = FlightRing(get_adapter("torch"), steps=1)
+    ring.begin_step(0)
+    stats = TorchStats()
+    for t in (torch.randn(8, 128, 8192), torch.randn(100), torch.randn(70001, dtype=torch.float64)):
+        t.view(-1)[7] = float("inf")
+        t.view(-1)[-1] = float("nan") if t.numel() > 1000 else 0.0
+        ring._record("x", 0, str(t.numel()), t)
+        got = ring.stats[ring.row, ring._slot_of[("x", 0, str(t.numel()))]]
+        assert np.allclose(got, stats.reduce(t, "float"), rtol=1e-9, equal_nan=True)

@@ -47,6 +47,8 @@ import math
 import os
 from typing import Any, Iterable
 
+import weakref
+
 import numpy as np
 
 from probe.engine_adapter.base import FLOAT, INTEGER, OPAQUE, EngineAdapter
@@ -102,6 +104,10 @@ class FlightRing:
         self._kernel = self._load_kernel()
         self._prepared: Any = None              # the adapter's read-gradient type, once taken
         self._scratch = np.zeros((64, N_STATS), dtype=np.float64)   # a large tensor's pieces
+        #: this step's identity key -> (its owner, weakly; the slot that read it): the same
+        #: bytes shown twice (a module's output that is its parent's, a gradient handed on)
+        #: are read once, as the dump does (probe.dumper.rows)
+        self._seen: dict[Any, tuple] = {}
         self._grow(FIRST_CAPACITY)
         self._attached = False
 
@@ -185,6 +191,7 @@ class FlightRing:
         self._seq = 0
         self._module_calls.clear()
         self._api_calls.clear()
+        self._seen.clear()
         self._open.clear()
         self.active = True
         self.adapter.recording(True)
@@ -241,7 +248,14 @@ class FlightRing:
         kernel = self._kernel
         code = _KERNEL_DTYPES.get(dtype) if kernel is not None else None
         if code is not None and data.is_cpu and data.is_contiguous():
-            self._read_serial(kernel[code], data.data_ptr(), numel, 4 if code == 0 else 8, row, slot)
+            key = stats.identity(data)
+            seen = self._seen.get(key) if key is not None else None
+            if seen is not None and _owner_holds(seen[0](), key):
+                self.stats[row, slot] = self.stats[row, seen[1]]     # the same bytes, read already
+            else:
+                self._read_serial(kernel[code], data.data_ptr(), numel, 4 if code == 0 else 8, row, slot)
+                if key is not None:
+                    self._seen[key] = (weakref.ref(stats.owner(data)), slot)
         else:
             h = stats.reduce(data, stat_kind)
             if h is None:
@@ -509,6 +523,18 @@ class FlightRing:
             else:
                 out[name] = info[2] if info else None
         return out
+
+
+def _owner_holds(owner: Any, key: tuple) -> bool:
+    """Whether ``owner`` (a storage, or None when gone) still holds the address ``key`` starts
+    with (as ``probe.dumper.rows`` asks before it reuses statistics)."""
+    if owner is None:
+        return False
+    nbytes = getattr(owner, "nbytes", None)
+    if not callable(nbytes) or not isinstance(key[0], int):
+        return True
+    base = owner.data_ptr()
+    return base != 0 and base <= key[0] <= base + nbytes()
 
 
 _POS = tuple(str(i) for i in range(64))

@@ -146,6 +146,29 @@ def claim(out: str | os.PathLike, verb: str, patterns: Iterable[str], *, force: 
     return root
 
 
+def discard_if_unused(out: str | os.PathLike) -> bool:
+    """Remove ``out`` when it holds nothing but this module's manifest (a claim whose command
+    then failed before writing anything: a bad input leaves no empty folder behind); whether
+    it was removed.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()) / "cmp"
+    >>> _ = claim(d, "compare", ["summary.json"])
+    >>> discard_if_unused(d), d.exists()
+    (True, False)
+    """
+    root = Path(out)
+    try:
+        names = [c.name for c in root.iterdir()]
+    except OSError:
+        return False
+    if any(not n.startswith(MANIFEST) for n in names):
+        return False
+    _OPEN.pop(root.resolve(), None)
+    shutil.rmtree(root, ignore_errors=True)
+    return not root.exists()
+
+
 def seal(out: str | os.PathLike) -> None:
     """Record, by exact name, the entries of ``out`` that match this process's open claim there,
     and close the claim (done for every open claim when the process exits)."""

@@ -67,17 +67,21 @@ def command(a: str, b: str, mapping: str | None, out_dir: str | None, fail_on: s
     out = Path(out_dir) if out_dir else Path("compare_out")
     if xlsx:
         _need_openpyxl()
-    from probe.ground.outdir import claim
+    from probe.ground.outdir import claim, discard_if_unused
 
     claim(out, "compare", ENTRIES, force=force)
-    if rank_pairs(a, b)[0]:
-        return _compare_runs(a, b, mapping, out, fail_on, workers, cluster, xlsx)
-    from probe.compare.api import compare
-    from probe.compare.report import format_summary
+    try:
+        if rank_pairs(a, b)[0]:
+            return _compare_runs(a, b, mapping, out, fail_on, workers, cluster, xlsx)
+        from probe.compare.api import compare
+        from probe.compare.report import format_summary
 
-    if progress is None:
-        progress = _size(Path(a)) + _size(Path(b)) > 20 * 1024 * 1024
-    result = compare(a, b, mapping=mapping, progress=progress, out=out)
+        if progress is None:
+            progress = _size(Path(a)) + _size(Path(b)) > 20 * 1024 * 1024
+        result = compare(a, b, mapping=mapping, progress=progress, out=out)
+    except BaseException:
+        discard_if_unused(out)          # a bad input leaves no empty folder behind
+        raise
     if xlsx:
         _write_xlsx(result.rows, out / "compare.xlsx")
     click.echo(format_summary(result.summary))

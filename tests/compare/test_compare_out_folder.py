@@ -74,7 +74,7 @@ def test_a_compare_failing_while_it_writes_leaves_no_file_cut_short(tmp_path, ca
     monkeypatch.setattr(report, "_write_csv", half)
     rc = main(["compare", str(pair[0]), str(pair[1]), "--out", str(out)])
     assert rc == (130 if isinstance(error, KeyboardInterrupt) else 2)
-    assert _files(out) == set(), sorted(os.listdir(out))
+    assert not out.exists()                 # made by this compare, nothing whole in it: removed
     with pytest.raises(ProbeError, match="missing"):
         load_result(out)
 
@@ -101,3 +101,18 @@ def test_temporary_files_of_a_killed_compare_are_swept(tmp_path, pair):
     assert main(["compare", str(pair[0]), str(pair[1]), "--out", str(out)]) == 0
     assert not left.exists() and live.exists()
     assert _files(out) == RESULT | {live.name}
+
+
+def test_a_bad_input_leaves_no_output_folder_behind(tmp_path, monkeypatch, capsys):
+    """Bad input is one line and exit 2, and nothing is written: the default ``compare_out``
+    the claim made in the working folder is taken away again."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", str(bad), str(bad)]) == 2
+    assert sorted(os.listdir(tmp_path)) == ["bad.json"]
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("the user's")
+    assert main(["compare", str(bad), str(bad), "--out", str(kept)]) == 2
+    assert [n for n in sorted(os.listdir(kept)) if not n.startswith(".probe-outputs")] == ["notes.txt"]

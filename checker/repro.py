@@ -176,9 +176,9 @@ def _readme(result: Repro, sides: dict[str, Side], spec: dict) -> str:
         lines.append(f"| {name.upper()} | `{side.node}` | `{side.dump_dir}` | {side.source} | "
                      f"{'; or '.join(result.routes[name])} |")
     exp = result.expected
-    lines += ["", f"The compare graded its output `{exp['verdict']}` ({exp['reason'] or 'agrees'}); "
-              f"max abs error {exp['max_abs_error']}, max rel error {exp['max_rel_error']}, "
-              f"cosine {exp['cosine']}.", "",
+    metrics = (f"max abs error {exp['max_abs_error']}, max rel error {exp['max_rel_error']}, cosine {exp['cosine']}"
+               if exp["max_abs_error"] is not None else "a compare of statistics: no element-wise metrics")
+    lines += ["", f"The compare graded its output `{exp['verdict']}` ({exp['reason'] or 'agrees'}); {metrics}.", "",
               "Needs only `torch` and `safetensors`:", "", "```",
               "python run.py                # exit 1: the divergence reproduces; 0: it does not",
               "python run.py --json         # {\"node\", \"verdict\", \"max_abs_error\", \"max_rel_error\", \"cosine\"}",

@@ -46,8 +46,12 @@ def command(compare_dir: str, node: str | None, out_dir: str, force: bool) -> in
     r = make_repro(compare_dir, out_dir, node, force=force)
     click.echo(f"node ({r.kind}): A {r.node_a}")
     click.echo(f"              B {r.node_b}")
-    click.echo(f"compare said: {r.expected['verdict']} (max abs error {r.expected['max_abs_error']}, "
-               f"cosine {r.expected['cosine']})")
+    if r.expected["max_abs_error"] is None:
+        click.echo(f"compare said: {r.expected['verdict']} ({r.expected['reason'] or 'agrees'}; statistics "
+                   "only: no element-wise metrics)")
+    else:
+        click.echo(f"compare said: {r.expected['verdict']} (max abs error {r.expected['max_abs_error']:.6e}, "
+                   f"max rel error {r.expected['max_rel_error']:.6e}, cosine {r.expected['cosine']:.12f})")
     for side in ("a", "b"):
         click.echo(f"{side.upper()}: tensors from {r.sources[side]}")
         click.echo(f"   module from {'; or '.join(r.routes[side])}")

@@ -3,8 +3,9 @@
 The bundled engine's ``small`` preset (27M parameters) on the CPU, one rank, its own training
 step (forward, cross-entropy, backward, AdamW) timed whole. The ring
 (:class:`probe.dumper.flight_ring.FlightRing`, the same hooks as ``--flight-recorder K``) is
-attached for a block of steps and detached for the next, in rounds ``none, module, none, mix``,
-so the drift of a shared machine hits every side alike. Printed per side: the median step (wall
+attached for a block of steps and detached for the next, in rounds ``none, module, none, module+cpp, none, mix``,
+so the drift of a shared machine hits every side alike (``module+cpp``: the module level with
+its gradients read by the dump's C++ backward capture instead, ``native_grads=True``). Printed per side: the median step (wall
 and process CPU), the overhead over the median of the ``none`` blocks, the cost per recorded
 module (and per slot) per step in microseconds, and the ring's memory for K steps.
 
@@ -20,6 +21,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+#: the sides: no recorder; the ring at module level with its gradients through the Python hooks
+#: (``native_grads=False``); the same with the gradients read by the dump's C++ backward capture
+#: (the default); mix level (the default)
+SIDES = ("none", "module", "module+cpp", "mix")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             ring.end_step()
         return time.perf_counter() - w, time.process_time() - c
 
-    rings = {side: FlightRing(get_adapter("torch"), args.ring, side) for side in ("module", "mix")}
+    rings = {side: FlightRing(get_adapter("torch"), args.ring, side.split("+")[0],
+                              native_grads=side != "module")
+             for side in SIDES[1:]}
     ring = None
     for _ in range(2):                       # warm-up: allocator, kernels, the rings' slots
         train_step()
@@ -76,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         train_step()
         ring.detach()
     ring = None
-    times: dict[str, list[tuple[float, float]]] = {"none": [], "module": [], "mix": []}
+    times: dict[str, list[tuple[float, float]]] = {side: [] for side in SIDES}
     for r in range(args.rounds):
-        for side in ("none", "module", "none", "mix"):
+        for side in ("none", "module", "none", "module+cpp", "none", "mix"):
             ring = rings.get(side)
             if ring is not None:
                 ring.attach(model)
@@ -98,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
           f"parameters, torch threads {torch.get_num_threads()}, {args.rounds} rounds x {args.block} steps a side")
     print(f"{'side':<8} {'step ms':>9} {'cpu ms':>9} {'overhead':>9} {'cpu ovh':>8} {'us/module':>10} "
           f"{'slots':>6} {'us/slot':>8} {'ring KiB':>9} {'B/module/step':>14}")
-    for side in ("none", "module", "mix"):
+    for side in SIDES:
         w, c = med(side, 0), med(side, 1)
         ring_ = rings.get(side)
         if ring_ is None:

@@ -70,7 +70,7 @@ class FlightRing:
     """The ring of one rank; see the module docstring. ``level``: ``module`` or ``mix``."""
 
     def __init__(self, adapter: EngineAdapter, steps: int, level: str = "module",
-                 native_grads: bool = False) -> None:
+                 native_grads: bool = True) -> None:
         if int(steps) < 1:
             raise ValueError("a flight recorder keeps at least one step")
         if level not in ("module", "mix", "api"):
@@ -393,12 +393,12 @@ class FlightRing:
 
     # ----------------------------------------------------------------- HookSink: the rest
     def accept_prepared_grads(self, kind: type, replayed: bool = False) -> bool:
-        """No: the ring reads every gradient itself, on the training thread, serially
-        (:meth:`_read_serial`). The C++ capture's kernel calls wake torch's OpenMP workers for
-        each large gradient: on the 2-core machine, shared, the small preset's step took 38%
-        longer with it and 8% with the Python hooks (``docs/flight-recorder.md``). A ring told
-        otherwise (``native_grads=True``) takes them and copies their six numbers."""
-        if not self.native_grads:
+        """Gradients the adapter's C++ capture read already are taken (their six numbers copied
+        into the ring): at module level replayed as the step ends, at mix level as they come
+        (as the dump takes them). ``native_grads=False``: none, every gradient comes as a
+        tensor through the Python hooks and is read here (``bench_flight.py``'s ``module``
+        side; its ``module+cpp`` side is the default)."""
+        if not self.native_grads or (replayed and self.level != "module"):
             return False
         self._prepared = kind
         return True

@@ -369,10 +369,11 @@ class TorchAdapter(EngineAdapter):
             self._hooks.new_step()
 
     def finish_pending(self) -> None:
-        from probe.engine_adapter.torch_api import finish_partial_backward
+        from probe.engine_adapter.torch_api import drop_leaf_hooks, finish_partial_backward
         if self._native:
             self._native.end_step()
         finish_partial_backward()
+        drop_leaf_hooks()
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
@@ -385,7 +386,8 @@ class TorchAdapter(EngineAdapter):
         return "" if self._roots == 1 else f"model{self._roots - 1}."
 
     def detach(self) -> None:
-        from probe.engine_adapter.torch_api import forget_partial_backward
+        from probe.engine_adapter.torch_api import drop_leaf_hooks, forget_partial_backward
+        drop_leaf_hooks()
         if self._native:
             self._native.forget()
         self._native = None

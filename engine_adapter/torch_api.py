@@ -495,15 +495,35 @@ def _grad_inputs(args: tuple, kwargs: dict) -> list:
     return found
 
 
+#: the hooks put on leaf tensors (a call's output that is a parameter or an input: no node to
+#: hook) this step: removed as the step ends (:func:`drop_leaf_hooks`). A leaf lives across
+#: steps, so its hooks would pile up, one more each step for every call that returns it
+#: (``weight.to(weight.dtype)`` is the weight): every later backward running them all.
+_LEAF_HANDLES: list[Any] = []
+
+
+def hook_leaf(t: torch.Tensor, hook: Any) -> None:
+    """``t.register_hook(hook)`` for this step only (see :data:`_LEAF_HANDLES`)."""
+    _LEAF_HANDLES.append(t.register_hook(hook))
+
+
+def drop_leaf_hooks() -> None:
+    """Remove the hooks :func:`hook_leaf` put on leaves (a step ended, or the dump detached)."""
+    handles = _LEAF_HANDLES[:]
+    _LEAF_HANDLES.clear()
+    for h in handles:
+        h.remove()
+
+
 def watch_gradient(t: torch.Tensor, hook: Any) -> None:
     """Call ``hook(grad)`` with the gradient of ``t`` when backward computes it.
 
     A pre-hook on ``t``'s autograd node (C++, about half the cost of ``Tensor.register_hook``);
-    a tensor hook for a leaf, which has no node.
+    a tensor hook for a leaf, which has no node (for this step: :func:`hook_leaf`).
     """
     node = t.grad_fn
     if node is None:
-        t.register_hook(hook)
+        hook_leaf(t, hook)
         return
     k = t.output_nr
     node.register_prehook(lambda grad_outputs: hook(grad_outputs[k]))
@@ -514,7 +534,7 @@ def _hook_outputs(call: _Call, output: Any, hooks: Any = None) -> None:
     call.grad_outputs = [None] * len(outs)
     if hooks is not None:
         for i in hooks.watch(outs, call.output_grad)[1]:      # leaves: a tensor hook
-            outs[i].register_hook(call.output_hook(i, hooks.prepare))
+            hook_leaf(outs[i], call.output_hook(i, hooks.prepare))
         return
     for i, o in enumerate(outs):
         if isinstance(o, torch.Tensor) and o.requires_grad:

@@ -237,8 +237,10 @@ class NativeGrads:
         calls = self._calls
         for i in range(n):
             calls[first + i] = (fn, i)
+        from probe.engine_adapter.torch_api import hook_leaf
+
         for i in leaves:
-            outputs[i].register_hook(self.first_grad(functools.partial(fn, i)))
+            hook_leaf(outputs[i], self.first_grad(functools.partial(fn, i)))
         return watched, []
 
     def watch_param(self, param: torch.Tensor, handler: Callable[[Any], Any]) -> "_ParamHandle":

@@ -75,11 +75,40 @@ def with_impact(con: Any, nodes: pa.Table) -> pa.Table:
     def first(mask: Any) -> int:
         return int(np.argmax(mask)) if mask.any() else n
     source = np.where(nan, first(origin & nan), first(origin))
-    take = pa.array(np.minimum(source, max(n - 1, 0)), mask=~(bad & ~origin & (source < np.arange(n))))
+    affected = bad & ~origin & (source < np.arange(n))
+    named = _named_origins(nodes, np.minimum(source, max(n - 1, 0)), origin)
+    take = pa.array(named, mask=~affected)
     table = nodes.append_column("origin", pa.array(origin))
     for side in ("a", "b"):
         table = table.append_column(f"affected_by_{side}", nodes.column(f"node_{side}").take(take))
     return table
+
+
+def _named_origins(nodes: pa.Table, source: Any, origin: Any) -> Any:
+    """``source`` (each node's origin, a row index) with an origin that is a call reading its
+    module's own diverged parameter (``leaf_verdict`` set, its parent's ``param_verdict`` not
+    pass) replaced by that module's row: what the headline names (:func:`_owner_of_leaf`), so
+    the graph's "affected by" and the first divergence say the same node."""
+    import numpy as np
+
+    names = nodes.column("node_a").to_pylist()
+    parents = nodes.column("parent_a").to_pylist() if "parent_a" in nodes.column_names else None
+    if parents is None:
+        return source
+    leaf = nodes.column("leaf_verdict").to_pylist()
+    param = nodes.column("param_verdict").to_pylist()
+    direction = nodes.column("direction").to_pylist()
+    row_of = {(nm, d): i for i, (nm, d) in enumerate(zip(names, direction)) if nm is not None}
+    owner: dict[int, int] = {}
+    for i in {int(k) for k in np.unique(source)}:
+        if not origin[i] or leaf[i] in (None, "pass") or parents[i] is None:
+            continue
+        j = row_of.get((parents[i], direction[i]))
+        if j is not None and param[j] not in (None, "pass"):
+            owner[i] = j
+    if not owner:
+        return source
+    return np.array([owner.get(int(k), int(k)) for k in source], dtype=source.dtype)
 
 
 def _finding(row: tuple | None) -> dict[str, Any] | None:

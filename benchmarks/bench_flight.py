@@ -121,6 +121,25 @@ def main(argv: list[str] | None = None) -> int:
               f"{slots * SLOT_BYTES / modules:>14.0f}")
     print(f"(ring: K={args.ring} steps x capacity slots x {SLOT_BYTES} B + 1 B; B/module/step is "
           f"the bytes one step of one module's slots takes)")
+    import tempfile
+
+    from probe.collectors.store import StoreWriter
+    from probe.compare.origin import find_origin
+    from probe.dumper.flight_write import write_ring
+
+    for side in ("module+cpp", "mix"):
+        with tempfile.TemporaryDirectory() as out:
+            store = StoreWriter(out, rank=0, run="bench", fsync="never")
+            w = time.perf_counter()
+            steps = write_ring(rings[side], out, rank=0, run="bench", trigger="request",
+                               reason="bench", store=store)
+            store.close()
+            written = time.perf_counter() - w
+            o = time.perf_counter()
+            find_origin(out)
+            print(f"{side}: the ring of {len(steps)} steps written as a dump (msprobe files and "
+                  f"store) in {written * 1e3:.0f} ms; probe origin over it in "
+                  f"{(time.perf_counter() - o) * 1e3:.0f} ms")
     return 0
 
 

@@ -50,12 +50,19 @@ def step_dir(out: str | os.PathLike, step: int, rank: int) -> Path:
     """``OUT/step{N}/rank{R}`` (created; a folder made once is not made again every write)."""
     d = os.path.join(os.fspath(out), f"step{int(step)}", f"rank{int(rank)}")
     if d not in _made or not os.path.isdir(d):
-        try:
-            # os.makedirs looks before it makes: a new step's folder costs a sixth of
-            # Path.mkdir(parents=True), which first fails on the missing parent
-            os.makedirs(d, exist_ok=True)
-        except OSError as e:
-            raise ProbeError(f"{d}: cannot create the dump directory ({e.strerror})") from None
+        for attempt in range(3):
+            try:
+                # os.makedirs looks before it makes: a new step's folder costs a sixth of
+                # Path.mkdir(parents=True), which first fails on the missing parent
+                os.makedirs(d, exist_ok=True)
+                break
+            except FileNotFoundError as e:
+                # another rank removed the step's folder, left empty, between makedirs making
+                # it and making ours in it (a step it could not write whole): make both again
+                if attempt == 2:
+                    raise ProbeError(f"{d}: cannot create the dump directory ({e.strerror})") from None
+            except OSError as e:
+                raise ProbeError(f"{d}: cannot create the dump directory ({e.strerror})") from None
         _made.add(d)
     return Path(d)
 

@@ -47,9 +47,7 @@ class DumpCallback(TrainCallback):
         try:
             self.session.stop()
         except DiskFull as e:          # the training went on; the command ends with this line
-            if ctx.world_size > 1:     # a spawned rank: its own stderr says it
-                log.error(f"probe dump: rank {ctx.rank}: {e}")
-            _DISK_FULL.append(e)
+            _DISK_FULL.append(e)       # (a spawned rank's: the rank ends with it, exit 2)
 
 
 #: full disks the dumps of this process met (the command line ends with the first)

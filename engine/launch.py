@@ -180,8 +180,11 @@ def _spawn(spec: RunSpec) -> None:
         while not context.join():
             pass
     except mp.ProcessExitedException as e:
+        # a rank's one-line error (exit 2: a bad input, a full disk) is the command's: its code
+        # is kept, so a multi-rank run ends as a single process does
         raise ProbeError(f"rank {e.error_index} exited with code {e.exit_code}; the other ranks "
-                         "were stopped (see its message above)", exit_code=1) from None
+                         "were stopped (see its message above)",
+                         exit_code=2 if e.exit_code == 2 else 1) from None
     except mp.ProcessRaisedException as e:
         last = [ln for ln in str(e).strip().splitlines() if ln.strip()][-1]
         raise ProbeError(f"rank {e.error_index} failed: {last}", exit_code=1) from None
@@ -287,6 +290,10 @@ def _worker(rank: int, spec: RunSpec, port: int, launcher_pid: int) -> None:
                                 timeout=RENDEZVOUS_TIMEOUT)
         from probe.engine.train import run_rank
         run_rank(spec, rank, spec.nproc)
+        from probe.dumper.callback import take_disk_full
+        full = take_disk_full()        # this rank's dump met a full disk: it ends as one rank does
+        if full is not None:
+            raise full
     except ProbeError as e:
         log.error(f"probe: rank {rank}: error: {e}")
         sys.exit(e.exit_code)

@@ -132,3 +132,22 @@ def test_a_really_full_disk_keeps_every_step_before_it_whole(small_disk):
     stored = [s for (s,) in open_store(str(out)).sql("select distinct step from tensors order by step").fetchall()]
     assert stored == folders
     assert [f for _, _, files in os.walk(out) for f in files if f.endswith(".tmp") or f.startswith(".tmp")] == []
+
+
+@pytest.mark.slow
+def test_a_full_disk_on_two_ranks_ends_the_command_with_exit_2(tmp_path):
+    """Each rank says which folder is full; the command ends with the ranks' code, 2 (it was 1:
+    the launcher turned every rank's exit into 1)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FILL_STEP1)
+    out = tmp_path / "d"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-m", "probe.cli", "dump", "--preset", "tiny", "--level", "module",
+                        "--nproc", "2", "--steps", "0-1", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=280)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and "no space left on device" in p.stderr, p.stderr
+    assert str(out) in p.stderr
+    for rank in (0, 1):
+        assert sorted(os.listdir(out / "step0" / f"rank{rank}")) == ["construct.json", "dump.json", "stack.json"]

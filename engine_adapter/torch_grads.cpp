@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -242,16 +243,17 @@ struct InputHook : FunctionPostHook {
 
 /* the gradients of a call's inputs where the nodes the call made take them (no node added:
    torch_api.capture_edges): input j's contributions are added up here, in the order they come,
-   and queued as event first + j once all `expected[j]` are in */
+   and handed to done(j, total) once all `expected[j]` are in (queued as an event, or to a
+   Python function: capture_edges and capture_edges_calling) */
 struct EdgeSum {
     std::mutex lock;
-    int64_t first;
     std::vector<int> expected, waiting;
     std::vector<at::Tensor> total;
-    EdgeSum(int64_t first, std::vector<int> counts)
-        : first(first), expected(counts), waiting(counts), total(counts.size()) {}
+    std::function<void(size_t, const at::Tensor &)> done;
+    EdgeSum(std::vector<int> counts, std::function<void(size_t, const at::Tensor &)> done)
+        : expected(counts), waiting(counts), total(counts.size()), done(std::move(done)) {}
     void add(size_t j, const at::Tensor &g) {
-        at::Tensor done;
+        at::Tensor complete;
         {
             std::lock_guard<std::mutex> hold(lock);
             if (g.defined()) {
@@ -263,11 +265,11 @@ struct EdgeSum {
                 }
             }
             if (--waiting[j] > 0) return;
-            done = std::move(total[j]);
+            complete = std::move(total[j]);
             total[j] = at::Tensor();
             waiting[j] = expected[j];          /* ready for another backward (a retained graph) */
         }
-        record(CALL, first + static_cast<int64_t>(j), done);
+        done(j, complete);
     }
 };
 
@@ -436,55 +438,6 @@ struct PyInputHook : FunctionPostHook {
     PyInputHook(PyObject *fn, long index, bool prepare) : call(fn, index, prepare) {}
     variable_list operator()(const variable_list &outputs, const variable_list &) override {
         if (!outputs.empty()) call(outputs[0]);
-        return outputs;
-    }
-};
-
-/* EdgeSum's calling twin: input j's contributions added up, then fn(j, total) (PyCallback) */
-struct CallingEdgeSum {
-    std::mutex lock;
-    PyObject *fn;
-    bool prepare;
-    std::vector<int> expected, waiting;
-    std::vector<at::Tensor> total;
-    CallingEdgeSum(PyObject *f, bool p, std::vector<int> counts)
-        : fn(f), prepare(p), expected(counts), waiting(counts), total(counts.size()) { Py_INCREF(fn); }
-    CallingEdgeSum(const CallingEdgeSum &) = delete;
-    CallingEdgeSum &operator=(const CallingEdgeSum &) = delete;
-    ~CallingEdgeSum() {
-        if (!Py_IsInitialized()) return;
-        PyGILState_STATE gil = PyGILState_Ensure();
-        Py_DECREF(fn);
-        PyGILState_Release(gil);
-    }
-    void add(size_t j, const at::Tensor &g) {
-        at::Tensor done;
-        {
-            std::lock_guard<std::mutex> hold(lock);
-            if (g.defined()) {
-                if (!total[j].defined()) {
-                    total[j] = g;
-                } else {
-                    at::NoGradGuard no_grad;
-                    total[j] = total[j] + g;
-                }
-            }
-            if (--waiting[j] > 0) return;
-            done = std::move(total[j]);
-            total[j] = at::Tensor();
-            waiting[j] = expected[j];
-        }
-        call_fn(fn, static_cast<long>(j), prepare, done);
-    }
-};
-
-struct CallingEdgeHook : FunctionPostHook {
-    std::shared_ptr<CallingEdgeSum> sum;
-    std::vector<std::pair<size_t, size_t>> edges;
-    CallingEdgeHook(std::shared_ptr<CallingEdgeSum> sum, std::vector<std::pair<size_t, size_t>> edges)
-        : sum(std::move(sum)), edges(std::move(edges)) {}
-    variable_list operator()(const variable_list &outputs, const variable_list &) override {
-        for (auto &[i, j] : edges) sum->add(j, i < outputs.size() ? outputs[i] : at::Tensor());
         return outputs;
     }
 };
@@ -791,7 +744,9 @@ PyObject *capture_edges(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     EdgeHits found;
     std::vector<int> counts;
     if (!walk_edges(args[0], args[1], start, found, counts)) return nullptr;
-    auto sum = std::make_shared<EdgeSum>(first, counts);
+    auto sum = std::make_shared<EdgeSum>(counts, [first](size_t j, const at::Tensor &total) {
+        record(CALL, first + static_cast<int64_t>(j), total);
+    });
     if (!hook_edges(found, [&sum](std::vector<std::pair<size_t, size_t>> hits) {
             return std::make_unique<EdgeHook>(sum, std::move(hits));
         }))
@@ -813,9 +768,12 @@ PyObject *capture_edges_calling(PyObject *, PyObject *const *args, Py_ssize_t na
     std::vector<int> counts;
     if (!walk_edges(args[1], args[2], start, found, counts)) return nullptr;
     if (!found.empty()) {
-        auto sum = std::make_shared<CallingEdgeSum>(args[4], prepare != 0, counts);
+        auto fn = std::make_shared<PyCallback>(args[4], 0L, prepare != 0);   /* its reference */
+        auto sum = std::make_shared<EdgeSum>(counts, [fn](size_t j, const at::Tensor &total) {
+            call_fn(fn->fn, static_cast<long>(j), fn->prepare, total);
+        });
         if (!hook_edges(found, [&sum](std::vector<std::pair<size_t, size_t>> hits) {
-                return std::make_unique<CallingEdgeHook>(sum, std::move(hits));
+                return std::make_unique<EdgeHook>(sum, std::move(hits));
             }))
             return nullptr;
     }

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.ground.errors import ProbeError
+from probe.ground.selection import format_selection
 
 #: the flight recorder's markers under a run folder (probe.dumper.flight_write.MARKER_DIR)
 MARKER_DIR = "flight_recorder"
@@ -238,9 +239,9 @@ def _first_outlier(records: list[Record], before: tuple | None) -> tuple[Record,
             median = base[n // 2] if n % 2 else math.sqrt(base[n // 2 - 1] * base[n // 2])
             told = []
             if earlier:
-                told.append(f"steps {_ranges(sorted(earlier))} of rank {r.rank}")
+                told.append(f"steps {format_selection(sorted(earlier))} of rank {r.rank}")
             if others:
-                told.append(f"ranks {_ranges(sorted(others))} at step {r.step}")
+                told.append(f"ranks {format_selection(sorted(others))} at step {r.step}")
             return r, median, "median of " + " and ".join(told)
     return None
 
@@ -281,13 +282,3 @@ def _module_of(node: str) -> tuple[str, str]:
         return m.group("api"), m.group("what")
     return node, "forward" if _is_forward(node) else "backward"
 
-
-def _ranges(values: list[int]) -> str:
-    parts, start = [], None
-    for i, v in enumerate(values):
-        if start is None:
-            start = v
-        if i + 1 == len(values) or values[i + 1] != v + 1:
-            parts.append(str(start) if start == v else f"{start}-{v}")
-            start = None
-    return ",".join(parts)

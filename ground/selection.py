@@ -62,3 +62,19 @@ def parse_selection(text: str | None, *, what: str = "selection",
 
 def _too_many(what: str, text: str, limit: int) -> ProbeError:
     return ProbeError(f"bad {what} {text!r}: selects more than {limit} values; select fewer")
+
+
+def format_selection(values: list[int]) -> str:
+    """Sorted ``values`` written as a selection is (:func:`parse_selection`'s form).
+
+    >>> format_selection([0, 1, 2, 5, 7, 8])
+    '0-2,5,7-8'
+    """
+    parts, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ",".join(parts)

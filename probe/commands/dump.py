@@ -27,6 +27,7 @@ import click
 
 from probe.ground.errors import EXIT_NONFINITE, ProbeError
 from probe.ground.frameworks import framework_names
+from probe.ground.selection import format_selection
 from probe.options import (engine_options, flight_recorder_options, force_option, fsync_option,
                            refuse_engine_options, selection_option)
 
@@ -261,7 +262,7 @@ def _summarise(out: str, options: dict[str, Any], code: int) -> None:
                          exit_code=1)
     from probe.ground.text import plural
 
-    steps = (f"{plural(len(found), 'step')} ({_ranges(sorted(found))})" if len(found) > 1
+    steps = (f"{plural(len(found), 'step')} ({format_selection(sorted(found))})" if len(found) > 1
              else f"step {next(iter(found))}")
     where = f"rank {only}" if only is not None else plural(len(summary['ranks']), 'rank')
     click.echo(f"probe dump: {options['level']}/{options['task']}: {steps} on "
@@ -270,13 +271,3 @@ def _summarise(out: str, options: dict[str, Any], code: int) -> None:
     click.echo(f"  query: probe query {out} \"select node, slot, max, min, mean, l2norm "
                "from tensors limit 10\"")
 
-
-def _ranges(values: list[int]) -> str:
-    parts, start = [], None
-    for i, v in enumerate(values):
-        if start is None:
-            start = v
-        if i + 1 == len(values) or values[i + 1] != v + 1:
-            parts.append(str(start) if start == v else f"{start}-{v}")
-            start = None
-    return ",".join(parts)

@@ -184,8 +184,9 @@ def _run_engine(out: str, options: dict[str, Any], *, ranks: list[int] | None, e
 
     recorded = ""
     if steps:
-        from probe.commands.dump import _ranges
-        recorded = f"; recording steps {_ranges(steps)}" + (f" of ranks {_ranges(ranks)}" if ranks else "")
+        from probe.ground.selection import format_selection
+        recorded = (f"; recording steps {format_selection(steps)}"
+                    + (f" of ranks {format_selection(ranks)}" if ranks else ""))
     elif schedule:
         recorded = f"; recording by the schedule {','.join(map(str, schedule))}"
     click.echo(trained_text(engine, preset, nproc, result) + recorded)
